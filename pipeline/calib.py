@@ -1,0 +1,87 @@
+"""Calibration and held-out text: the shipped corpus or a local ``.txt``/``.jsonl`` file, split deterministically.
+
+Every fifth document is held out for the accuracy comparison and never used for calibration.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+BUILTIN = Path(__file__).resolve().parent / "data" / "corpus.txt"
+HELDOUT_EVERY = 5
+
+
+@dataclass(frozen=True)
+class TextSet:
+    name: str
+    sha256: str  # content hash of the source file: enters the quantize fingerprint and the manifest
+    calib: tuple[str, ...]
+    heldout: tuple[str, ...]
+
+
+def dataset_path(dataset: str) -> Path:
+    if dataset == "builtin":
+        return BUILTIN
+    p = Path(dataset).expanduser()
+    if p.suffix not in (".txt", ".jsonl"):
+        raise UserError(f"quant.calib.dataset={dataset!r}: give 'builtin' or a local .txt/.jsonl file")
+    if not p.is_file():
+        raise UserError(f"quant.calib.dataset: file {p} not found")
+    return p.resolve()
+
+
+def dataset_digest(dataset: str) -> str:
+    path = dataset_path(dataset)
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UserError(f"quant.calib.dataset: cannot read {path}: {exc.strerror}") from exc
+
+
+def load(dataset: str) -> TextSet:
+    path = dataset_path(dataset)
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise UserError(f"quant.calib.dataset: cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"quant.calib.dataset: {path} is not UTF-8 text") from exc
+    if path.suffix == ".jsonl":
+        docs = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(str(json.loads(line)["text"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise UserError(f"quant.calib.dataset: {path}:{i} is not a JSON object with a 'text' field") from exc
+    else:
+        docs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+    if len(docs) < HELDOUT_EVERY:
+        raise UserError(f"quant.calib.dataset: {path} has {len(docs)} documents; need at least {HELDOUT_EVERY}")
+    calib = tuple(d for i, d in enumerate(docs) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1)
+    held = tuple(d for i, d in enumerate(docs) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1)
+    return TextSet(dataset, hashlib.sha256(raw).hexdigest(), calib, held)
+
+
+def pack(tokenizer, docs: tuple[str, ...], seq_len: int, num_samples: int):
+    """Tokenize documents end to end (separated by EOS) and cut into ``num_samples`` rows of ``seq_len`` tokens.
+
+    Returns an int64 tensor [n, seq_len] with n <= num_samples (as many full rows as the text holds).
+    """
+    import torch
+
+    sep = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids: list[int] = []
+    for d in docs:
+        ids.extend(tokenizer(d, add_special_tokens=False)["input_ids"] + sep)
+    n = min(num_samples, len(ids) // seq_len)
+    if n == 0:
+        raise UserError(f"calibration text has {len(ids)} tokens, fewer than one row of seq_len={seq_len}; "
+                        f"lower quant.calib.seq_len or give a larger quant.calib.dataset")
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)

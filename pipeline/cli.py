@@ -1,0 +1,337 @@
+"""``python -m pipeline VERB [--json] [-m] [hydra overrides...]``
+
+Verbs:
+  build     run fetch -> quantize -> build -> package -> bench -> publish (cached stages are skipped)
+  plan      resolve the config; print each stage's fingerprint and whether it is cached; do no work
+  validate  compose every shipped model x quant x target x runtime combination; report every problem at once
+
+``build until=STAGE`` stops after STAGE; ``build force=[quantize]`` re-runs the named stages; ``-m`` sweeps.
+Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.errors import StageFailed, UserError
+
+VERBS = ("build", "plan", "validate")
+USAGE = __doc__.strip()
+
+
+def _stages():
+    from pipeline.stages import STAGES
+
+    return list(STAGES)
+
+
+def _selected(cfg: DictConfig) -> list:
+    stages = _stages()
+    if cfg.until is not None:
+        names = [s.name for s in stages]
+        stages = stages[: names.index(cfg.until) + 1]
+    return stages
+
+
+def plan_checks(cfg: DictConfig, stages: list) -> list[str]:
+    problems: list[str] = []
+    for st in stages:
+        if st.check is not None:
+            problems.extend(st.check(cfg))
+    return problems
+
+
+def _plan(cfg: DictConfig):
+    from pipeline import runner
+
+    stages = _selected(cfg)
+    problems = plan_checks(cfg, stages)
+    if problems:
+        raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
+    return runner.plan(cfg, stages)
+
+
+def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
+    planned = _plan(cfg)
+    rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
+             "output": str(p.out)} for p in planned]
+    doc = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
+           "target": cfg.target.name, "runtime": cfg.runtime.name.value, "stages": rows}
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        from rich.table import Table
+
+        from pipeline.ui import console
+
+        t = Table(title=f"plan: {doc['model']} {doc['quant']} (KV {doc['kv_cache']}) on {doc['target']} / "
+                        f"{doc['runtime']}")
+        for col in ("stage", "fingerprint", "status", "output"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(r["stage"], r["fingerprint"][:12], "[green]cached[/]" if r["cached"] else
+                      f"[yellow]run[/] ({r['reason']})", r["output"])
+        console.print(t)
+    return doc
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_build(cfg: DictConfig, log_path: Path) -> dict[str, Any]:
+    from pipeline import runner, store
+    from pipeline.config import resolved_paths
+    from pipeline.ui import console
+
+    planned_list = _plan(cfg)
+    planned = {p.stage.name: p for p in planned_list}
+    console.print(f"[bold]build[/] {cfg.model.name} · {cfg.quant.format.value} (KV {cfg.quant.kv_cache.value}) · "
+                  f"{cfg.target.name} · {cfg.runtime.name.value}   [dim]log: {log_path}[/]")
+    rows = []
+    t_all = time.perf_counter()
+    for ps in planned_list:
+        t0 = time.perf_counter()
+        if ps.cached:
+            manifest = store.read_manifest(ps.out) or {}
+            status = "cached"
+        else:
+            console.print(f"[bold cyan]▶ {ps.stage.name}[/] [dim]({ps.reason})[/]")
+            runner.upstream_missing(ps, planned)
+            with _quiet(log_path):
+                manifest = runner.execute(cfg, ps, planned, console)
+            status = "cached" if ps.cached else "ran"  # a concurrent run may have built it while we waited
+        elapsed = time.perf_counter() - t0
+        size = sum(f["size"] for f in manifest.get("files", []))
+        rows.append({"stage": ps.stage.name, "status": status, "seconds": round(elapsed, 2),
+                     "stage_wall_s": manifest.get("wall_s"), "peak_rss_mb": manifest.get("peak_rss_mb"),
+                     "bytes": size, "output": str(ps.out), "fingerprint": ps.fingerprint, "result":
+                     manifest.get("result", {})})
+        if status == "ran":
+            console.print(f"  [green]✓[/] {ps.stage.name} {elapsed:.1f}s → {ps.out}")
+    summary = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
+               "target": cfg.target.name, "runtime": cfg.runtime.name.value, "total_s": round(time.perf_counter()
+                                                                                            - t_all, 2),
+               "stages": rows, "log": str(log_path),
+               "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    report = write_report(summary, resolved_paths(cfg)["reports"])
+    print_summary(summary, report)
+    return summary
+
+
+@contextlib.contextmanager
+def _quiet(log_path: Path):
+    """Send library prints (ModelOpt is chatty on stdout) and Python warnings to the run log; progress bars stay."""
+    logging.captureWarnings(True)
+    with open(log_path, "a") as f, contextlib.redirect_stdout(f):
+        yield
+
+
+def write_report(summary: dict[str, Any], reports_dir: Path) -> Path:
+    from pipeline import store
+
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    label = f"{summary['model']}.{summary['quant']}-kv{summary['kv_cache']}.{summary['target']}.{summary['runtime']}"
+    path = reports_dir / f"{label}.md"
+    store.write_text_atomic(path, report_markdown(summary))
+    store.write_json_atomic(reports_dir / f"{label}.json", summary)
+    return path
+
+
+def _bench_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    for r in summary["stages"]:
+        if r["stage"] == "bench":
+            return r["result"].get("levels", [])
+    return []
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def report_markdown(s: dict[str, Any]) -> str:
+    lines = [f"# build report: {s['model']} · {s['quant']} (KV {s['kv_cache']}) · {s['target']} · {s['runtime']}", "",
+             f"Finished {s['finished']} in {s['total_s']} s. Log: `{s['log']}`", "",
+             "| stage | status | time (s) | peak RSS (MB) | size | output |", "|---|---|---|---|---|---|"]
+    for r in s["stages"]:
+        t = r["seconds"] if r["status"] == "ran" else f"{r['seconds']} (built in {r['stage_wall_s']})"
+        lines.append(f"| {r['stage']} | {r['status']} | {t} | {_fmt(r['peak_rss_mb'])} | {_human(r['bytes'])} | "
+                     f"`{r['output']}` |")
+    bench = _bench_rows(s)
+    if bench:
+        lines += ["", "| concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | latency p95 (ms) | "
+                      "output tok/s | req/s |", "|---|---|---|---|---|---|---|---|"]
+        for lv in bench:
+            lines.append(f"| {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
+                         f"{_fmt(lv['ttft_p50_ms'])} | {_fmt(lv['itl_p50_ms'])} | {_fmt(lv['latency_p95_ms'])} | "
+                         f"{_fmt(lv['output_tokens_per_s'])} | {_fmt(lv['requests_per_s'], '.2f')} |")
+    for r in s["stages"]:
+        if r["stage"] == "quantize" and r["result"].get("accuracy"):
+            a = r["result"]["accuracy"]
+            q, e = a["quantized_vs_unquantized"], a["exported_vs_fake_quant"]
+            lines += ["", f"Accuracy (held-out): quantized vs unquantized KL {q['kl_mean']:.4f}, top-1 "
+                          f"{q['top1_agreement']:.3f}, perplexity ratio {q['ppl_ratio']:.3f}; export check "
+                          f"{a['export_check']} (KL {e['kl_mean']:.4f} vs fake-quant)."]
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(s: dict[str, Any], report: Path) -> None:
+    from rich.table import Table
+
+    from pipeline.ui import console
+
+    t = Table(title="stages")
+    for col in ("stage", "status", "time", "size", "output"):
+        t.add_column(col, overflow="fold")
+    for r in s["stages"]:
+        st = "[green]ran[/]" if r["status"] == "ran" else "[dim]cached[/]"
+        t.add_row(r["stage"], st, f"{r['seconds']:.1f}s", _human(r["bytes"]), r["output"])
+    console.print(t)
+    bench = _bench_rows(s)
+    if bench:
+        b = Table(title="bench (streaming gRPC through the ensemble)")
+        for col in ("concurrency", "errors", "TTFT p50 ms", "ITL p50 ms", "latency p95 ms", "tok/s", "req/s"):
+            b.add_column(col, justify="right")
+        for lv in bench:
+            b.add_row(str(lv["concurrency"]), str(lv["error_count"]), _fmt(lv["ttft_p50_ms"]),
+                      _fmt(lv["itl_p50_ms"]), _fmt(lv["latency_p95_ms"]), _fmt(lv["output_tokens_per_s"]),
+                      _fmt(lv["requests_per_s"], ".2f"))
+        console.print(b)
+    console.print(f"total {s['total_s']:.1f}s · report: {report}")
+
+
+def cmd_validate(as_json: bool) -> int:
+    from pipeline.config import combinations, compose
+
+    results = []
+    for combo in combinations():
+        overrides = [f"{k}={v}" for k, v in combo.items()]
+        try:
+            cfg = compose(overrides)
+            problems = plan_checks(cfg, _stages())
+        except UserError as exc:
+            problems = exc.problems or [str(exc)]
+        results.append({"combination": combo, "problems": problems})
+    bad = [r for r in results if r["problems"]]
+    if as_json:
+        print(json.dumps({"combinations": len(results), "failing": len(bad), "results": results}, indent=2))
+    else:
+        from pipeline.ui import console
+
+        for r in bad:
+            name = " ".join(f"{k}={v}" for k, v in r["combination"].items())
+            for p in r["problems"]:
+                console.print(f"[red]✗[/] {name}: {p}")
+        console.print(f"{len(results) - len(bad)}/{len(results)} combinations valid")
+    return 2 if bad else 0
+
+
+def _log_path(cfg: DictConfig | None) -> Path:
+    from pipeline.config import resolved_paths
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = resolved_paths(cfg)["store"] / "logs" if cfg is not None else Path(os.environ.get("TMPDIR", "/tmp"))
+    base.mkdir(parents=True, exist_ok=True)
+    return base / f"{stamp}-{os.getpid()}.log"
+
+
+def _setup_logging(log_path: Path) -> None:
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
+    """Run one composed job (also the Hydra multirun task body)."""
+    log_path = _log_path(cfg)
+    _setup_logging(log_path)
+    from omegaconf import OmegaConf
+
+    logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    try:
+        if verb == "plan":
+            return cmd_plan(cfg, as_json)
+        return cmd_build(cfg, log_path)
+    except (UserError, StageFailed):
+        raise
+    except Exception as exc:
+        with open(log_path, "a") as f:
+            traceback.print_exc(file=f)
+        raise InternalError(f"{type(exc).__name__}: {exc} (traceback in {log_path})") from exc
+
+
+class InternalError(Exception):
+    exit_code = 1
+
+
+def _multirun(verb: str, overrides: list[str], as_json: bool) -> None:
+    import hydra
+
+    from pipeline import schema
+    from pipeline.config import compose, conf_dir, expand_sweeps
+
+    problems = []
+    for job in expand_sweeps(overrides):  # every job's config is checked before any job starts
+        try:
+            cfg = compose(job)
+            plan_checks_problems = plan_checks(cfg, _selected(cfg))
+            problems += [f"{' '.join(job)}: {p}" for p in plan_checks_problems]
+        except UserError as exc:
+            problems.append(f"{' '.join(job)}: {exc}")
+    if problems:
+        raise UserError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems))
+    schema.register()
+
+    @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
+    def task(cfg: DictConfig) -> Any:
+        return run_verb(verb, cfg, as_json)
+
+    sys.argv = [sys.argv[0], "--multirun", *overrides]
+    task()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if argv else 2)
+    verb, rest = argv[0], argv[1:]
+    as_json = "--json" in rest
+    multirun = any(a in ("-m", "--multirun") for a in rest)
+    overrides = [a for a in rest if a not in ("--json", "-m", "--multirun")]
+    try:
+        if verb not in VERBS:
+            raise UserError(f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)}")
+        if verb == "validate":
+            sys.exit(cmd_validate(as_json))
+        if multirun:
+            _multirun(verb, overrides, as_json)
+        else:
+            from pipeline.config import compose
+
+            run_verb(verb, compose(overrides), as_json)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except (StageFailed, InternalError) as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,235 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each group under ``conf/`` merges into one of these dataclasses, so a misspelt key or a value of the wrong type fails
+at compose time. Numeric ranges live in field metadata (``rng(lo, hi)``) and are checked by
+:func:`pipeline.config.validate`, which reports every problem at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+def rng(default: Any, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
+    """A dataclass field with an inclusive numeric range checked by ``pipeline.config.validate``."""
+    return field(default=default, metadata={"min": lo, "max": hi, **kw})
+
+
+class DType(str, Enum):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class QuantFormat(str, Enum):
+    none = "none"
+    fp8 = "fp8"
+
+
+class KVFormat(str, Enum):
+    none = "none"
+    fp8 = "fp8"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class RuntimeName(str, Enum):
+    reference = "reference"
+
+
+class Launcher(str, Enum):
+    local = "local"
+
+
+# ----------------------------------------------------------------------------------------------------------- model
+@dataclass
+class AnswerCheck:
+    prompt: str = MISSING
+    expect: List[str] = field(default_factory=list)  # any of these substrings (case-insensitive) must appear
+
+
+@dataclass
+class SyntheticSpec:
+    """Random weights from a transformers config: for tests (tiny) and scale runs (real shapes)."""
+
+    seed: int = 0
+    model_type: str = "qwen3"
+    architecture: str = "Qwen3ForCausalLM"
+    config: Dict[str, Any] = field(default_factory=dict)  # passed to transformers.AutoConfig.for_model
+    tokenizer_vocab: int = rng(512, 260, 65536)  # byte-level BPE trained on the shipped corpus
+
+
+@dataclass
+class ModelShape:
+    """Architecture facts known before download (used by plan for memory estimates)."""
+
+    params_b: float = rng(0.0, 0.0, None)
+    num_layers: int = rng(0, 0, None)
+    hidden_size: int = rng(0, 0, None)
+    num_kv_heads: int = rng(0, 0, None)
+    head_dim: int = rng(0, 0, None)
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # hf://org/name@revision | gguf://package/file.gguf | gguf:///abs/file.gguf | /local/hf/dir | synthetic
+    source: str = MISSING
+    synthetic: Optional[SyntheticSpec] = None
+    dtype: DType = DType.bfloat16
+    trust_remote_code: bool = False
+    chat_template: bool = True  # prompts in bench/answer checks are rendered with the tokenizer's chat template
+    checks: List[AnswerCheck] = field(default_factory=list)
+    shape: ModelShape = field(default_factory=ModelShape)
+
+
+# ----------------------------------------------------------------------------------------------------------- quant
+@dataclass
+class CalibConfig:
+    dataset: str = "builtin"  # the corpus shipped in pipeline/data, or a local .jsonl/.txt path
+    num_samples: int = rng(24, 1, 100_000)
+    seq_len: int = rng(128, 8, 131_072)
+    batch_size: int = rng(4, 1, 4096)
+    chat_template: bool = False
+
+
+@dataclass
+class EvalConfig:
+    """Held-out comparison of the quantized model against the unquantized one."""
+
+    num_samples: int = rng(6, 1, 10_000)
+    seq_len: int = rng(128, 8, 131_072)
+    # Exported checkpoint (loaded by the reference dequantizer) vs ModelOpt's fake-quant model on held-out text.
+    # FP8 rounding makes an elementwise match impossible (ModelOpt divides bf16 weights by the scale in bf16 at export,
+    # and stores amax/448), so the tolerance is distributional: mean token KL and top-1 agreement.
+    export_kl_max: float = rng(0.1, 0.0, 100.0)
+    export_top1_min: float = rng(0.85, 0.0, 1.0)
+
+
+@dataclass
+class QuantConfig:
+    format: QuantFormat = MISSING
+    kv_cache: KVFormat = KVFormat.fp8
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# ---------------------------------------------------------------------------------------------------------- target
+@dataclass
+class TargetConfig:
+    name: str = MISSING
+    device: Device = Device.cpu
+    sm: int = rng(0, 0, 200)  # compute capability x10 (90 = sm90); 0 for CPU
+    gpu_name: str = ""
+    memory_gb: float = rng(0.0, 0.0, None)
+    gpus_per_node: int = rng(0, 0, 64)
+
+
+# --------------------------------------------------------------------------------------------------------- runtime
+@dataclass
+class RuntimeConfig:
+    name: RuntimeName = MISSING
+    dtype: DType = DType.bfloat16  # compute dtype of the reference runtime
+    check_prompt: str = "The capital of France is"
+    check_tokens: int = rng(8, 1, 512)
+
+
+# ----------------------------------------------------------------------------------------------------------- build
+@dataclass
+class BuildSettings:
+    max_batch_size: int = rng(8, 1, 4096)
+    max_input_len: int = rng(1024, 1, 1_048_576)
+    max_seq_len: int = rng(2048, 2, 1_048_576)
+    max_num_tokens: int = rng(8192, 1, 1_048_576)
+    tp_size: int = rng(1, 1, 64)
+    pp_size: int = rng(1, 1, 64)
+
+
+# ----------------------------------------------------------------------------------------------------------- serve
+@dataclass
+class ServeConfig:
+    launcher: Launcher = Launcher.local
+    server_bin: Optional[str] = None  # else `tritonserver` on PATH, else the one bundled in nvidia-pytriton
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = rng(180.0, 1.0, 3600.0)
+    decoupled: bool = True
+    preprocessing_instance_count: int = rng(1, 1, 64)
+    postprocessing_instance_count: int = rng(1, 1, 64)
+    llm_instance_count: int = rng(1, 1, 64)
+    max_queue_delay_microseconds: int = rng(0, 0, 10_000_000)
+    torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
+
+
+# ----------------------------------------------------------------------------------------------------------- bench
+@dataclass
+class BenchConfig:
+    concurrency: List[int] = field(default_factory=lambda: [1, 4])
+    requests_per_level: int = rng(8, 1, 100_000)
+    warmup_requests: int = rng(2, 0, 10_000)
+    max_tokens: int = rng(32, 1, 65_536)
+    prompt_words: int = rng(24, 1, 100_000)
+    seed: int = 0
+    request_timeout_s: float = rng(120.0, 1.0, 3600.0)
+    answer_max_tokens: int = rng(24, 1, 4096)
+
+
+# --------------------------------------------------------------------------------------------------------- publish
+@dataclass
+class PublishConfig:
+    enabled: bool = True
+    link: bool = True  # hard-link files into the bundle when on the same filesystem
+
+
+# ----------------------------------------------------------------------------------------------------------- paths
+@dataclass
+class PathsConfig:
+    root: str = "."
+    store: str = "${paths.root}/.store"
+    engines: str = "${paths.root}/engines"
+    triton_repo: str = "${paths.root}/triton_repo"
+    bundles: str = "${paths.root}/bundles"
+    reports: str = "${paths.root}/reports"
+
+
+# ------------------------------------------------------------------------------------------------------------ root
+@dataclass
+class PipelineConfig:
+    model: ModelConfig = MISSING
+    quant: QuantConfig = MISSING
+    target: TargetConfig = MISSING
+    runtime: RuntimeConfig = MISSING
+    build: BuildSettings = MISSING
+    serve: ServeConfig = MISSING
+    bench: BenchConfig = MISSING
+    publish: PublishConfig = MISSING
+    paths: PathsConfig = MISSING
+    until: Optional[str] = None  # stop after this stage
+    force: List[str] = field(default_factory=list)  # re-run these stages even when cached
+
+
+GROUPS: Dict[str, type] = {
+    "model": ModelConfig,
+    "quant": QuantConfig,
+    "target": TargetConfig,
+    "runtime": RuntimeConfig,
+    "build": BuildSettings,
+    "serve": ServeConfig,
+    "bench": BenchConfig,
+    "publish": PublishConfig,
+    "paths": PathsConfig,
+}
+
+
+def register() -> None:
+    """Store the root schema and one schema per group (``<group>/schema``) in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="pipeline_schema", node=PipelineConfig)
+    for group, node in GROUPS.items():
+        cs.store(group=group, name="schema", node=node)

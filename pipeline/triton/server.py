@@ -1,0 +1,187 @@
+"""Start and stop a real ``tritonserver`` on loopback with free ports.
+
+Binary lookup, in order: ``serve.server_bin``; ``tritonserver`` on PATH (NVIDIA's Triton containers); the binary
+bundled in ``nvidia-pytriton`` (CPU machines). For the bundled one, a backend directory is assembled with the python
+backend plus the stub for the running Python, and ``LD_LIBRARY_PATH`` gets the bundled libraries and libpython.
+The server runs from a neutral working directory (a folder named ``triton`` in the cwd shadows OpenAI's ``triton``
+package inside the python-backend stub) in its own process group, and is stopped on every exit path.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import UserError
+
+
+class ServerError(Exception):
+    """The server failed to start or died; carries the log tail."""
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    host: str
+    http_port: int
+    grpc_port: int
+    log_path: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no server log)"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def _pytriton_root() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def find_server(server_bin: str | None) -> tuple[Path, bool]:
+    """-> (binary, is_bundled_pytriton). Raises UserError naming what to install or set."""
+    if server_bin:
+        p = Path(server_bin).expanduser()
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise UserError(f"serve.server_bin={server_bin}: not an executable file; fix the path or unset it")
+        return p.resolve(), False
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path), False
+    root = _pytriton_root()
+    if root and (root / "bin" / "tritonserver").is_file():
+        return root / "bin" / "tritonserver", True
+    raise UserError("no tritonserver found: set serve.server_bin, put tritonserver on PATH, "
+                    "or pip install nvidia-pytriton (bundles a CPU-capable server)")
+
+
+def _bundled_backends(cache: Path) -> Path:
+    """Backend dir with pytriton's python backend and the stub for this Python (built once, atomically)."""
+    root = _pytriton_root()
+    assert root is not None
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise UserError(f"nvidia-pytriton has no python-backend stub for Python {ver}; use Python 3.8-3.13")
+    dest = cache / f"triton-backends-py{ver}"
+    if (dest / "python" / "triton_python_backend_stub").is_file():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix=".backends-", dir=cache))
+    shutil.copytree(root / "backends" / "python", tmp / "python")
+    shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+    os.chmod(tmp / "python" / "triton_python_backend_stub", 0o755)
+    try:
+        os.replace(tmp, dest)
+    except OSError:  # a concurrent run won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, timeout_s: float,
+            on_wait=None) -> Iterator[Server]:
+    """Start tritonserver on ``repo``, wait until every model is ready, and always stop it."""
+    binary, bundled = find_server(server_bin)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stub finds this env's numpy
+    cmd = [str(binary), f"--model-repository={repo}", "--exit-on-error=true", "--strict-readiness=true",
+           "--allow-metrics=false", "--log-verbose=0"]
+    if bundled:
+        root = _pytriton_root()
+        libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
+        cmd.append(f"--backend-directory={_bundled_backends(work_dir)}")
+    last_err = None
+    for _attempt in range(3):  # a free port can be taken between probing and binding
+        http_port, grpc_port = free_port(host), free_port(host)
+        run_dir = Path(tempfile.mkdtemp(prefix="triton-", dir=work_dir))  # neutral cwd
+        log_path = run_dir / "server.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
+                       f"--grpc-port={grpc_port}"],
+                cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = Server(proc, host, http_port, grpc_port, log_path)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not _ready(server.http_url):
+                if not server.alive():
+                    raise ServerError(f"tritonserver exited with code {proc.returncode} during startup")
+                if time.monotonic() > deadline:
+                    raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s (serve.startup_timeout_s)")
+                if on_wait:
+                    on_wait()
+                time.sleep(0.25)
+        except ServerError as exc:
+            tail = server.log_tail()
+            stop(server)
+            if "address already in use" in tail.lower():
+                last_err = exc
+                continue
+            raise ServerError(f"{exc}; log {log_path}:\n{tail}") from None
+        except BaseException:
+            stop(server)
+            raise
+        try:
+            yield server
+        finally:
+            stop(server)
+        return
+    raise ServerError(f"could not bind free ports: {last_err}")
+
+
+def stop(server: Server, grace_s: float = 10.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL after ``grace_s`` (the python stubs die with it)."""
+    if server.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.proc.wait(5)
