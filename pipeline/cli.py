@@ -93,12 +93,17 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def cmd_build(cfg: DictConfig, log_path: Path) -> dict[str, Any]:
+def cmd_build(cfg: DictConfig) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
     from pipeline import runner, store
     from pipeline.config import resolved_paths
     from pipeline.ui import console
 
-    planned_list = _plan(cfg)
+    planned_list = _plan(cfg)  # every plan-time problem surfaces before anything is written
+    log_path = _log_path(cfg)
+    _setup_logging(log_path)
+    logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     planned = {p.stage.name: p for p in planned_list}
     console.print(f"[bold]build[/] {cfg.model.name} · {cfg.quant.format.value} (KV {cfg.quant.kv_cache.value}) · "
                   f"{cfg.target.name} · {cfg.runtime.name.value}   [dim]log: {log_path}[/]")
@@ -259,21 +264,24 @@ def _setup_logging(log_path: Path) -> None:
 
 def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
     """Run one composed job (also the Hydra multirun task body)."""
-    log_path = _log_path(cfg)
-    _setup_logging(log_path)
-    from omegaconf import OmegaConf
-
-    logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     try:
         if verb == "plan":
             return cmd_plan(cfg, as_json)
-        return cmd_build(cfg, log_path)
+        return cmd_build(cfg)
     except (UserError, StageFailed):
         raise
     except Exception as exc:
+        log_path = _current_log() or _log_path(None)
         with open(log_path, "a") as f:
             traceback.print_exc(file=f)
         raise InternalError(f"{type(exc).__name__}: {exc} (traceback in {log_path})") from exc
+
+
+def _current_log() -> Path | None:
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            return Path(h.baseFilename)
+    return None
 
 
 class InternalError(Exception):

@@ -59,8 +59,6 @@ def explain(exc: BaseException) -> str:
     if isinstance(exc, MissingConfigException):
         missing = exc.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
-        if group and exc.options:
-            return f"unknown {group} '{option}'; choose one of: {', '.join(sorted(exc.options))}"
         if group in GROUP_NAMES:
             return f"unknown {group} '{option}'; choose one of: {', '.join(group_options(group))}"
         return _first_line(exc)
@@ -74,8 +72,6 @@ def explain(exc: BaseException) -> str:
         msg = _first_line(getattr(cause, "msg", None) or str(cause))
         if "not in" in msg and key:
             valid = _schema_keys(key)
-            if key.split(".")[0] in GROUP_NAMES and "." not in key and valid is None:
-                pass
             hint = f"; valid keys: {', '.join(valid)}" if valid else ""
             return f"unknown config key '{key}'{hint}"
         if msg.startswith("Invalid value") and key:
@@ -83,10 +79,7 @@ def explain(exc: BaseException) -> str:
         if key:
             return f"{key}: {msg}"
         return msg
-    text = _first_line(exc)
-    if text.startswith("Could not override"):
-        return text
-    return text
+    return _first_line(exc)
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:

@@ -1,0 +1,59 @@
+"""Shared fixtures. Tests compose the real config, shrink to the synthetic ``tiny-qwen3`` model, write under
+``tmp_path``, and run the real CLI in a subprocess (real ModelOpt, real tritonserver, real tritonclient)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model=tiny-qwen3", "bench.concurrency=[1,2]", "bench.requests_per_level=3", "bench.warmup_requests=1",
+        "bench.max_tokens=8"]
+
+
+def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"HF_HOME": str(tmp / "hf-home"), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp), **extra})
+    env.pop("HF_TOKEN", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, root: Path, env: dict[str, str] | None = None, timeout: float = 900,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m pipeline ARGS paths.root=ROOT`` in a subprocess; returns the completed process."""
+    root.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pipeline", *args]
+    if args and args[0] != "validate":
+        cmd.append(f"paths.root={root}")
+    return subprocess.run(cmd, cwd=cwd or root, env=env or cli_env(root), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def report(root: Path, label: str = "tiny-qwen3.fp8-kvfp8.cpu.reference") -> dict:
+    return json.loads((root / "reports" / f"{label}.json").read_text())
+
+
+def statuses(root: Path, label: str = "tiny-qwen3.fp8-kvfp8.cpu.reference") -> dict[str, str]:
+    return {r["stage"]: r["status"] for r in report(root, label)["stages"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory) -> Path:
+    """One full tiny-qwen3 build through every stage, shared by the end-to-end tests (read-only for them)."""
+    root = tmp_path_factory.mktemp("tiny-build")
+    proc = run_cli("build", *TINY, root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _clear_hydra():
+    yield
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
