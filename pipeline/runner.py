@@ -42,6 +42,7 @@ class Stage:
     label: Callable[[DictConfig], str] = lambda cfg: cfg.model.name
     check: Callable[[DictConfig], list[str]] | None = None  # plan-time problems (no work, no download)
     extra: Callable[[DictConfig, Path], dict[str, Any]] | None = None  # cheap extra fingerprint inputs (file digests)
+    volatile: tuple[str, ...] = ()  # report files with timings: listed in the manifest, left out of the content digest
 
 
 @dataclass
@@ -129,7 +130,7 @@ def _stale_reason(out: Path, fp: str, st: Stage, planned: dict[str, PlannedStage
         return f"output damaged: {problem}"
     for name in st.inputs:
         up = store.read_manifest(planned[name].out)
-        if up is None or manifest.get("input_digests", {}).get(name) != store.content_digest(up):
+        if up is None or manifest.get("input_digests", {}).get(name) != store.content_digest(up, planned[name].stage.volatile):
             return f"input {name} changed"
     return "cached"
 
@@ -199,7 +200,7 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
                 "fingerprint_parts": ps.parts,
                 "label": st.label(cfg),
                 "inputs": {n: str(p) for n, p in inputs.items()},
-                "input_digests": {n: store.content_digest(m) for n, m in manifests.items()},
+                "input_digests": {n: store.content_digest(m, planned[n].stage.volatile) for n, m in manifests.items()},
                 "config": to_plain(cfg),
                 "versions": {"pipeline": __version__, **lib_versions(st.libs)},
                 "host": host_info(),

@@ -82,9 +82,9 @@ def read_manifest(out_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def content_digest(manifest: dict[str, Any]) -> str:
-    """Digest of a stage output's contents, from its manifest's file list."""
-    return digest([(f["path"], f["sha256"]) for f in manifest.get("files", [])])
+def content_digest(manifest: dict[str, Any], volatile: tuple[str, ...] = ()) -> str:
+    """Digest of a stage output's contents, from its manifest's file list, leaving out ``volatile`` reports."""
+    return digest([(f["path"], f["sha256"]) for f in manifest.get("files", []) if f["path"] not in volatile])
 
 
 def quick_intact(out_dir: Path, manifest: dict[str, Any]) -> str | None:

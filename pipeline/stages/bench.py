@@ -143,6 +143,7 @@ def markdown(model: str, r: dict[str, Any]) -> str:
 
 
 STAGE = Stage(
+    volatile=("bench.json", "bench.md", "server.log"),
     name="bench",
     run=run,
     reads=("bench", "model.checks", "model.chat_template", "serve.host", "serve.server_bin",

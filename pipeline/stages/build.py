@@ -70,6 +70,7 @@ def check(cfg: DictConfig) -> list[str]:
 
 
 STAGE = Stage(
+    volatile=("build.json",),
     name="build",
     run=run,
     reads=("runtime", "target", "build"),
