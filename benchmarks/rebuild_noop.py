@@ -35,7 +35,7 @@ def machine() -> str:
 
 
 def commit() -> str:
-    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
 
 

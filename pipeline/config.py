@@ -34,14 +34,10 @@ def _schema_keys(full_key: str) -> list[str] | None:
     """Valid keys of the node that holds ``full_key`` (e.g. ``build.foo`` -> fields of BuildSettings)."""
     node: Any = schema.PipelineConfig
     for part in full_key.split(".")[:-1]:
-        hints = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
-        if part not in hints:
+        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
             return None
-        f = hints[part]
-        node = schema.GROUPS.get(part) if node is schema.PipelineConfig else _field_type(node, part)
-        if node is None or not dataclasses.is_dataclass(node):
-            return None
-    return [f.name for f in dataclasses.fields(node)]
+        node = _field_type(node, part)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
 
 
 def _field_type(owner: type, name: str) -> Any:

@@ -9,8 +9,6 @@ import json
 import time
 from typing import Any
 
-from omegaconf import DictConfig
-
 from pipeline import store
 from pipeline.errors import StageFailed
 from pipeline.runner import Context, Stage, lib_versions
@@ -25,10 +23,9 @@ def run(ctx: Context) -> dict[str, Any]:
 
     src = ctx.inputs["quantize"] / "checkpoint"
     engine = ctx.out / "engine"
-    hashes = store.link_tree(src, engine, skip_manifest=False)
+    store.link_tree(src, engine, skip_manifest=False)
     up = {f["path"]: f["sha256"] for f in ctx.manifests["quantize"].get("files", [])}
     ctx.known_hashes.update({f"engine/{p[len('checkpoint/'):]}": h for p, h in up.items() if p.startswith("checkpoint/")})
-    del hashes
 
     rt = ctx.cfg.runtime
     device = "cuda" if ctx.cfg.target.device.value == "cuda" else "cpu"
@@ -63,12 +60,6 @@ def run(ctx: Context) -> dict[str, Any]:
     return {"engine_dir": "engine", "check": record["check"]}
 
 
-def check(cfg: DictConfig) -> list[str]:
-    if cfg.runtime.name.value == "reference" and cfg.target.device.value == "cuda":
-        return []
-    return []
-
-
 STAGE = Stage(
     volatile=("build.json",),
     name="build",
@@ -80,5 +71,4 @@ STAGE = Stage(
     root="engines",
     label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
                       f".{cfg.target.name}.{cfg.runtime.name.value}",
-    check=None,
 )
