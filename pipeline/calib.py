@@ -23,18 +23,29 @@ class TextSet:
     heldout: tuple[str, ...]
 
 
+def is_hub(dataset: str) -> bool:
+    """``org/name`` with no file suffix and no such local path: a Hugging Face Hub dataset."""
+    p = Path(dataset).expanduser()
+    return dataset.count("/") == 1 and not p.suffix and not p.exists()
+
+
 def dataset_path(dataset: str) -> Path:
     if dataset == "builtin":
         return BUILTIN
+    if is_hub(dataset):
+        return Path(dataset)
     p = Path(dataset).expanduser()
     if p.suffix not in (".txt", ".jsonl"):
-        raise UserError(f"quant.calib.dataset={dataset!r}: give 'builtin' or a local .txt/.jsonl file")
+        raise UserError(f"quant.calib.dataset={dataset!r}: give 'builtin', a local .txt/.jsonl file or a Hub "
+                        f"dataset org/name")
     if not p.is_file():
         raise UserError(f"quant.calib.dataset: file {p} not found")
     return p.resolve()
 
 
 def dataset_digest(dataset: str) -> str:
+    if is_hub(dataset):  # content unknown until downloaded; the manifest records the content hash
+        return f"hub:{dataset}"
     path = dataset_path(dataset)
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -42,7 +53,35 @@ def dataset_digest(dataset: str) -> str:
         raise UserError(f"quant.calib.dataset: cannot read {path}: {exc.strerror}") from exc
 
 
+def _load_hub(dataset: str, limit: int = 4000) -> TextSet:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise UserError(f"quant.calib.dataset={dataset}: a Hub dataset needs `pip install datasets` "
+                        f"(or give 'builtin' or a local .txt/.jsonl file)") from exc
+    try:
+        ds = datasets.load_dataset(dataset, split="train")
+    except Exception as exc:
+        raise UserError(f"quant.calib.dataset={dataset}: cannot load from the Hub ({type(exc).__name__}); "
+                        f"offline or gated? use a local .txt/.jsonl file") from exc
+    if "text" not in ds.column_names:
+        raise UserError(f"quant.calib.dataset={dataset}: no 'text' column (has {', '.join(ds.column_names)})")
+    docs = [str(t) for t in ds.select(range(min(limit, len(ds))))["text"] if str(t).strip()]
+    raw = "\n\n".join(docs).encode()
+    return _split(dataset, hashlib.sha256(raw).hexdigest(), docs, Path(dataset))
+
+
+def _split(name: str, sha: str, docs: list[str], path: Path) -> TextSet:
+    if len(docs) < HELDOUT_EVERY:
+        raise UserError(f"quant.calib.dataset: {path} has {len(docs)} documents; need at least {HELDOUT_EVERY}")
+    calib = tuple(d for i, d in enumerate(docs) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1)
+    held = tuple(d for i, d in enumerate(docs) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1)
+    return TextSet(name, sha, calib, held)
+
+
 def load(dataset: str) -> TextSet:
+    if is_hub(dataset):
+        return _load_hub(dataset)
     path = dataset_path(dataset)
     try:
         raw = path.read_bytes()
@@ -62,14 +101,10 @@ def load(dataset: str) -> TextSet:
                 raise UserError(f"quant.calib.dataset: {path}:{i} is not a JSON object with a 'text' field") from exc
     else:
         docs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
-    if len(docs) < HELDOUT_EVERY:
-        raise UserError(f"quant.calib.dataset: {path} has {len(docs)} documents; need at least {HELDOUT_EVERY}")
-    calib = tuple(d for i, d in enumerate(docs) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1)
-    held = tuple(d for i, d in enumerate(docs) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1)
-    return TextSet(dataset, hashlib.sha256(raw).hexdigest(), calib, held)
+    return _split(dataset, hashlib.sha256(raw).hexdigest(), docs, path)
 
 
-def pack(tokenizer, docs: tuple[str, ...], seq_len: int, num_samples: int):
+def pack(tokenizer, docs: tuple[str, ...], seq_len: int, num_samples: int, chat_template: bool = False):
     """Tokenize documents end to end (separated by EOS) and cut into ``num_samples`` rows of ``seq_len`` tokens.
 
     Returns an int64 tensor [n, seq_len] with n <= num_samples (as many full rows as the text holds).
@@ -79,6 +114,9 @@ def pack(tokenizer, docs: tuple[str, ...], seq_len: int, num_samples: int):
     sep = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids: list[int] = []
     for d in docs:
+        if chat_template and getattr(tokenizer, "chat_template", None):
+            d = tokenizer.apply_chat_template([{"role": "user", "content": "Continue the text."},
+                                               {"role": "assistant", "content": d}], tokenize=False)
         ids.extend(tokenizer(d, add_special_tokens=False)["input_ids"] + sep)
     n = min(num_samples, len(ids) // seq_len)
     if n == 0:

@@ -140,6 +140,9 @@ def validate(cfg: DictConfig) -> list[str]:
     b = cfg.build
     if b.max_input_len >= b.max_seq_len:
         problems.append(f"build.max_input_len={b.max_input_len} must be below build.max_seq_len={b.max_seq_len}")
+    bs = str(cfg.quant.calib.batch_size)
+    if bs != "auto" and not (bs.isdigit() and 1 <= int(bs) <= 4096):
+        problems.append(f"quant.calib.batch_size={bs} is invalid: give 'auto' or an integer in [1, 4096]")
     if cfg.model.source == "synthetic" and cfg.model.synthetic is None:
         problems.append("model.synthetic must be set when model.source=synthetic")
     return problems

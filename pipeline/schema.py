@@ -28,11 +28,21 @@ class DType(str, Enum):
 class QuantFormat(str, Enum):
     none = "none"
     fp8 = "fp8"
+    int4_awq = "int4_awq"
+    nvfp4 = "nvfp4"
+    w4a8_awq = "w4a8_awq"
+    int8_sq = "int8_sq"
 
 
 class KVFormat(str, Enum):
     none = "none"
     fp8 = "fp8"
+    nvfp4 = "nvfp4"
+
+
+class GateMode(str, Enum):
+    fail = "fail"
+    warn = "warn"
 
 
 class Device(str, Enum):
@@ -73,6 +83,8 @@ class ModelShape:
     params_b: float = rng(0.0, 0.0, None)
     num_layers: int = rng(0, 0, None)
     hidden_size: int = rng(0, 0, None)
+    intermediate_size: int = rng(0, 0, None)
+    num_heads: int = rng(0, 0, None)
     num_kv_heads: int = rng(0, 0, None)
     head_dim: int = rng(0, 0, None)
 
@@ -93,11 +105,13 @@ class ModelConfig:
 # ----------------------------------------------------------------------------------------------------------- quant
 @dataclass
 class CalibConfig:
-    dataset: str = "builtin"  # the corpus shipped in pipeline/data, or a local .jsonl/.txt path
+    # "builtin" (the corpus shipped in pipeline/data), a local .jsonl ({"text": ...} per line) or .txt (paragraphs)
+    # file, or a Hub dataset "org/name" (needs `datasets` and network; its "text" column, train split)
+    dataset: str = "builtin"
     num_samples: int = rng(24, 1, 100_000)
     seq_len: int = rng(128, 8, 131_072)
-    batch_size: int = rng(4, 1, 4096)
-    chat_template: bool = False
+    batch_size: str = "auto"  # a positive integer, or "auto": the largest that fits (GPU), 8 on CPU
+    chat_template: bool = False  # wrap each calibration document in the tokenizer's chat template
 
 
 @dataclass
@@ -119,11 +133,23 @@ class EvalConfig:
 
 
 @dataclass
+class GateThresholds:
+    """Quantized vs unquantized on held-out text; a breach fails the quantize stage unless quant.gate=warn."""
+
+    kl_max: float = rng(0.1, 0.0, 100.0)
+    top1_min: float = rng(0.85, 0.0, 1.0)
+    ppl_ratio_max: float = rng(1.05, 1.0, 100.0)
+
+
+@dataclass
 class QuantConfig:
     format: QuantFormat = MISSING
     kv_cache: KVFormat = KVFormat.fp8
+    block_size: Optional[int] = rng(None, 8, 4096)  # AWQ group size; null = ModelOpt's preset (128)
     calib: CalibConfig = field(default_factory=CalibConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateMode = GateMode.fail
+    thresholds: GateThresholds = field(default_factory=GateThresholds)
 
 
 # ---------------------------------------------------------------------------------------------------------- target

@@ -172,5 +172,5 @@ def test_multirun_sweeps_and_shares_fetch(tiny_build, tmp_path):
     shutil.copytree(tiny_build, root)
     proc = run_cli("build", "-m", *TINY, "quant=none,fp8", "until=quantize", root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert statuses(root, "tiny-qwen3.none-kvnone.cpu.reference") == {"fetch": "cached", "quantize": "ran"}
+    assert statuses(root, "tiny-qwen3.none-kvfp8.cpu.reference") == {"fetch": "cached", "quantize": "ran"}
     assert statuses(root, LABEL)["fetch"] == "cached"
