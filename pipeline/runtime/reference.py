@@ -50,6 +50,7 @@ def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 NVFP4_BLOCK = 16
+_INV_NVFP4_RANGE = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(6.0 * FP8_MAX, dtype=torch.float32)
 
 
 def _e2m1_round(a: torch.Tensor) -> torch.Tensor:
@@ -68,12 +69,14 @@ def fake_nvfp4(x: torch.Tensor, global_amax: torch.Tensor, block: int = NVFP4_BL
     if shape[-1] % block:
         raise ValueError(f"last dim {shape[-1]} is not a multiple of the NVFP4 block {block}")
     xf = x.float().reshape(*shape[:-1], shape[-1] // block, block)
-    gscale = global_amax.float().reshape(()).to(xf.device) / (6.0 * FP8_MAX)
+    # ModelOpt computes global_amax / 2688 on the GPU, where PyTorch divides by a scalar as a multiply by its fp32
+    # reciprocal; doing the same keeps the two bit-identical.
+    gscale = global_amax.float().reshape(()).to(xf.device) * _INV_NVFP4_RANGE
     gscale = torch.where(gscale > 0, gscale, torch.full_like(gscale, 1e-12))
     bmax = xf.abs().amax(-1, keepdim=True)
     scale = torch.clamp(bmax / (6.0 * gscale), max=FP8_MAX).to(torch.float8_e4m3fn).float() * gscale
     scale = torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
-    q = _e2m1_round(xf.abs() / scale) * scale
+    q = _e2m1_round(xf.abs() * (1.0 / scale)) * scale
     return torch.where(xf >= 0, q, -q).reshape(shape).to(dtype)
 
 

@@ -1,0 +1,118 @@
+"""CUDA-only checks: the CPU fallbacks against ModelOpt's GPU kernels, and every format calibrated on the GPU.
+
+Runs unchanged on any CUDA machine with SM >= 8.9 (ModelOpt's NVFP4 Triton kernel); skipped, with the reason,
+elsewhere.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.runtime import reference
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (none visible): NVFP4/FP8 kernel parity and GPU calibration", allow_module_level=True)
+if torch.cuda.get_device_capability() < (8, 9):
+    pytest.skip(f"needs SM >= 8.9 for ModelOpt's NVFP4 kernel; this GPU is sm{''.join(map(str, torch.cuda.get_device_capability()))}",
+                allow_module_level=True)
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for shape in ((64, 1024), (3, 7, 4096), (1, 16)):
+            x = torch.randn(*shape, generator=g) * 2.0
+            x.view(-1)[:: 97] *= 50.0  # outliers
+            x.view(-1)[5:21] = 0.0  # an all-zero block
+            x.view(-1)[40:56] *= 1e-6  # a block that underflows the e4m3 scale
+            yield x.to(dtype)
+
+
+E2M1_BOUNDARIES = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+
+
+@pytest.mark.parametrize("x", list(_cases()), ids=lambda x: f"{str(x.dtype)[6:]}{list(x.shape)}")
+def test_cpu_nvfp4_fallback_matches_modelopt_gpu_kernel(x):
+    """Bit for bit, except where |x|/scale sits within a few ulp of an e2m1 rounding boundary: ModelOpt's Triton
+    kernel divides with Triton's default approximate fp32 division (div.full.f32, up to 2 ulp), which no CPU
+    arithmetic reproduces exactly. Such elements may differ by one e2m1 step; every other element must be equal."""
+    from modelopt.torch.quantization.tensor_quant import _dynamic_block_quantize_impl
+
+    for amax in (x.float().abs().amax(), x.float().abs().amax() * 0.5):
+        gpu = _dynamic_block_quantize_impl(x.cuda(), 16, amax.cuda(), 4, 2, 8, 4).cpu()
+        cpu = reference.fake_nvfp4(x, amax)
+        assert gpu.dtype == cpu.dtype
+        differ = (gpu.float() != cpu.float()).reshape(-1, 16)
+        # the per-block scale the CPU fallback used, and how close each |x|/scale is to a rounding boundary
+        xf = x.float().reshape(-1, 16)
+        gs = amax.float() * reference._INV_NVFP4_RANGE
+        scale = torch.clamp(xf.abs().amax(-1, keepdim=True) / (6 * gs), max=448).to(torch.float8_e4m3fn).float() * gs
+        scale = torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
+        ratio = xf.abs() * (1.0 / scale)
+        near = ((ratio.unsqueeze(-1) - E2M1_BOUNDARIES).abs() <= 4 * torch.finfo(torch.float32).eps * 8).any(-1)
+        assert not (differ & ~near).any(), f"{int((differ & ~near).sum())} elements differ away from a boundary"
+        step = (gpu.float() - cpu.float()).abs().reshape(-1, 16)[differ]
+        assert torch.all(step <= scale.expand_as(xf)[differ] * 2 + 1e-6)  # at most one e2m1 step (<= 2 × scale)
+        record = getattr(test_cpu_nvfp4_fallback_matches_modelopt_gpu_kernel, "stats", [])
+        record.append((str(x.dtype), tuple(x.shape), int(differ.sum()), x.numel()))
+        test_cpu_nvfp4_fallback_matches_modelopt_gpu_kernel.stats = record
+        print(f"nvfp4 parity {x.dtype} {tuple(x.shape)}: {int(differ.sum())} of {x.numel()} differ (all at ties)")
+
+
+def test_cpu_fp8_fallback_matches_modelopt_cuda_kernel_bit_for_bit():
+    from modelopt.torch.quantization.tensor_quant import scaled_e4m3_impl
+
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = (torch.randn(256, 4096, generator=g) * 3).to(dtype)
+        amax = x.float().abs().amax() * 0.7
+        gpu = scaled_e4m3_impl(x.cuda(), amax.cuda()).cpu()
+        assert torch.equal(gpu, reference.fake_fp8(x, amax / 448.0))
+
+
+COMBOS = [("fp8", "fp8"), ("fp8", "nvfp4"), ("int4_awq", "fp8"), ("int4_awq", "nvfp4"), ("nvfp4", "fp8"),
+          ("nvfp4", "nvfp4"), ("w4a8_awq", "fp8"), ("int8_sq", "none"), ("int8_sq", "fp8")]
+
+
+@pytest.fixture(scope="module")
+def qwen3_small(tmp_path_factory):
+    """A Qwen3-architecture model (seeded random weights, AWQ-compatible sizes) and token rows."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = tmp_path_factory.mktemp("q3")
+    cfg = AutoConfig.for_model("qwen3", hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                               num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
+                               initializer_range=0.05, architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(d)
+    g = torch.Generator().manual_seed(0)
+    return d, torch.randint(0, 4096, (16, 128), generator=g), torch.randint(0, 4096, (4, 128), generator=g)
+
+
+@pytest.mark.parametrize("fmt,kv", COMBOS, ids=[f"{f}-kv{k}" for f, k in COMBOS])
+def test_format_calibrates_on_gpu_and_the_export_reloads_faithfully(qwen3_small, tmp_path, fmt, kv):
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from pipeline import quality
+    from pipeline.stages.quantize import quant_config
+
+    src, cal, ev = qwen3_small
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
+    base = quality.logits(model, ev)
+    mtq.quantize(model, quant_config(fmt, kv), lambda m: [m(input_ids=cal[i:i + 4].cuda()) for i in range(0, 16, 4)])
+    fq = quality.logits(model, ev)
+    export_hf_checkpoint(model, export_dir=str(tmp_path))
+    q = json.loads((tmp_path / "hf_quant_config.json").read_text())["quantization"]
+    expected = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "nvfp4": "NVFP4", "w4a8_awq": "W4A8_AWQ",
+                "int8_sq": "W8A8_SQ_PER_CHANNEL"}[fmt]
+    assert q["quant_algo"] == expected
+    assert q["kv_cache_quant_algo"] == (None if kv == "none" else kv.upper())
+    ex = quality.logits(reference.load(tmp_path, torch.bfloat16, "cuda"), ev)
+    vs_base, vs_fq = quality.compare(base, fq, ev), quality.compare(fq, ex, ev)
+    assert vs_fq["kl_mean"] <= 1.5 * vs_base["kl_mean"] + 0.01, (vs_base, vs_fq)
+    assert vs_fq["top1_agreement"] >= vs_base["top1_agreement"] - 0.05, (vs_base, vs_fq)
