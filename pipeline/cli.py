@@ -43,11 +43,14 @@ def _selected(cfg: DictConfig) -> list:
     return stages
 
 
-def plan_checks(cfg: DictConfig, stages: list) -> list[str]:
+def plan_checks(cfg: DictConfig, stages: list, *, environment: bool = True) -> list[str]:
+    """Incompatibilities of the config (and, with ``environment``, of this machine) found before any work."""
     problems: list[str] = []
     for st in stages:
         if st.check is not None:
             problems.extend(st.check(cfg))
+        if environment and st.env_check is not None:
+            problems.extend(st.env_check(cfg))
     return problems
 
 
@@ -220,28 +223,37 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
 
 
 def cmd_validate(as_json: bool) -> int:
+    """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
+    are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
     from pipeline.config import combinations, compose
 
     results = []
     for combo in combinations():
         overrides = [f"{k}={v}" for k, v in combo.items()]
+        errors: list[str] = []
+        refused: list[str] = []
         try:
             cfg = compose(overrides)
-            problems = plan_checks(cfg, _stages())
+            refused = plan_checks(cfg, _stages(), environment=False)
         except UserError as exc:
-            problems = exc.problems or [str(exc)]
-        results.append({"combination": combo, "problems": problems})
-    bad = [r for r in results if r["problems"]]
+            errors = exc.problems or [str(exc)]
+        results.append({"combination": combo, "errors": errors, "refused": refused})
+    bad = [r for r in results if r["errors"]]
+    refused = [r for r in results if r["refused"] and not r["errors"]]
     if as_json:
-        print(json.dumps({"combinations": len(results), "failing": len(bad), "results": results}, indent=2))
+        print(json.dumps({"combinations": len(results), "failing": len(bad), "refused": len(refused),
+                          "results": results}, indent=2))
     else:
         from pipeline.ui import console
 
-        for r in bad:
+        for r in results:
             name = " ".join(f"{k}={v}" for k, v in r["combination"].items())
-            for p in r["problems"]:
+            for p in r["errors"]:
                 console.print(f"[red]✗[/] {name}: {p}")
-        console.print(f"{len(results) - len(bad)}/{len(results)} combinations valid")
+            for p in r["refused"]:
+                console.print(f"[yellow]–[/] {name}: refused by the compatibility rules: {p}")
+        console.print(f"{len(results) - len(bad)}/{len(results)} combinations compose; {len(refused)} refused by "
+                      f"the compatibility rules; {len(bad)} with config errors")
     return 2 if bad else 0
 
 

@@ -40,7 +40,8 @@ class Stage:
     code: tuple[str, ...] = ()  # extra modules whose source enters the fingerprint (the stage module always does)
     root: str = "store"  # paths.<root> holds the output directory
     label: Callable[[DictConfig], str] = lambda cfg: cfg.model.name
-    check: Callable[[DictConfig], list[str]] | None = None  # plan-time problems (no work, no download)
+    check: Callable[[DictConfig], list[str]] | None = None  # plan-time incompatibilities (no work, no download)
+    env_check: Callable[[DictConfig], list[str]] | None = None  # plan-time problems of this machine (memory, GPU)
     extra: Callable[[DictConfig, Path], dict[str, Any]] | None = None  # cheap extra fingerprint inputs (file digests)
     volatile: tuple[str, ...] = ()  # report files with timings: listed in the manifest, left out of the content digest
 

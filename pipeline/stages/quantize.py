@@ -147,6 +147,13 @@ def check(cfg: DictConfig) -> list[str]:
     p = awq_block_problem(fmt, cfg.quant.block_size, _shape_from(cfg), cfg.model.name)
     if p:
         problems.append(p)
+    return problems
+
+
+def env_check(cfg: DictConfig) -> list[str]:
+    """What this machine must offer to calibrate: memory for the model, CUDA where ModelOpt has no CPU kernel."""
+    problems = []
+    fmt, kv = cfg.quant.format.value, cfg.quant.kv_cache.value
     if fmt == "none" and kv == "none":
         return problems
     if kv == "nvfp4" and fmt in AWQ_FORMATS and not _gpu_memory_gb():
@@ -412,5 +419,6 @@ STAGE = Stage(
     root="store",
     label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}",
     check=check,
+    env_check=env_check,
     extra=extra,
 )

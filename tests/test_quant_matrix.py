@@ -1,0 +1,135 @@
+"""Every format × KV combination that calibrates on CPU, on tiny-qwen3: exported dtypes, scales, config fields,
+the manifest's record of them, and the export check. Plus the plan-time refusals and the accuracy gate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from pipeline import config, runner
+from pipeline.errors import StageFailed, UserError
+from pipeline.stages import STAGES
+from tests.conftest import TINY, run_cli
+
+ALGO = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "nvfp4": "NVFP4", "w4a8_awq": "W4A8_AWQ",
+        "int8_sq": "W8A8_SQ_PER_CHANNEL", "none": None}
+CPU_COMBOS = [(f, kv) for f in ALGO for kv in ("none", "fp8", "nvfp4")
+              if not (f in ("int4_awq", "w4a8_awq") and kv == "nvfp4")]  # AWQ + NVFP4 KV: CUDA only
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("matrix")
+
+
+def _quantize(root, fmt, kv, *extra):
+    cfg = config.compose([*TINY, f"quant={fmt}", f"quant.kv_cache={kv}", f"paths.root={root}", "until=quantize",
+                          "quant.calib.num_samples=8", "quant.calib.seq_len=64", *extra])
+    planned = {p.stage.name: p for p in runner.plan(cfg, list(STAGES[:2]))}
+    for name in ("fetch", "quantize"):
+        if not planned[name].cached:
+            runner.execute(cfg, planned[name], planned)
+    return planned["quantize"].out
+
+
+@pytest.mark.parametrize("fmt,kv", CPU_COMBOS, ids=[f"{f}-kv{k}" for f, k in CPU_COMBOS])
+def test_format_exports_what_it_should(root, fmt, kv):
+    out = _quantize(root, fmt, kv)
+    ckpt = out / "checkpoint"
+    manifest = json.loads((out / "manifest.json").read_text())["result"]
+    if fmt == "none" and kv == "none":
+        assert not (ckpt / "hf_quant_config.json").exists() and manifest["quant_algo"] is None
+        return
+    q = json.loads((ckpt / "hf_quant_config.json").read_text())["quantization"]
+    assert q.get("quant_algo") == ALGO[fmt]
+    assert q.get("kv_cache_quant_algo") == (None if kv == "none" else kv.upper())
+    for key in ("quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules"):
+        assert manifest[key] == q.get(key), key  # recorded exactly as exported
+    assert json.loads((ckpt / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
+    with safe_open(str(next(ckpt.glob("*.safetensors"))), "pt") as f:
+        t = {k: f.get_tensor(k) for k in f.keys() if ".layers.0." in k}
+    p = "model.layers.0.mlp.down_proj."  # in 256, out 128
+    w = t.get(p + "weight")
+    if fmt == "fp8":
+        assert w.dtype == torch.float8_e4m3fn and t[p + "weight_scale"].dtype == torch.float32
+        assert t[p + "input_scale"].dtype == torch.float32
+    elif fmt in ("int4_awq", "w4a8_awq"):
+        assert w.dtype == torch.uint8 and tuple(w.shape) == (64, 256)  # two int4 per byte along the output dim
+        assert tuple(t[p + "weight_scale"].shape) == (128, 256 // q["group_size"])
+        assert p + "pre_quant_scale" in t
+        assert (p + "input_scale" in t) == (fmt == "w4a8_awq") and (p + "weight_scale_2" in t) == (fmt == "w4a8_awq")
+    elif fmt == "nvfp4":
+        assert w.dtype == torch.uint8 and tuple(w.shape) == (128, 128)  # two e2m1 per byte along the input dim
+        assert t[p + "weight_scale"].dtype == torch.float8_e4m3fn and tuple(t[p + "weight_scale"].shape) == (128, 16)
+        assert t[p + "weight_scale_2"].dtype == torch.float32 and t[p + "input_scale"].dtype == torch.float32
+    elif fmt == "int8_sq":
+        assert w.dtype == torch.int8 and tuple(t[p + "weight_scale"].shape) == (128,)
+        assert p + "pre_quant_scale" in t and p + "input_scale" in t
+    else:
+        assert w.dtype == torch.bfloat16
+    has_kv = "model.layers.0.self_attn.k_proj.k_scale" in t and "model.layers.0.self_attn.v_proj.v_scale" in t
+    assert has_kv == (kv != "none")
+    acc = json.loads((out / "accuracy.json").read_text())["accuracy"]
+    assert acc["export_check"] == "pass", acc
+    assert manifest["calibration"]["sha256"] and manifest["bytes_per_param"] > 0
+
+
+def test_awq_block_size_that_does_not_divide_fails_in_plan_naming_one_that_does(tmp_path):
+    proc = run_cli("plan", "quant=int4_awq", root=tmp_path)  # SmolLM2: hidden 576
+    assert proc.returncode == 2
+    assert "quant.block_size=128 does not divide smollm2-135m's hidden size 576" in proc.stderr
+    assert "use quant.block_size=64" in proc.stderr
+    ok = run_cli("plan", "quant=int4_awq", "quant.block_size=64", root=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert not list(tmp_path.rglob("*.safetensors"))
+
+
+def test_plan_refuses_a_model_that_cannot_fit_and_names_the_gpus(tmp_path):
+    proc = run_cli("plan", "model=qwen32b", root=tmp_path)
+    assert proc.returncode == 2
+    assert "qwen32b needs ~72 GB to calibrate" in proc.stderr and "1× 80 GB GPU" in proc.stderr
+
+
+def test_awq_with_nvfp4_kv_needs_cuda(tmp_path):
+    proc = run_cli("plan", *TINY, "quant=int4_awq", "quant.kv_cache=nvfp4", root=tmp_path)
+    assert proc.returncode == 2 and "calibrates on a CUDA GPU only" in proc.stderr
+
+
+def test_block_size_changes_the_export(root):
+    out = _quantize(root, "int4_awq", "fp8", "quant.block_size=64")
+    q = json.loads((out / "checkpoint" / "hf_quant_config.json").read_text())["quantization"]
+    assert q["group_size"] == 64
+
+
+def test_accuracy_gate_fails_the_stage_and_warn_downgrades_it(root):
+    with pytest.raises(StageFailed, match="accuracy gate .fp8, KV fp8.: .*top-1 agreement"):
+        _quantize(root, "fp8", "fp8", "quant.gate=fail", "quant.thresholds.top1_min=0.99")
+    kept = list((root / "reports" / "failed").glob("*quantize*/quantize.md"))
+    assert kept and "Accuracy gate: **fail**" in kept[0].read_text()
+    out = _quantize(root, "fp8", "fp8", "quant.gate=warn", "quant.thresholds.top1_min=0.99")
+    assert json.loads((out / "accuracy.json").read_text())["accuracy"]["gate"] == "warn"
+
+
+def test_calibration_file_content_enters_the_fingerprint(tmp_path):
+    data = tmp_path / "calib.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"Sentence number {i} about the weather."}) for i in range(20)))
+    a = config.compose([*TINY, f"quant.calib.dataset={data}"])
+    fp1 = runner.plan(a, list(STAGES[:2]))[1].fingerprint
+    data.write_text(data.read_text() + "\n" + json.dumps({"text": "One more line."}))
+    fp2 = runner.plan(a, list(STAGES[:2]))[1].fingerprint
+    assert fp1 != fp2
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"\xff\xfe not utf8", "is not UTF-8 text"),
+    (b'{"txt": "wrong key"}\n', "is not a JSON object with a 'text' field"),
+])
+def test_bad_calibration_files_are_one_line_errors(tmp_path, content, expected):
+    from pipeline import calib
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    with pytest.raises(UserError, match=expected):
+        calib.load(str(bad))
