@@ -54,22 +54,31 @@ def plan_checks(cfg: DictConfig, stages: list, *, environment: bool = True) -> l
     return problems
 
 
-def _plan(cfg: DictConfig):
+def _plan(cfg: DictConfig, *, environment: bool = True):
+    """Fingerprint the selected stages after every plan-time check: config incompatibilities first (alone), then,
+    with ``environment``, what this machine lacks to run them."""
     from pipeline import runner
 
     stages = _selected(cfg)
-    problems = plan_checks(cfg, stages)
+    problems = plan_checks(cfg, stages, environment=False)
+    if not problems and environment:
+        problems = plan_checks(cfg, stages)
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
     return runner.plan(cfg, stages)
 
 
 def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
-    planned = _plan(cfg)
+    planned = _plan(cfg, environment=False)
+    here = [p for st in _selected(cfg) if st.env_check for p in st.env_check(cfg)]
     rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
              "output": str(p.out)} for p in planned]
+    from pipeline import planning
+
+    cap = planning.summary(cfg)
     doc = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
-           "target": cfg.target.name, "runtime": cfg.runtime.name.value, "stages": rows}
+           "target": cfg.target.name, "runtime": cfg.runtime.name.value, "tp": planning.effective_tp(cfg),
+           "capacity": cap, "stages": rows, "not_buildable_here": here}
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
@@ -85,6 +94,22 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
             t.add_row(r["stage"], r["fingerprint"][:12], "[green]cached[/]" if r["cached"] else
                       f"[yellow]run[/] ({r['reason']})", r["output"])
         console.print(t)
+        if cap:
+            c = Table(title=f"KV-cache capacity per GPU on {doc['target']}: TP={cap['tp']}"
+                            f"{' (chosen by the planner)' if cap['tp_chosen_by_planner'] else ''}, PP={cap['pp']}, "
+                            f"weights {cap['weights_gb_per_gpu']} GB/GPU, free fraction "
+                            f"{cap['kv_cache_free_gpu_mem_fraction']}")
+            for col in ("KV dtype", "KiB/token/GPU", "pool GB/GPU", "max tokens", "max sequences"):
+                c.add_column(col, justify="right")
+            for r in cap["table"]:
+                mark = " ←" if r["kv_dtype"] == cap["chosen_kv"] else ""
+                c.add_row(r["kv_dtype"] + mark, f"{r['kv_kib_per_token_per_gpu']:.1f}", f"{r['kv_pool_gb_per_gpu']:.1f}",
+                          f"{r['max_tokens']:,}", f"{r['max_concurrent_sequences']:,}")
+            console.print(c)
+            for w in cap["warnings"]:
+                console.print(f"[yellow]warning:[/] {w}")
+        for p in here:
+            console.print(f"[yellow]build here would be refused:[/] {p}")
     return doc
 
 
@@ -131,6 +156,7 @@ def cmd_build(cfg: DictConfig) -> dict[str, Any]:
                      manifest.get("result", {})})
         if status == "ran":
             console.print(f"  [green]✓[/] {ps.stage.name} {elapsed:.1f}s → {ps.out}")
+        logging.getLogger("pipeline").info("stage %s: %s (%.2fs) %s", ps.stage.name, status, elapsed, ps.out)
     summary = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
                "target": cfg.target.name, "runtime": cfg.runtime.name.value, "total_s": round(time.perf_counter()
                                                                                             - t_all, 2),
@@ -225,18 +251,20 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
 def cmd_validate(as_json: bool) -> int:
     """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
     are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
-    from pipeline.config import combinations, compose
+    from pipeline.config import combinations, compose_many
 
+    combos = combinations()
     results = []
-    for combo in combinations():
-        overrides = [f"{k}={v}" for k, v in combo.items()]
+    for combo, cfg in zip(combos, compose_many([[f"{k}={v}" for k, v in c.items()] for c in combos])):
         errors: list[str] = []
         refused: list[str] = []
-        try:
-            cfg = compose(overrides)
-            refused = plan_checks(cfg, _stages(), environment=False)
-        except UserError as exc:
-            errors = exc.problems or [str(exc)]
+        if isinstance(cfg, UserError):
+            errors = cfg.problems or [str(cfg)]
+        else:
+            try:
+                refused = plan_checks(cfg, _stages(), environment=False)
+            except UserError as exc:
+                errors = exc.problems or [str(exc)]
         results.append({"combination": combo, "errors": errors, "refused": refused})
     bad = [r for r in results if r["errors"]]
     refused = [r for r in results if r["refused"] and not r["errors"]]

@@ -80,27 +80,103 @@ def explain(exc: BaseException) -> str:
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
     """Compose the root config with Hydra overrides and validate it. Raises UserError with one line."""
+    result = compose_many([list(overrides)])[0]
+    if isinstance(result, UserError):
+        raise result
+    return result
+
+
+def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
+    """Compose several override lists under one Hydra initialisation (``validate`` composes hundreds)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from hydra.core.singleton import Singleton
+
     schema.register()
-    overrides = list(overrides)
+    out: list[DictConfig | UserError] = []
+    # Called inside a running Hydra app too (launchers): put Hydra's global state back afterwards.
+    saved = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
-    except UserError:
-        raise
-    except Exception as exc:  # hydra wraps everything; translate to one line
-        raise UserError(explain(exc)) from exc
+            for job in jobs:
+                try:
+                    cfg = hydra_compose(config_name="config", overrides=[resolve_auto_target(o) for o in job])
+                except UserError as exc:
+                    out.append(exc)
+                    continue
+                except Exception as exc:  # hydra wraps everything; translate to one line
+                    err = UserError(explain(exc))
+                    err.__cause__ = exc
+                    out.append(err)
+                    continue
+                problems = validate(cfg)
+                if problems:
+                    out.append(UserError(problems[0] if len(problems) == 1 else
+                                         f"{len(problems)} config problems: " + "; ".join(problems),
+                                         problems=problems))
+                else:
+                    out.append(cfg)
     finally:
         GlobalHydra.instance().clear()
-    problems = validate(cfg)
-    if problems:
-        raise UserError(problems[0] if len(problems) == 1 else f"{len(problems)} config problems: " + "; ".join(problems),
-                        problems=problems)
-    return cfg
+        if saved is not None:
+            Singleton.set_state(saved)
+    return out
+
+
+def detect_target() -> str:
+    """The shipped target matching the local GPU through NVML (same SM, nearest memory), or ``cpu``."""
+    gpu = local_gpu()
+    if gpu is None:
+        return "cpu"
+    candidates = []
+    for name in group_options("target"):
+        if name in ("auto", "cpu"):
+            continue
+        data = _read_yaml(conf_dir() / "target" / f"{name}.yaml")
+        if int(data.get("sm", 0)) == gpu["sm"]:
+            candidates.append((abs(float(data.get("memory_gb", 0)) - gpu["memory_gb"]), name))
+    if not candidates:
+        raise UserError(f"target=auto: no shipped target has sm{gpu['sm']} ({gpu['name']}); add conf/target/<name>.yaml")
+    return min(candidates)[1]
+
+
+def local_gpu() -> dict | None:
+    """Name, SM and memory of GPU 0 via NVML (nvidia-ml-py), or None when there is no NVIDIA GPU/driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+        name = pynvml.nvmlDeviceGetName(h)
+        return {"name": name.decode() if isinstance(name, bytes) else name, "sm": major * 10 + minor,
+                "memory_gb": pynvml.nvmlDeviceGetMemoryInfo(h).total / 1e9,
+                "count": pynvml.nvmlDeviceGetCount()}
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _read_yaml(path: Path) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(path)) or {}
+
+
+def resolve_auto_target(override: str) -> str:
+    if override.replace(" ", "") == "target=auto":
+        return f"target={detect_target()}"
+    return override
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -198,5 +274,5 @@ def resolved_paths(cfg: DictConfig) -> dict[str, Path]:
 
 def combinations() -> list[dict[str, str]]:
     """Every shipped model × quant × target × runtime combination (for ``validate``)."""
-    axes = {g: group_options(g) for g in ("model", "quant", "target", "runtime")}
+    axes = {g: [o for o in group_options(g) if o != "auto"] for g in ("model", "quant", "target", "runtime")}
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]

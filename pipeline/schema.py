@@ -52,6 +52,8 @@ class Device(str, Enum):
 
 class RuntimeName(str, Enum):
     reference = "reference"
+    trtllm_engine = "trtllm_engine"  # TensorRT engines, TRT-LLM <= 1.2.x, Triton `tensorrtllm` backend
+    trtllm_llmapi = "trtllm_llmapi"  # TRT-LLM >= 1.2 PyTorch backend, Triton python `llmapi` model
 
 
 class Launcher(str, Enum):
@@ -87,6 +89,8 @@ class ModelShape:
     num_heads: int = rng(0, 0, None)
     num_kv_heads: int = rng(0, 0, None)
     head_dim: int = rng(0, 0, None)
+    vocab_size: int = rng(0, 0, None)
+    tie_word_embeddings: bool = False
 
 
 @dataclass
@@ -154,6 +158,12 @@ class QuantConfig:
 
 # ---------------------------------------------------------------------------------------------------------- target
 @dataclass
+class SlurmSpec:
+    partition: str = ""
+    constraint: str = ""
+
+
+@dataclass
 class TargetConfig:
     name: str = MISSING
     device: Device = Device.cpu
@@ -161,6 +171,7 @@ class TargetConfig:
     gpu_name: str = ""
     memory_gb: float = rng(0.0, 0.0, None)
     gpus_per_node: int = rng(0, 0, 64)
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
 
 
 # --------------------------------------------------------------------------------------------------------- runtime
@@ -170,6 +181,9 @@ class RuntimeConfig:
     dtype: DType = DType.bfloat16  # compute dtype of the reference runtime
     check_prompt: str = "The capital of France is"
     check_tokens: int = rng(8, 1, 512)
+    # TRT-LLM runtimes: the version the serving container has (e.g. "1.2.1"); the build refuses another one
+    trtllm_version: Optional[str] = None
+    container: str = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # intended serving image (recorded)
 
 
 # ----------------------------------------------------------------------------------------------------------- build
@@ -179,8 +193,22 @@ class BuildSettings:
     max_input_len: int = rng(1024, 1, 1_048_576)
     max_seq_len: int = rng(2048, 2, 1_048_576)
     max_num_tokens: int = rng(8192, 1, 1_048_576)
-    tp_size: int = rng(1, 1, 64)
+    max_beam_width: int = rng(1, 1, 64)
+    tp_size: int = rng(0, 0, 64)  # 0: the smallest TP whose weights + KV pool fit (capacity planner)
     pp_size: int = rng(1, 1, 64)
+    kv_cache_free_gpu_mem_fraction: float = rng(0.9, 0.05, 0.99)
+    # Planner workload: the input/output lengths a typical request has
+    expected_input_len: int = rng(1024, 1, 1_048_576)
+    expected_output_len: int = rng(256, 1, 1_048_576)
+    # Engine path (trtllm-build / BuildConfig)
+    gemm_plugin: str = "auto"
+    use_paged_context_fmha: bool = True
+    use_fp8_context_fmha: bool = True  # applied only where TRT-LLM allows it (FP8, W4A8_AWQ, NVFP4)
+    multiple_profiles: bool = False
+    strip_plan: bool = False
+    workers: int = rng(1, 1, 64)
+    # LLM-API path
+    cuda_graph_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
 
 
 # ----------------------------------------------------------------------------------------------------------- serve

@@ -31,7 +31,7 @@ def test_bad_config_is_one_line(override, expected):
 
 def test_several_problems_reported_at_once():
     with pytest.raises(UserError) as err:
-        config.compose(["build.max_batch_size=0", "build.tp_size=0", "quant.calib.num_samples=0"])
+        config.compose(["build.max_batch_size=0", "build.pp_size=0", "quant.calib.num_samples=0"])
     assert len(err.value.problems) == 3
     assert "3 config problems" in str(err.value)
 
@@ -85,9 +85,12 @@ def test_validate_composes_every_shipped_combination():
         config.group_options("runtime"))
     assert proc.returncode == 0, doc
     assert doc["failing"] == 0
-    refused = {(r["combination"]["model"], r["combination"]["quant"]) for r in doc["results"] if r["refused"]}
-    assert ("smollm2-135m", "int4_awq") in refused  # hidden 576 and AWQ block 128: expected, not an error
-    assert ("qwen32b", "fp8") not in refused  # this machine's memory is not part of validate
+    refused = {tuple(r["combination"][k] for k in ("model", "quant", "target", "runtime"))
+               for r in doc["results"] if r["refused"]}
+    assert ("smollm2-135m", "int4_awq", "cpu", "reference") in refused  # hidden 576, AWQ block 128
+    assert ("qwen32b", "nvfp4", "h100", "trtllm_engine") in refused  # NVFP4 serves on Blackwell only
+    assert ("qwen32b", "fp8", "h100", "trtllm_engine") not in refused
+    assert ("qwen32b", "nvfp4", "b200", "trtllm_llmapi") not in refused
 
 
 def test_validate_reports_every_problem(tmp_path, monkeypatch):
@@ -96,7 +99,7 @@ def test_validate_reports_every_problem(tmp_path, monkeypatch):
 
     conf = tmp_path / "conf"
     shutil.copytree(config.CONF_DIR, conf)
-    (conf / "build" / "default.yaml").write_text("max_batch_size: 0\ntp_size: 0\n")
+    (conf / "build" / "default.yaml").write_text("max_batch_size: 0\npp_size: 0\n")
     monkeypatch.setattr(config, "CONF_DIR", conf)
     from pipeline import cli
 

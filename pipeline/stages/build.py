@@ -1,7 +1,15 @@
-"""build: turn the quantized checkpoint into what a runtime on one target serves.
+"""build: turn the quantized checkpoint into what a runtime on one target serves, and check it.
 
-Runtime ``reference`` (PyTorch, runs anywhere): the engine directory holds the exported checkpoint (hard-linked) and
-``build.json``; the build is checked by loading it through the reference dequantizer and generating a few tokens.
+- ``reference`` (PyTorch, runs anywhere): ``engine/`` holds the exported checkpoint (hard-linked); checked by
+  loading it through the reference dequantizer and generating a few tokens.
+- ``trtllm_engine``: ``trtllm-build`` on the TRT-LLM checkpoint in a child process, reusing a timing cache per
+  (SM, TensorRT version); ``engine/`` holds ``config.json`` + ``rank{N}.engine`` and the tokenizer; checked by loading
+  the engine and generating.
+- ``trtllm_llmapi``: ``engine/`` holds the unified checkpoint and ``llmapi.json`` (the ``LLM(...)`` options);
+  checked by loading it with the PyTorch backend and generating.
+
+Every build writes ``build.json``: runtime, target SM and GPU, TRT-LLM/TensorRT/CUDA/driver versions, the build
+settings and the capacity plan.
 """
 from __future__ import annotations
 
@@ -9,13 +17,16 @@ import json
 import time
 from typing import Any
 
-from pipeline import store
-from pipeline.errors import StageFailed
+from pipeline import planning, store
+from pipeline.config import to_plain
+from pipeline.errors import StageFailed, UserError
 from pipeline.runner import Context, Stage, lib_versions
 from pipeline.ui import status
 
 
 def run(ctx: Context) -> dict[str, Any]:
+    if ctx.cfg.runtime.name.value != "reference":
+        return run_trtllm(ctx)
     import torch
     from transformers import AutoTokenizer
 
@@ -51,7 +62,8 @@ def run(ctx: Context) -> dict[str, Any]:
         "gpu_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "dtype": rt.dtype.value,
         "quant": reference.read_quant_config(engine),
-        "build_settings": {k: v for k, v in ctx.cfg.build.items()},
+        "build_settings": to_plain(ctx.cfg.build),
+        "capacity": planning.summary(ctx.cfg),
         "versions": lib_versions(("torch", "transformers", "safetensors")),
         "check": {"prompt": rt.check_prompt, "completion": text, "tokens": len(out),
                   "load_s": round(load_s, 3), "tokens_per_s": round(len(out) / max(gen_s, 1e-9), 2)},
@@ -60,14 +72,93 @@ def run(ctx: Context) -> dict[str, Any]:
     return {"engine_dir": "engine", "check": record["check"]}
 
 
+def run_trtllm(ctx: Context) -> dict[str, Any]:
+    """Build or prepare for a TRT-LLM runtime in a child process, then record what was built where."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from pipeline.runtime import trtllm
+
+    cfg, rt = ctx.cfg, ctx.cfg.runtime.name.value
+    info = trtllm.require(rt, cfg.runtime.trtllm_version)
+    q = ctx.manifests["quantize"].get("result", {})
+    build = to_plain(cfg.build)
+    tp, pp = planning.effective_tp(cfg), int(cfg.build.pp_size)
+    engine = ctx.out / "engine"
+    engine.mkdir()
+    ckpt = ctx.inputs["quantize"] / "checkpoint"
+    spec: dict[str, Any] = {"prompt": cfg.runtime.check_prompt, "check_tokens": cfg.runtime.check_tokens}
+    if rt == "trtllm_engine":
+        cache = ctx.paths["store"] / "timing-cache" / f"sm{cfg.target.sm}-trt{info.tensorrt or 'unknown'}.cache"
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        spec.update(kind="engine", engine_dir=str(engine), tokenizer_dir=str(ckpt),
+                    trtllm_build_args=trtllm.trtllm_build_args(build, q.get("quant_algo"),
+                                                               str(ctx.inputs["quantize"] / "trtllm_checkpoint"),
+                                                               str(engine), str(cache)))
+        for p in ckpt.iterdir():  # the tokenizer travels with the engine (Triton's tokenizer_dir)
+            if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+                store.link_or_copy(p, engine / p.name)
+    else:
+        store.link_tree(ckpt, engine, skip_manifest=False)
+        options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp)
+        (engine / "llmapi.json").write_text(json.dumps(options, indent=2) + "\n")
+        spec.update(kind="llmapi", checkpoint_dir=str(engine), options=options)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        with status(f"{rt}: building and checking on {cfg.target.name} (child process)"):
+            proc = subprocess.run([sys.executable, "-m", "pipeline.runtime.trtllm_child", f.name],
+                                  capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    (ctx.out / "build.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StageFailed(f"{rt} build on {cfg.target.name} failed: {tail} (full log: build.log)")
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    record = {"runtime": rt, "target": cfg.target.name, "sm": int(cfg.target.sm), "gpu_name":
+              child["versions"].get("gpu"), "versions": {"tensorrt_llm": info.version, "tensorrt": info.tensorrt,
+                                                         "cuda": child["versions"].get("cuda"),
+                                                         "driver": child["versions"].get("driver")},
+              "tp": tp, "pp": pp, "build_settings": build, "capacity": planning.summary(cfg),
+              "container": cfg.runtime.container, "check": child["check"]}
+    (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return {"engine_dir": "engine", "check": child["check"], "versions": record["versions"]}
+
+
+def check(cfg) -> list[str]:
+    from pipeline import planning
+
+    return planning.compat_problems(cfg) or planning.capacity_problems(cfg)
+
+
+def env_check(cfg) -> list[str]:
+    """This machine must have the target's GPU, and a TRT-LLM that can run the runtime."""
+    from pipeline import planning
+    from pipeline.runtime import trtllm
+
+    problems = planning.local_sm_problems(cfg)
+    if cfg.runtime.name.value != "reference":
+        try:
+            trtllm.require(cfg.runtime.name.value, cfg.runtime.trtllm_version)
+        except UserError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 STAGE = Stage(
-    volatile=("build.json",),
+    volatile=("build.json", "build.log"),
     name="build",
     run=run,
     reads=("runtime", "target", "build"),
     inputs=("quantize",),
-    libs=("torch", "transformers", "safetensors"),
-    code=("pipeline.runtime.reference",),
+    code=("pipeline.runtime.reference", "pipeline.runtime.trtllm", "pipeline.runtime.trtllm_child",
+          "pipeline.planning", "pipeline.capacity", "pipeline.compat"),
+    libs=("torch", "transformers", "safetensors", "tensorrt_llm", "tensorrt"),
+    check=check,
+    env_check=env_check,
     root="engines",
     label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
                       f".{cfg.target.name}.{cfg.runtime.name.value}",

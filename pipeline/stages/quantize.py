@@ -5,6 +5,7 @@ Arch-independent: one output is shared by every target. The only module that imp
 Output layout::
 
     checkpoint/            unified HF checkpoint (safetensors + config.json + hf_quant_config.json + tokenizer)
+    trtllm_checkpoint/     TRT-LLM checkpoint (config.json + rank{N}.safetensors), for runtime=trtllm_engine only
     accuracy.json          quantized vs unquantized, and exported vs fake-quant, on held-out text
     quantize.md            the same, readable
 """
@@ -92,21 +93,6 @@ def _shape_from(cfg: DictConfig) -> dict[str, int]:
     return shape
 
 
-def _gpu_memory_gb() -> list[float]:
-    """Memory of each visible NVIDIA GPU (nvidia-smi; no CUDA initialisation), [] when none."""
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-        return [float(x) / 1024 for x in out.split()]
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return []
-
-
 def memory_estimate(params_b: float) -> dict[str, float]:
     """Peak memory of calibration: bf16 weights plus ~10% (activations, quantizer state; measured 1.04x on
     Qwen3-32B with ModelOpt alone). Weights are loaded in bf16, never as an fp32 copy."""
@@ -115,26 +101,28 @@ def memory_estimate(params_b: float) -> dict[str, float]:
 
 
 def fit_problem(cfg: DictConfig) -> str | None:
+    """Calibration runs on the target's machines (GPU targets) or on this host (target cpu): will the model fit?"""
     params = float(cfg.model.shape.params_b or 0)
-    if params <= 0:
+    if params <= 0 or (cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none"):
         return None
-    import psutil
-
     need = memory_estimate(params)["peak_gb"]
-    gpus = _gpu_memory_gb()
-    if gpus:
-        if need <= sum(g * 0.92 for g in gpus):
+    t = cfg.target
+    if t.device.value == "cuda":
+        have = float(t.memory_gb) * max(1, int(t.gpus_per_node)) * 0.92
+        if need <= have:
             return None
-        where = f"{len(gpus)} GPU(s) with {sum(gpus):.0f} GB in all"
+        where = f"target {t.name} has {t.gpus_per_node}× {t.memory_gb:g} GB"
     else:
+        import psutil
+
         host = psutil.virtual_memory().total / 1e9
         if need <= host * 0.8:
             return None
-        where = f"no GPU and {host:.0f} GB of host memory"
+        where = f"target cpu calibrates on this host, which has {host:.0f} GB of memory and no GPU"
     counts = [(max(1, -(-int(need * 1.05) // size)), size) for size in (141, 80, 48)]
     options = " or ".join(f"{n}× {size} GB GPU{'s' if n > 1 else ''}" for n, size in counts)
-    return (f"{cfg.model.name} needs ~{need:.0f} GB to calibrate ({params:g}B params in bf16 + 10%); this machine "
-            f"has {where}: run quantize on {options}")
+    return (f"{cfg.model.name} needs ~{need:.0f} GB to calibrate ({params:g}B params in bf16 + 10%); {where}: "
+            f"run quantize on {options}")
 
 
 def check(cfg: DictConfig) -> list[str]:
@@ -147,18 +135,9 @@ def check(cfg: DictConfig) -> list[str]:
     p = awq_block_problem(fmt, cfg.quant.block_size, _shape_from(cfg), cfg.model.name)
     if p:
         problems.append(p)
-    return problems
-
-
-def env_check(cfg: DictConfig) -> list[str]:
-    """What this machine must offer to calibrate: memory for the model, CUDA where ModelOpt has no CPU kernel."""
-    problems = []
-    fmt, kv = cfg.quant.format.value, cfg.quant.kv_cache.value
-    if fmt == "none" and kv == "none":
-        return problems
-    if kv == "nvfp4" and fmt in AWQ_FORMATS and not _gpu_memory_gb():
+    if kv == "nvfp4" and fmt in AWQ_FORMATS and cfg.target.device.value != "cuda":
         problems.append(f"quant.kv_cache=nvfp4 with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
-                        f"runs NVFP4 KV kernels that have no CPU version); use quant.kv_cache=fp8 here")
+                        f"runs NVFP4 KV kernels that have no CPU version); use quant.kv_cache=fp8 on target cpu")
     p = fit_problem(cfg)
     if p:
         problems.append(p)
@@ -259,6 +238,18 @@ def run(ctx: Context) -> dict[str, Any]:
     timings["quant_eval_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    trt = trtllm_checkpoint_spec(ctx.cfg)
+    if trt is not None:  # before the HF export, which replaces the model's weights in place
+        from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+        from pipeline.runtime.trtllm import decoder_type
+
+        with status(f"exporting TRT-LLM checkpoint (TP={trt['tp']}, PP={trt['pp']})"):
+            export_tensorrt_llm_checkpoint(model, decoder_type(model.config.model_type), dtype,
+                                           export_dir=str(ctx.out / "trtllm_checkpoint"),
+                                           inference_tensor_parallel=trt["tp"], inference_pipeline_parallel=trt["pp"])
+        timings["trtllm_export_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
     with status("exporting unified HF checkpoint"):
         export_hf_checkpoint(model, export_dir=str(ckpt))  # replaces the model's weights with quantized ones
         _copy_tokenizer(src, ckpt)
@@ -404,8 +395,21 @@ def _write_report(ctx: Context, r: dict[str, Any]) -> None:
 
 
 
+def trtllm_checkpoint_spec(cfg: DictConfig) -> dict[str, int] | None:
+    """The TP/PP mapping of the TRT-LLM checkpoint, exported only for the engine runtime."""
+    if cfg.runtime.name.value != "trtllm_engine":
+        return None
+    from pipeline import planning
+
+    return {"tp": planning.effective_tp(cfg), "pp": int(cfg.build.pp_size)}
+
+
 def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
-    return {"calib_sha256": calib.dataset_digest(cfg.quant.calib.dataset)}
+    out: dict[str, Any] = {"calib_sha256": calib.dataset_digest(cfg.quant.calib.dataset)}
+    trt = trtllm_checkpoint_spec(cfg)
+    if trt:  # only the engine runtime's quantize output differs per mapping; the rest share one
+        out["trtllm_checkpoint"] = trt
+    return out
 
 
 STAGE = Stage(
@@ -415,10 +419,9 @@ STAGE = Stage(
     reads=("model.dtype", "model.trust_remote_code", "quant"),
     inputs=("fetch",),
     libs=("nvidia-modelopt", "torch", "transformers", "safetensors"),
-    code=("pipeline.calib", "pipeline.quality", "pipeline.runtime.reference"),
+    code=("pipeline.calib", "pipeline.quality", "pipeline.runtime.reference", "pipeline.runtime.trtllm"),
     root="store",
     label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}",
     check=check,
-    env_check=env_check,
     extra=extra,
 )
