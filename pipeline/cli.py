@@ -4,6 +4,7 @@ Verbs:
   build     run fetch -> quantize -> build -> package -> bench -> publish (cached stages are skipped)
   plan      resolve the config; print each stage's fingerprint and whether it is cached; do no work
   validate  compose every shipped model x quant x target x runtime combination; report every problem at once
+  lint      lint REPO [--trtllm-version X]: check a Triton model repository (generated or hand-edited)
 
 ``build until=STAGE`` stops after STAGE; ``build force=[quantize]`` re-runs the named stages; ``-m`` sweeps.
 Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written).
@@ -25,7 +26,7 @@ from omegaconf import DictConfig
 
 from pipeline.errors import StageFailed, UserError
 
-VERBS = ("build", "plan", "validate")
+VERBS = ("build", "plan", "validate", "lint")
 USAGE = __doc__.strip()
 
 
@@ -187,9 +188,10 @@ def write_report(summary: dict[str, Any], reports_dir: Path) -> Path:
 
 
 def _bench_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every (workload, level) row of the bench stage's result."""
     for r in summary["stages"]:
         if r["stage"] == "bench":
-            return r["result"].get("levels", [])
+            return [{"workload": w, **lv} for w, rows in r["result"].get("workloads", {}).items() for lv in rows]
     return []
 
 
@@ -207,10 +209,10 @@ def report_markdown(s: dict[str, Any]) -> str:
                      f"`{r['output']}` |")
     bench = _bench_rows(s)
     if bench:
-        lines += ["", "| concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | latency p95 (ms) | "
-                      "output tok/s | req/s |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| workload | concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | latency p95 (ms) | "
+                      "output tok/s | req/s |", "|---|---|---|---|---|---|---|---|---|"]
         for lv in bench:
-            lines.append(f"| {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
+            lines.append(f"| {lv['workload']} | {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
                          f"{_fmt(lv['ttft_p50_ms'])} | {_fmt(lv['itl_p50_ms'])} | {_fmt(lv['latency_p95_ms'])} | "
                          f"{_fmt(lv['output_tokens_per_s'])} | {_fmt(lv['requests_per_s'], '.2f')} |")
     for r in s["stages"]:
@@ -237,11 +239,12 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
     console.print(t)
     bench = _bench_rows(s)
     if bench:
-        b = Table(title="bench (streaming gRPC through the ensemble)")
-        for col in ("concurrency", "errors", "TTFT p50 ms", "ITL p50 ms", "latency p95 ms", "tok/s", "req/s"):
+        b = Table(title="bench (streaming gRPC)")
+        for col in ("workload", "concurrency", "errors", "TTFT p50 ms", "ITL p50 ms", "latency p95 ms", "tok/s",
+                    "req/s"):
             b.add_column(col, justify="right")
         for lv in bench:
-            b.add_row(str(lv["concurrency"]), str(lv["error_count"]), _fmt(lv["ttft_p50_ms"]),
+            b.add_row(lv["workload"], str(lv["concurrency"]), str(lv["error_count"]), _fmt(lv["ttft_p50_ms"]),
                       _fmt(lv["itl_p50_ms"]), _fmt(lv["latency_p95_ms"]), _fmt(lv["output_tokens_per_s"]),
                       _fmt(lv["requests_per_s"], ".2f"))
         console.print(b)
@@ -283,6 +286,27 @@ def cmd_validate(as_json: bool) -> int:
         console.print(f"{len(results) - len(bad)}/{len(results)} combinations compose; {len(refused)} refused by "
                       f"the compatibility rules; {len(bad)} with config errors")
     return 2 if bad else 0
+
+
+def cmd_lint(args: list[str]) -> int:
+    """Print every finding, one per line; exit 2 when there is any (a repository that would fail to serve)."""
+    from pipeline.triton import lint
+
+    version = None
+    if "--trtllm-version" in args:
+        i = args.index("--trtllm-version")
+        if i + 1 >= len(args):
+            raise UserError("--trtllm-version needs a value, e.g. --trtllm-version 1.2.1")
+        version = args[i + 1]
+        args = args[:i] + args[i + 2:]
+    if len(args) != 1:
+        raise UserError("usage: python -m pipeline lint REPO [--trtllm-version X]")
+    findings = lint.lint(Path(args[0]), trtllm_version=version)
+    for f in findings:
+        print(f"error: {f}", file=sys.stderr)
+    if not findings:
+        print(f"ok: {args[0]}")
+    return 2 if findings else 0
 
 
 def _log_path(cfg: DictConfig | None) -> Path:
@@ -368,6 +392,8 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)}")
         if verb == "validate":
             sys.exit(cmd_validate(as_json))
+        if verb == "lint":
+            sys.exit(cmd_lint(overrides))
         if multirun:
             _multirun(verb, overrides, as_json)
         else:

@@ -216,6 +216,11 @@ def validate(cfg: DictConfig) -> list[str]:
     b = cfg.build
     if b.max_input_len >= b.max_seq_len:
         problems.append(f"build.max_input_len={b.max_input_len} must be below build.max_seq_len={b.max_seq_len}")
+    for w in cfg.bench.workloads:
+        if w not in ("chat", "rag"):
+            problems.append(f"bench.workloads: unknown workload '{w}'; choose from: chat, rag")
+    if cfg.serve.launcher.value == "external" and not cfg.serve.url:
+        problems.append("serve.launcher=external needs serve.url=HOST:GRPC_PORT of a running Triton server")
     bs = str(cfg.quant.calib.batch_size)
     if bs != "auto" and not (bs.isdigit() and 1 <= int(bs) <= 4096):
         problems.append(f"quant.calib.batch_size={bs} is invalid: give 'auto' or an integer in [1, 4096]")

@@ -57,7 +57,9 @@ class RuntimeName(str, Enum):
 
 
 class Launcher(str, Enum):
-    local = "local"
+    local = "local"  # a tritonserver binary started here
+    docker = "docker"  # an NGC Triton image, GPUs and the repository mounted
+    external = "external"  # an already running server at serve.url
 
 
 # ----------------------------------------------------------------------------------------------------------- model
@@ -222,21 +224,55 @@ class ServeConfig:
     preprocessing_instance_count: int = rng(1, 1, 64)
     postprocessing_instance_count: int = rng(1, 1, 64)
     llm_instance_count: int = rng(1, 1, 64)
+    bls_instance_count: int = rng(1, 1, 64)
     max_queue_delay_microseconds: int = rng(0, 0, 10_000_000)
+    max_queue_size: int = rng(0, 0, 1_000_000)
+    enable_kv_cache_reuse: bool = True
+    enable_chunked_context: bool = True
+    repo_mount: str = "/models"  # where ops mount the model repository in the serving container (engine_dir)
+    image: str = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # serve.launcher=docker
+    url: Optional[str] = None  # serve.launcher=external: host:grpc_port of a running server
     torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
 
 
 # ----------------------------------------------------------------------------------------------------------- bench
 @dataclass
-class BenchConfig:
-    concurrency: List[int] = field(default_factory=lambda: [1, 4])
-    requests_per_level: int = rng(8, 1, 100_000)
-    warmup_requests: int = rng(2, 0, 10_000)
-    max_tokens: int = rng(32, 1, 65_536)
+class Workload:
     prompt_words: int = rng(24, 1, 100_000)
+    max_tokens: int = rng(32, 1, 65_536)
+
+
+@dataclass
+class BenchGates:
+    """Absolute limits (null: no limit), and the regression allowed against the previous published bundle."""
+
+    max_error_rate: float = rng(0.0, 0.0, 1.0)
+    ttft_p95_ms: Optional[float] = None
+    itl_p95_ms: Optional[float] = None
+    request_latency_p95_ms: Optional[float] = None
+    min_output_tokens_per_s: Optional[float] = None
+    regression_pct: Optional[float] = rng(25.0, 0.0, 1000.0)
+
+
+class BenchModel(str, Enum):
+    ensemble = "ensemble"
+    tensorrt_llm_bls = "tensorrt_llm_bls"
+
+
+@dataclass
+class BenchConfig:
+    concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
+    requests_per_level: int = rng(8, 1, 100_000)  # at least the concurrency of the level
+    warmup_requests: int = rng(2, 0, 10_000)
+    workloads: List[str] = field(default_factory=lambda: ["chat", "rag"])
+    chat: Workload = field(default_factory=lambda: Workload(prompt_words=24, max_tokens=32))  # short in, long out
+    rag: Workload = field(default_factory=lambda: Workload(prompt_words=300, max_tokens=8))  # long in, short out
     seed: int = 0
     request_timeout_s: float = rng(120.0, 1.0, 3600.0)
     answer_max_tokens: int = rng(24, 1, 4096)
+    model: BenchModel = BenchModel.ensemble  # which entry point the load goes through
+    gates: BenchGates = field(default_factory=BenchGates)
+    plot: bool = True
 
 
 # --------------------------------------------------------------------------------------------------------- publish

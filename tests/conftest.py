@@ -12,8 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # quant.gate=warn: a random model's logits move more under quantization than the real-model gates allow.
-TINY = ["model=tiny-qwen3", "quant.gate=warn", "bench.concurrency=[1,2]", "bench.requests_per_level=3", "bench.warmup_requests=1",
-        "bench.max_tokens=8"]
+TINY = ["model=tiny-qwen3", "quant.gate=warn", "bench.concurrency=[1,2]", "bench.requests_per_level=3",
+        "bench.warmup_requests=1", "bench.chat.max_tokens=8", "bench.rag.prompt_words=120", "bench.rag.max_tokens=4",
+        "bench.gates.regression_pct=null"]  # CPU timings of a random model are noise: no regression gate here
 
 
 def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -29,7 +30,7 @@ def run_cli(*args: str, root: Path, env: dict[str, str] | None = None, timeout: 
     """``python -m pipeline ARGS paths.root=ROOT`` in a subprocess; returns the completed process."""
     root.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pipeline", *args]
-    if args and args[0] != "validate":
+    if args and args[0] not in ("validate", "lint"):
         cmd.append(f"paths.root={root}")
     return subprocess.run(cmd, cwd=cwd or root, env=env or cli_env(root), capture_output=True, text=True,
                           timeout=timeout)

@@ -5,7 +5,7 @@ Layout::
     bundle.json            what it is (model, quant, target, runtime, fingerprints, results) + every file's sha256
     checkpoint/            the exported (quantized) unified HF checkpoint
     triton_repo/           the model repository, ready for tritonserver --model-repository
-    reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json
+    reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json, bench.png
     manifests/<stage>.json the manifest of every stage that produced it
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pipeline import __version__, store
 from pipeline.config import to_plain
 from pipeline.runner import Context, Stage, host_info
 
-REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",), "bench": ("bench.md", "bench.json")}
+REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",), "bench": ("bench.md", "bench.json", "bench.png")}
 
 
 def _git_commit() -> str | None:

@@ -32,11 +32,12 @@ class ServerError(Exception):
 
 @dataclass
 class Server:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # None for an external server
     host: str
     http_port: int
     grpc_port: int
     log_path: Path
+    container: str | None = None
 
     @property
     def grpc_url(self) -> str:
@@ -53,6 +54,8 @@ class Server:
             return "(no server log)"
 
     def alive(self) -> bool:
+        if self.proc is None:
+            return _grpc_ready(self.grpc_url)
         return self.proc.poll() is None
 
 
@@ -120,14 +123,16 @@ def _ready(url: str) -> bool:
 
 @contextlib.contextmanager
 def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, timeout_s: float,
-            on_wait=None) -> Iterator[Server]:
-    """Start tritonserver on ``repo``, wait until every model is ready, and always stop it."""
+            on_wait=None, models: list[str] | None = None) -> Iterator[Server]:
+    """Start tritonserver on ``repo`` (all models, or only ``models``), wait until they are ready, always stop it."""
     binary, bundled = find_server(server_bin)
     work_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stub finds this env's numpy
     cmd = [str(binary), f"--model-repository={repo}", "--exit-on-error=true", "--strict-readiness=true",
            "--allow-metrics=false", "--log-verbose=0"]
+    if models:  # load only these (explicit model control)
+        cmd += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)]
     if bundled:
         root = _pytriton_root()
         libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
@@ -174,6 +179,10 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
 
 def stop(server: Server, grace_s: float = 10.0) -> None:
     """SIGTERM the server's process group, then SIGKILL after ``grace_s`` (the python stubs die with it)."""
+    if server.proc is None:
+        return
+    if server.container:
+        subprocess.run(["docker", "stop", "-t", str(int(grace_s)), server.container], capture_output=True)
     if server.proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.proc.pid, signal.SIGTERM)
@@ -185,3 +194,71 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
         os.killpg(server.proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.proc.wait(5)
+
+
+def _grpc_ready(url: str) -> bool:
+    try:
+        import tritonclient.grpc as grpcclient
+
+        with contextlib.closing(grpcclient.InferenceServerClient(url)) as c:
+            return bool(c.is_server_ready())
+    except Exception:
+        return False
+
+
+def docker_command(repo: Path, *, image: str, mount: str, host: str, http_port: int, grpc_port: int,
+                   name: str) -> list[str]:
+    """``docker run`` for an NGC Triton image: all GPUs, the repository mounted at ``mount``, loopback ports."""
+    return ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+            "-p", f"{host}:{http_port}:8000", "-p", f"{host}:{grpc_port}:8001", "-v", f"{repo}:{mount}:ro",
+            image, "tritonserver", f"--model-repository={mount}", "--exit-on-error=true", "--strict-readiness=true"]
+
+
+@contextlib.contextmanager
+def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server]:
+    """The server ``serve.launcher`` asks for: ``local`` (a binary here), ``docker`` (an NGC image) or
+    ``external`` (already running at ``serve.url``)."""
+    kind = serve.launcher.value
+    if kind == "local":
+        with running(repo, host=serve.host, server_bin=serve.server_bin, work_dir=work_dir,
+                     timeout_s=serve.startup_timeout_s, on_wait=on_wait) as s:
+            yield s
+        return
+    if kind == "external":
+        url = str(serve.url)
+        host, _, port = url.rpartition(":")
+        if not port.isdigit():
+            raise UserError(f"serve.url={url}: give HOST:GRPC_PORT")
+        if not _grpc_ready(url):
+            raise UserError(f"serve.url={url}: no ready Triton server answers there over gRPC")
+        yield Server(None, host, 0, int(port), work_dir / "external-server.log")
+        return
+    if shutil.which("docker") is None:
+        raise UserError("serve.launcher=docker needs the docker CLI; install Docker or use serve.launcher=local")
+    info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    if info.returncode != 0:
+        why = (info.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise UserError(f"serve.launcher=docker: no Docker engine is running here ({why}); start one or use "
+                        f"serve.launcher=local")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    http_port, grpc_port = free_port(serve.host), free_port(serve.host)
+    name = f"pipeline-bench-{os.getpid()}-{grpc_port}"
+    log_path = Path(tempfile.mkdtemp(prefix="docker-", dir=work_dir)) / "server.log"
+    cmd = docker_command(repo.resolve(), image=serve.image, mount=serve.repo_mount, host=serve.host,
+                         http_port=http_port, grpc_port=grpc_port, name=name)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(proc, serve.host, http_port, grpc_port, log_path, container=name)
+    try:
+        deadline = time.monotonic() + serve.startup_timeout_s
+        while not _ready(server.http_url):
+            if proc.poll() is not None:
+                raise ServerError(f"docker run exited with code {proc.returncode}; log {log_path}:\n"
+                                  f"{server.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"container not ready after {serve.startup_timeout_s:.0f}s; log {log_path}:\n"
+                                  f"{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        stop(server)
