@@ -1,0 +1,96 @@
+"""The load generator's own ceiling: the bench client against a trivial streaming Triton model, side by side.
+
+    python benchmarks/bench_overhead.py [--requests 2000] [--tokens 4]
+
+A decoupled python model answers every request at once with ``--tokens`` one-token responses and a final flag, so
+what is measured is the generator (tritonclient gRPC streams, one per worker thread), the loopback network and
+Triton's own path, not a model. Target: >= 500 streaming requests/s on 2 cores, client overhead < 1 ms at p50.
+The request latency at concurrency 1 is an upper bound of the overhead the client adds to each request.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rebuild_noop import REPO, commit, machine, prepend  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+
+CONFIG = """name: "echo"
+backend: "python"
+max_batch_size: 8
+model_transaction_policy { decoupled: true }
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] },
+        { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
+            sender = request.get_response_sender()
+            for i in range(n):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([[b"x"]], dtype=object))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    args = ap.parse_args()
+    from pipeline.triton import client, server
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
+        repo = Path(tmp) / "repo" / "echo"
+        (repo / "1").mkdir(parents=True)
+        (repo / "config.pbtxt").write_text(CONFIG)
+        (repo / "1" / "model.py").write_text(MODEL)
+        with server.running(repo.parent, host="127.0.0.1", server_bin=None, work_dir=Path(tmp) / "w",
+                            timeout_s=120) as s:
+            prompts = ["hello"] * args.requests
+            client.run_level(s.grpc_url, "echo", prompts, list(range(200)), 8, args.tokens, 30)  # warm-up
+            for conc in (int(c) for c in args.concurrency.split(",")):
+                n = args.requests if conc > 1 else min(args.requests, 1000)
+                t0 = time.perf_counter()
+                records, wall = client.run_level(s.grpc_url, "echo", prompts, list(range(n)), conc, args.tokens, 30)
+                summ = client.summarize(records, wall)
+                rows.append((conc, n, summ))
+                print(f"c={conc}: {summ['request_throughput']['avg']:.0f} req/s, p50 "
+                      f"{summ['request_latency']['p50']:.2f} ms, errors {summ['error_count']}", file=sys.stderr)
+    lines = [f"\n## Load-generator ceiling (`benchmarks/bench_overhead.py`)",
+             f"{time.strftime('%Y-%m-%d')} · commit {commit()} · {machine()} · trivial decoupled python model, "
+             f"{args.tokens} streamed responses per request, real tritonserver (nvidia-pytriton) on loopback; the "
+             f"server shares the same 2 cores", "",
+             "| concurrency | requests | errors | requests/s | streamed responses/s | request latency p50 / p95 / p99 (ms) "
+             "| TTFT p50 (ms) |", "|---|---|---|---|---|---|---|"]
+    for conc, n, s in rows:
+        lat = s["request_latency"]
+        lines.append(f"| {conc} | {n} | {s['error_count']} | {s['request_throughput']['avg']:.0f} | "
+                     f"{s['request_throughput']['avg'] * args.tokens:.0f} | {lat['p50']:.2f} / {lat['p95']:.2f} / "
+                     f"{lat['p99']:.2f} | {s['time_to_first_token']['p50']:.2f} |")
+    best = max(s["request_throughput"]["avg"] for _, _, s in rows)
+    c1 = rows[0][2]["request_latency"]["p50"]
+    lines += ["", f"Ceiling: {best:.0f} streaming requests/s (target ≥ 500: {'met' if best >= 500 else 'NOT met'}). "
+                  f"Round trip at concurrency 1: {c1:.2f} ms at p50, an upper bound of the client's added latency "
+                  f"(target < 1 ms: {'met' if c1 < 1 else 'NOT met'})."]
+    prepend("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
