@@ -59,9 +59,9 @@ def test_package_renders_every_config_and_bench_measured_both_levels(tiny_build)
         assert parse_model_config(text).name == name
     assert parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text()).model_transaction_policy.decoupled
     bench = json.loads((_outputs(tiny_build)["bench"] / "bench.json").read_text())
-    assert [lv["concurrency"] for lv in bench["levels"]] == [1, 2]
-    for lv in bench["levels"]:
-        assert lv["error_count"] == 0 and lv["request_count"] == 3
+    assert [lv["concurrency"] for lv in bench["workloads"]["chat"]["levels"]] == [1, 2]
+    for lv in bench["workloads"]["chat"]["levels"] + bench["workloads"]["rag"]["levels"]:
+        assert lv["error_count"] == 0 and lv["request_count"] == 3  # max(requests_per_level, concurrency)
         assert lv["time_to_first_token"]["p50"] > 0 and lv["request_latency"]["p95"] >= lv["request_latency"]["p50"]
         assert lv["output_token_throughput"]["avg"] > 0
 

@@ -27,9 +27,11 @@ def test_every_shipped_template_names_its_placeholders_and_parses_when_filled():
 
     for tmpl in MODELS_DIR.glob("*/config.pbtxt.tmpl"):
         ids = string.Template(tmpl.read_text()).get_identifiers()
-        values = {k: ("true" if "mode" in k else "x" if "dir" in k or k in ("dtype", "device") else 1) for k in ids}
+        values = {k: ("true" if "mode" in k else "x" if "dir" in k or k in ("dtype", "device", "triton_backend",
+                                                                           "batching_strategy") or "type" in k
+                      else 1) for k in ids}
         cfg = parse_model_config(render(tmpl.read_text(), values, name=tmpl.parent.name))
-        assert cfg.name == tmpl.parent.name
+        assert cfg.name == tmpl.parent.name.split(".")[0]  # tensorrt_llm.<layout> renders model tensorrt_llm
 
 
 def test_schema_check_rejects_unknown_fields_and_bad_values():

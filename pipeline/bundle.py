@@ -1,0 +1,249 @@
+"""Bundles for ops: the manifest schema, publishing to any fsspec destination, ``verify`` and ``diff``.
+
+Published layout: ``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/`` with ``version`` derived from the
+publish stage's fingerprint, plus a ``latest`` file naming the newest version that passed every gate. A version is
+complete once its ``bundle.json`` exists (it is uploaded last); a complete version is never written again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.errors import UserError
+
+SCHEMA = "llm-pipeline/bundle/v1"
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "bundle.schema.json"
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    size: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    source: str
+    revision: Optional[str] = Field(None, description="resolved commit sha for hf:// sources")
+
+
+class QuantInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Optional[str]
+    kv_cache: Optional[str]
+    quant_algo: Optional[str]
+    kv_cache_quant_algo: Optional[str]
+    group_size: Optional[int]
+    exclude_modules: Optional[list[str]]
+    calibration_sha256: Optional[str]
+
+
+class RuntimeVersions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tensorrt_llm: Optional[str] = None
+    tensorrt: Optional[str] = None
+    cuda: Optional[str] = None
+    driver: Optional[str] = None
+    torch: Optional[str] = None
+    transformers: Optional[str] = None
+    container: Optional[str] = Field(None, description="the Triton container tag the bundle is meant for")
+
+
+class Gates(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    accuracy: str = Field(description="pass | warn | fail | n/a")
+    export_check: str
+    bench: str
+
+
+class Provenance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pipeline: str
+    git_commit: Optional[str]
+    host: dict[str, Any]
+
+
+class BundleManifest(BaseModel):
+    """``bundle.json``: what a bundle is, how it was made, how it did, and every file's checksum."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_: str = Field(SCHEMA, alias="schema")
+    version: str
+    model: ModelInfo
+    quant: QuantInfo
+    target: dict[str, Any] = Field(description="name, SM, GPU, memory per GPU, GPUs per node")
+    runtime: dict[str, Any]
+    runtime_versions: RuntimeVersions
+    build: dict[str, Any]
+    capacity: Optional[dict[str, Any]]
+    accuracy: Optional[dict[str, Any]]
+    bench: dict[str, Any]
+    gates: Gates
+    lineage: dict[str, str] = Field(description="stage -> fingerprint")
+    provenance: Provenance
+    files: list[FileEntry]
+
+
+def schema_json() -> str:
+    return json.dumps(BundleManifest.model_json_schema(by_alias=True), indent=2) + "\n"
+
+
+def prefix(manifest: dict[str, Any]) -> str:
+    q = manifest["quant"]
+    return f"{manifest['model']['name']}/{q['format']}-kv{q['kv_cache']}/{manifest['target']['name']}/" \
+           f"{manifest['runtime']['name']}"
+
+
+def _fs(url: str):
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise UserError(f"publish.dest={url}: {exc} (install the fsspec extra for that protocol)") from exc
+    return fs, path.rstrip("/")
+
+
+def publish(local: Path, dest: str, *, move_latest: bool) -> dict[str, Any]:
+    """Upload the bundle directory ``local`` to ``dest``; returns where and what was uploaded."""
+    manifest = json.loads((local / "bundle.json").read_text())
+    fs, root = _fs(dest)
+    base = f"{root}/{prefix(manifest)}"
+    target = f"{base}/{manifest['version']}"
+    uploaded = 0
+    if not fs.exists(f"{target}/bundle.json"):  # complete versions are immutable: republishing is a no-op
+        for f in manifest["files"]:
+            fs.makedirs(f"{target}/{Path(f['path']).parent.as_posix()}", exist_ok=True)
+            fs.put_file(str(local / f["path"]), f"{target}/{f['path']}")
+            uploaded += 1
+        fs.put_file(str(local / "bundle.json"), f"{target}/bundle.json")  # last: marks the version complete
+        uploaded += 1
+    moved = False
+    if move_latest:
+        tmp = f"{base}/.latest-{uuid.uuid4().hex[:8]}"
+        fs.pipe_file(tmp, (manifest["version"] + "\n").encode())
+        fs.mv(tmp, f"{base}/latest")  # a rename on filesystems; a single-object write on object stores
+        moved = True
+    return {"url": f"{dest.rstrip('/')}/{prefix(manifest)}/{manifest['version']}", "uploaded_files": uploaded,
+            "latest_moved": moved}
+
+
+def _open_manifest(where: str) -> tuple[Any, str, dict[str, Any]]:
+    fs, root = _fs(where)
+    if fs.isfile(root) and root.endswith("bundle.json"):
+        root = root.rsplit("/", 1)[0]
+    if fs.exists(f"{root}/latest") and not fs.exists(f"{root}/bundle.json"):
+        root = f"{root}/{fs.cat_file(f'{root}/latest').decode().strip()}"
+    try:
+        doc = json.loads(fs.cat_file(f"{root}/bundle.json"))
+    except FileNotFoundError as exc:
+        raise UserError(f"{where}: no bundle.json there; give a bundle directory or URL") from exc
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}/bundle.json is not valid JSON (damaged bundle)") from exc
+    return fs, root, doc
+
+
+def verify(where: str, *, container: str | None = None) -> list[tuple[str, bool | None, str]]:
+    """Checks of a bundle, each (name, ok: True/False/None for not applicable, message)."""
+    from pipeline.config import local_gpu
+    from pipeline.runtime import trtllm
+
+    fs, root, doc = _open_manifest(where)
+    out: list[tuple[str, bool | None, str]] = []
+    try:
+        BundleManifest.model_validate(doc)
+        out.append(("manifest", True, f"bundle.json matches schema {SCHEMA}"))
+    except Exception as exc:
+        out.append(("manifest", False, f"bundle.json does not match the schema: {str(exc).splitlines()[0]}"))
+    bad = []
+    for f in doc.get("files", []):
+        h = hashlib.sha256()
+        try:
+            with fs.open(f"{root}/{f['path']}", "rb") as fh:
+                while chunk := fh.read(4 << 20):
+                    h.update(chunk)
+        except FileNotFoundError:
+            bad.append(f"{f['path']} is missing")
+            continue
+        if h.hexdigest() != f["sha256"]:
+            bad.append(f"{f['path']} has sha256 {h.hexdigest()[:12]}…, the manifest says {f['sha256'][:12]}…")
+    n = len(doc.get("files", []))
+    out.append(("checksums", not bad, f"{n} files match their sha256" if not bad else "; ".join(bad[:5])))
+    t = doc.get("target", {})
+    if t.get("device") != "cuda":
+        out.append(("gpu", None, f"target {t.get('name')} needs no GPU"))
+    else:
+        gpu = local_gpu()
+        if gpu is None:
+            out.append(("gpu", False, f"bundle is for sm{t.get('sm')} ({t.get('name')}); this machine has no GPU"))
+        else:
+            ok = gpu["sm"] == int(t.get("sm", -1))
+            out.append(("gpu", ok, f"bundle sm{t.get('sm')} {'=' if ok else '≠'} local {gpu['name']} (sm{gpu['sm']})"))
+    want = doc.get("runtime_versions", {})
+    if doc.get("runtime", {}).get("name") == "reference":
+        out.append(("runtime", None, "reference runtime: no TensorRT-LLM needed"))
+    elif container:
+        ok = container == want.get("container")
+        out.append(("runtime", ok, f"bundle built for container {want.get('container')}; serving container {container}"))
+    else:
+        info = trtllm.detect()
+        if info.version is None:
+            out.append(("runtime", False, f"bundle needs TensorRT-LLM {want.get('tensorrt_llm')}; none installed here "
+                                          f"(give --container TAG to check against a serving image)"))
+        else:
+            ok = info.version == want.get("tensorrt_llm") and (not want.get("tensorrt") or
+                                                                 info.tensorrt == want.get("tensorrt"))
+            out.append(("runtime", ok, f"bundle TensorRT-LLM {want.get('tensorrt_llm')}/TensorRT {want.get('tensorrt')}"
+                                       f"; installed {info.version}/{info.tensorrt}"))
+    return out
+
+
+def _get(d: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def diff(old: str, new: str) -> str:
+    """A Markdown table of what changed between two bundles: size, accuracy, bench, versions."""
+    _, _, a = _open_manifest(old)
+    _, _, b = _open_manifest(new)
+    rows: list[tuple[str, Any, Any]] = [
+        ("version", a.get("version"), b.get("version")),
+        ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),
+        ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),
+        ("kv_cache_quant_algo", _get(a, "quant", "kv_cache_quant_algo"), _get(b, "quant", "kv_cache_quant_algo")),
+    ]
+    for key in ("kl_mean", "top1_agreement", "ppl_ratio"):
+        rows.append((f"accuracy {key}", _get(a, "accuracy", "quantized_vs_unquantized", key),
+                     _get(b, "accuracy", "quantized_vs_unquantized", key)))
+    for w in sorted(set(_get(a, "bench", "workloads") or {}) | set(_get(b, "bench", "workloads") or {})):
+        old_rows = {r["concurrency"]: r for r in _get(a, "bench", "workloads", w) or []}
+        new_rows = {r["concurrency"]: r for r in _get(b, "bench", "workloads", w) or []}
+        for c in sorted(set(old_rows) | set(new_rows)):
+            for key in ("ttft_p50_ms", "latency_p95_ms", "output_tokens_per_s"):
+                rows.append((f"{w} c={c} {key}", (old_rows.get(c) or {}).get(key), (new_rows.get(c) or {}).get(key)))
+    for key in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers", "container"):
+        rows.append((f"{key} version", _get(a, "runtime_versions", key), _get(b, "runtime_versions", key)))
+    rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))
+    lines = ["| field | old | new | change |", "|---|---|---|---|"]
+    for name, o, n in rows:
+        if o == n:
+            continue
+        change = ""
+        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o:
+            change = f"{100 * (n / o - 1):+.1f}%"
+        fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+        lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")
+    if len(lines) == 2:
+        lines.append("| (no differences) | | | |")
+    return "\n".join(lines) + "\n"

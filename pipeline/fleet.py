@@ -1,0 +1,150 @@
+"""Scheduled rebuilds: the build matrix, which entries are outdated, and garbage collection of stage outputs."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pipeline.config import CONF_DIR, compose_many, conf_dir, resolved_paths
+from pipeline.errors import UserError
+
+AXES = (("models", "model"), ("quants", "quant"), ("targets", "target"), ("runtimes", "runtime"))
+
+
+def load_matrix(name: str) -> dict[str, Any]:
+    path = conf_dir() / "matrix" / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in (CONF_DIR / "matrix").glob("*.yaml")))
+        raise UserError(f"unknown matrix '{name}'; choose one of: {names}")
+    doc = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    unknown = set(doc) - {a for a, _ in AXES} - {"overrides"}
+    if unknown:
+        raise UserError(f"conf/matrix/{name}.yaml: unknown key(s) {', '.join(sorted(unknown))}; use models, quants, "
+                        f"targets, runtimes, overrides")
+    return doc
+
+
+def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(buildable entries, excluded entries with the reason). Each entry carries its composed config."""
+    from pipeline.cli import plan_checks, _stages
+
+    doc = load_matrix(name)
+    combos = [{}]
+    for key, group in AXES:
+        combos = [{**c, group: v} for c in combos for v in doc.get(key, [])]
+    jobs = [[f"{k}={v}" for k, v in c.items()] + list(doc.get("overrides") or []) + list(extra or [])
+            for c in combos]
+    keep, drop = [], []
+    for combo, job, cfg in zip(combos, jobs, compose_many(jobs)):
+        if isinstance(cfg, UserError):
+            drop.append({**combo, "reason": str(cfg)})
+            continue
+        problems = plan_checks(cfg, _stages(), environment=False)
+        if problems:
+            drop.append({**combo, "reason": problems[0]})
+            continue
+        sm = int(cfg.target.sm)
+        runner = ["self-hosted", f"sm{sm}"] if cfg.target.device.value == "cuda" else ["self-hosted", "cpu"]
+        keep.append({**combo, "runner": runner, "overrides": job, "_cfg": cfg})
+    return keep, drop
+
+
+def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"include": [{k: v for k, v in e.items() if not k.startswith("_")} for e in keep], "excluded": drop}
+
+
+def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
+    """(latest version, lineage) of the newest published bundle of this entry, from ``publish.dest``."""
+    from pipeline.bundle import _fs
+
+    fs, root = _fs(str(cfg.publish.dest))
+    base = f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/" \
+           f"{cfg.runtime.name.value}"
+    try:
+        version = fs.cat_file(f"{base}/latest").decode().strip()
+        doc = json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None, None
+    return version, doc.get("lineage")
+
+
+def outdated(keep: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries whose fingerprints differ from their latest published bundle, with what changed."""
+    from pipeline import runner
+    from pipeline.cli import _stages
+
+    out = []
+    for e in keep:
+        cfg = e["_cfg"]
+        version, lineage = published_lineage(cfg)
+        why: list[str] = []
+        if lineage is None:
+            why.append("never published")
+        else:
+            planned = runner.plan(cfg, _stages())
+            for p in planned:
+                if p.stage.name in lineage and lineage[p.stage.name] != p.fingerprint:
+                    why.append(f"{p.stage.name} fingerprint changed")
+                    break
+            why += _hub_changes(cfg)
+        if why:
+            out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": version,
+                        "why": why})
+    return out
+
+
+def _hub_changes(cfg) -> list[str]:
+    """A moved branch on the Hub (only for ``hf://...@branch`` sources, and only when online)."""
+    import os
+
+    from pipeline.stages.fetch import parse_source
+
+    kind, repo, rev = parse_source(cfg.model.source)
+    if kind != "hf" or os.environ.get("HF_HUB_OFFLINE") == "1" or (rev and len(rev) == 40):
+        return []
+    try:
+        from huggingface_hub import HfApi
+
+        sha = HfApi().model_info(repo, revision=rev).sha
+    except Exception:
+        return []
+    return [f"{repo}@{rev or 'main'} now resolves to {sha[:12]}"]
+
+
+def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
+    """Remove stage outputs that no local published bundle references and that are older than ``max_age_days``.
+    Published bundles (``paths.bundles``, ``publish.dest``) are never touched."""
+    paths = resolved_paths(cfg)
+    referenced: set[str] = set()
+    for bundle in paths["bundles"].glob("*/bundle.json"):
+        try:
+            referenced.update(json.loads(bundle.read_text()).get("lineage", {}).values())
+        except (OSError, json.JSONDecodeError):
+            continue
+    cutoff = time.time() - max_age_days * 86400
+    removed, kept, freed = [], 0, 0
+    for root in (paths["store"], paths["engines"], paths["triton_repo"]):
+        for manifest in root.glob("*/manifest.json"):
+            out = manifest.parent
+            try:
+                fp = json.loads(manifest.read_text()).get("fingerprint")
+            except (OSError, json.JSONDecodeError):
+                continue
+            if fp in referenced or manifest.stat().st_mtime > cutoff:
+                kept += 1
+                continue
+            size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+            if not dry_run:
+                shutil.rmtree(out, ignore_errors=True)
+                (out.parent / f"{out.name}.lock").unlink(missing_ok=True)
+            removed.append(str(out))
+            freed += size
+    return {"removed": removed, "kept": kept, "freed_bytes": freed, "dry_run": dry_run}
+
+
+def resolve(path: str) -> Path:
+    return Path(path).expanduser().resolve()
