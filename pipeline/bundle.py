@@ -125,6 +125,10 @@ def publish(local: Path, dest: str, *, move_latest: bool) -> dict[str, Any]:
             uploaded += 1
         fs.put_file(str(local / "bundle.json"), f"{target}/bundle.json")  # last: marks the version complete
         uploaded += 1
+        if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+            from pipeline.store import make_read_only
+
+            make_read_only(Path(target))  # published files are read-only
     moved = False
     if move_latest:
         tmp = f"{base}/.latest-{uuid.uuid4().hex[:8]}"

@@ -5,6 +5,11 @@ Verbs:
   plan      resolve the config; print each stage's fingerprint and whether it is cached; do no work
   validate  compose every shipped model x quant x target x runtime combination; report every problem at once
   lint      lint REPO [--trtllm-version X]: check a Triton model repository (generated or hand-edited)
+  verify    verify BUNDLE_OR_URL [--container TAG]: checksums, GPU SM, TRT-LLM/TensorRT versions; one line each
+  diff      diff OLD NEW: size, accuracy, bench and version changes between two bundles (Markdown)
+  matrix    matrix [NAME] [--outdated] [overrides]: conf/matrix/NAME.yaml as a CI matrix (impossible entries dropped)
+  outdated  outdated [NAME] [overrides]: matrix entries whose fingerprint differs from their latest published bundle
+  gc        gc [--dry-run] [overrides]: remove stage outputs no published bundle references, older than gc.max_age_days
 
 ``build until=STAGE`` stops after STAGE; ``build force=[quantize]`` re-runs the named stages; ``-m`` sweeps.
 Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written).
@@ -26,7 +31,7 @@ from omegaconf import DictConfig
 
 from pipeline.errors import StageFailed, UserError
 
-VERBS = ("build", "plan", "validate", "lint")
+VERBS = ("build", "plan", "validate", "lint", "verify", "diff", "matrix", "outdated", "gc")
 USAGE = __doc__.strip()
 
 
@@ -158,7 +163,14 @@ def cmd_build(cfg: DictConfig) -> dict[str, Any]:
         if status == "ran":
             console.print(f"  [green]✓[/] {ps.stage.name} {elapsed:.1f}s → {ps.out}")
         logging.getLogger("pipeline").info("stage %s: %s (%.2fs) %s", ps.stage.name, status, elapsed, ps.out)
+    published = None
+    if "publish" in planned:
+        from pipeline.stages.publish import upload
+
+        published = upload(planned["publish"].out, str(cfg.publish.dest))
+        logging.getLogger("pipeline").info("published: %s", published)
     summary = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
+               "published": published,
                "target": cfg.target.name, "runtime": cfg.runtime.name.value, "total_s": round(time.perf_counter()
                                                                                             - t_all, 2),
                "stages": rows, "log": str(log_path),
@@ -207,6 +219,10 @@ def report_markdown(s: dict[str, Any]) -> str:
         t = r["seconds"] if r["status"] == "ran" else f"{r['seconds']} (built in {r['stage_wall_s']})"
         lines.append(f"| {r['stage']} | {r['status']} | {t} | {_fmt(r['peak_rss_mb'])} | {_human(r['bytes'])} | "
                      f"`{r['output']}` |")
+    if s.get("published"):
+        p = s["published"]
+        lines += ["", f"Published `{p['url']}` ({p['uploaded_files']} files uploaded; `latest` "
+                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})."]
     bench = _bench_rows(s)
     if bench:
         lines += ["", "| workload | concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | latency p95 (ms) | "
@@ -248,6 +264,10 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
                       _fmt(lv["itl_p50_ms"]), _fmt(lv["latency_p95_ms"]), _fmt(lv["output_tokens_per_s"]),
                       _fmt(lv["requests_per_s"], ".2f"))
         console.print(b)
+    p = s.get("published")
+    if p:
+        console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest "
+                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})")
     console.print(f"total {s['total_s']:.1f}s · report: {report}")
 
 
@@ -307,6 +327,96 @@ def cmd_lint(args: list[str]) -> int:
     if not findings:
         print(f"ok: {args[0]}")
     return 2 if findings else 0
+
+
+def _flag(args: list[str], name: str, value: bool = False) -> tuple[Any, list[str]]:
+    if name not in args:
+        return (None if value else False), args
+    i = args.index(name)
+    if not value:
+        return True, args[:i] + args[i + 1:]
+    if i + 1 >= len(args):
+        raise UserError(f"{name} needs a value")
+    return args[i + 1], args[:i] + args[i + 2:]
+
+
+def cmd_verify(args: list[str], as_json: bool) -> int:
+    from pipeline import bundle
+
+    container, args = _flag(args, "--container", value=True)
+    if len(args) != 1:
+        raise UserError("usage: python -m pipeline verify BUNDLE_DIR_OR_URL [--container TAG]")
+    checks = bundle.verify(args[0], container=container)
+    failed = [c for c in checks if c[1] is False]
+    if as_json:
+        print(json.dumps([{"check": n, "ok": ok, "message": m} for n, ok, m in checks], indent=2))
+    else:
+        for name, ok, msg in checks:
+            print(f"{'PASS' if ok else 'SKIP' if ok is None else 'FAIL'} {name}: {msg}")
+    return 1 if failed else 0
+
+
+def cmd_diff(args: list[str], as_json: bool) -> int:
+    from pipeline import bundle
+
+    if len(args) != 2:
+        raise UserError("usage: python -m pipeline diff OLD_BUNDLE NEW_BUNDLE")
+    print(bundle.diff(args[0], args[1]), end="")
+    return 0
+
+
+def _matrix_args(args: list[str]) -> tuple[str, list[str]]:
+    name = args[0] if args and "=" not in args[0] and not args[0].startswith("-") else "default"
+    return name, [a for a in args if "=" in a]
+
+
+def cmd_matrix(args: list[str], as_json: bool) -> int:
+    from pipeline import fleet
+
+    only_outdated, args = _flag(args, "--outdated")
+    name, overrides = _matrix_args(args)
+    keep, drop = fleet.entries(name, overrides)
+    doc = fleet.ci_matrix(keep, drop)
+    if only_outdated:
+        stale = {tuple(e["overrides"]) for e in fleet.outdated(keep)}
+        doc["include"] = [e for e in doc["include"] if tuple(e["overrides"]) in stale]
+    print(json.dumps(doc, separators=(",", ":")))
+    return 0
+
+
+def cmd_outdated(args: list[str], as_json: bool) -> int:
+    from pipeline import fleet
+
+    name, overrides = _matrix_args(args)
+    keep, _ = fleet.entries(name, overrides)
+    stale = fleet.outdated(keep)
+    if as_json:
+        print(json.dumps(stale, indent=2))
+    else:
+        for e in stale:
+            print(f"{e['model']} {e['quant']} {e['target']} {e['runtime']}: {'; '.join(e['why'])}")
+        print(f"{len(stale)} of {len(keep)} entries outdated")
+    return 0
+
+
+def cmd_gc(args: list[str], as_json: bool) -> int:
+    from pipeline import fleet
+    from pipeline.config import compose
+
+    dry, args = _flag(args, "--dry-run")
+    cfg = compose(args)
+    res = fleet.gc(cfg, float(cfg.gc.max_age_days), dry_run=dry)
+    if as_json:
+        print(json.dumps(res, indent=2))
+    else:
+        for p in res["removed"]:
+            print(f"{'would remove' if dry else 'removed'} {p}")
+        print(f"{len(res['removed'])} outputs {'to remove' if dry else 'removed'} ({_human(res['freed_bytes'])}), "
+              f"{res['kept']} kept")
+    return 0
+
+
+FLEET_VERBS = {"verify": cmd_verify, "diff": cmd_diff, "matrix": cmd_matrix, "outdated": cmd_outdated, "gc": cmd_gc}
 
 
 def _log_path(cfg: DictConfig | None) -> Path:
@@ -394,6 +504,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(cmd_validate(as_json))
         if verb == "lint":
             sys.exit(cmd_lint(overrides))
+        if verb in ("verify", "diff", "matrix", "outdated", "gc"):
+            sys.exit(FLEET_VERBS[verb](overrides, as_json))
         if multirun:
             _multirun(verb, overrides, as_json)
         else:

@@ -57,43 +57,61 @@ def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[st
     return {"include": [{k: v for k, v in e.items() if not k.startswith("_")} for e in keep], "excluded": drop}
 
 
-def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
-    """(latest version, lineage) of the newest published bundle of this entry, from ``publish.dest``."""
+def _published_base(cfg) -> tuple[Any, str]:
     from pipeline.bundle import _fs
 
     fs, root = _fs(str(cfg.publish.dest))
-    base = f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/" \
-           f"{cfg.runtime.name.value}"
+    return fs, (f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/"
+                f"{cfg.runtime.name.value}")
+
+
+def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
+    """(version, lineage) of the entry's ``latest`` published bundle, or of its newest version when none passed."""
+    fs, base = _published_base(cfg)
     try:
         version = fs.cat_file(f"{base}/latest").decode().strip()
-        doc = json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
+    except FileNotFoundError:
+        try:
+            found = [p for p in fs.ls(base, detail=True) if p["type"] == "directory"]
+        except FileNotFoundError:
+            return None, None
+        if not found:
+            return None, None
+        version = max(found, key=lambda p: p.get("mtime") or p.get("LastModified") or 0)["name"].rsplit("/", 1)[-1]
+    try:
+        return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json")).get("lineage")
     except (FileNotFoundError, json.JSONDecodeError):
         return None, None
-    return version, doc.get("lineage")
 
 
 def outdated(keep: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entries whose fingerprints differ from their latest published bundle, with what changed."""
+    """Entries with no published version for their current fingerprint, with what changed since the last one.
+
+    The version name derives from the publish stage's fingerprint, which covers every upstream fingerprint: a
+    changed config, code, library version (TRT-LLM included) or input changes it."""
     from pipeline import runner
     from pipeline.cli import _stages
 
     out = []
     for e in keep:
         cfg = e["_cfg"]
-        version, lineage = published_lineage(cfg)
-        why: list[str] = []
+        planned = runner.plan(cfg, _stages())
+        version = f"v{planned[-1].fingerprint[:12]}"
+        fs, base = _published_base(cfg)
+        why = _hub_changes(cfg)
+        if fs.exists(f"{base}/{version}/bundle.json") and not why:
+            continue
+        last, lineage = published_lineage(cfg)
         if lineage is None:
             why.append("never published")
         else:
-            planned = runner.plan(cfg, _stages())
-            for p in planned:
-                if p.stage.name in lineage and lineage[p.stage.name] != p.fingerprint:
-                    why.append(f"{p.stage.name} fingerprint changed")
-                    break
-            why += _hub_changes(cfg)
-        if why:
-            out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": version,
-                        "why": why})
+            changed = [p.stage.name for p in planned if lineage.get(p.stage.name) not in (None, p.fingerprint)]
+            if changed:
+                why.append(f"{changed[0]} changed since {last} (its config, code, library versions or inputs)")
+            else:
+                why.append(f"publish settings changed since {last}")
+        out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": last, "version": version,
+                    "why": why})
     return out
 
 

@@ -44,6 +44,7 @@ class Stage:
     env_check: Callable[[DictConfig], list[str]] | None = None  # plan-time problems of this machine (memory, GPU)
     extra: Callable[[DictConfig, Path], dict[str, Any]] | None = None  # cheap extra fingerprint inputs (file digests)
     volatile: tuple[str, ...] = ()  # report files with timings: listed in the manifest, left out of the content digest
+    read_only: bool = False  # make every output file read-only (published bundles)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Context:
     manifests: dict[str, dict[str, Any]]  # upstream stage name -> its manifest
     paths: dict[str, Path]
     console: Any = None
+    fingerprint: str = ""
     known_hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 already known (hard links)
 
 
@@ -188,7 +190,7 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
         inputs = {n: planned[n].out for n in st.inputs}
         manifests = {n: store.read_manifest(planned[n].out) or {} for n in st.inputs}
         ctx = Context(cfg=cfg, stage=st, out=tmp, final=ps.out, inputs=inputs, manifests=manifests, paths=paths,
-                      console=console)
+                      console=console, fingerprint=ps.fingerprint)
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         try:
@@ -212,6 +214,8 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
                 "files": files,
             }
             store.write_json_atomic(tmp / store.MANIFEST, manifest)
+            if st.read_only:
+                store.make_read_only(tmp)
             store.commit_dir(tmp, ps.out)
         except StageFailed as exc:  # a gate failed: keep what the stage wrote as a report, never as an output
             kept = paths["reports"] / "failed" / f"{ps.out.name}-{started.strftime('%Y%m%dT%H%M%S')}"

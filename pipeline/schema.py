@@ -278,8 +278,13 @@ class BenchConfig:
 # --------------------------------------------------------------------------------------------------------- publish
 @dataclass
 class PublishConfig:
-    enabled: bool = True
-    link: bool = True  # hard-link files into the bundle when on the same filesystem
+    dest: str = "${paths.root}/published"  # any fsspec URL: a local path, s3://bucket/prefix, gs://..., memory://
+    link: bool = True  # hard-link files into the local bundle when on the same filesystem
+
+
+@dataclass
+class GcConfig:
+    max_age_days: float = rng(14.0, 0.0, None)  # stage outputs no published bundle references, older than this
 
 
 # ----------------------------------------------------------------------------------------------------------- paths
@@ -305,6 +310,7 @@ class PipelineConfig:
     bench: BenchConfig = MISSING
     publish: PublishConfig = MISSING
     paths: PathsConfig = MISSING
+    gc: GcConfig = field(default_factory=GcConfig)
     until: Optional[str] = None  # stop after this stage
     force: List[str] = field(default_factory=list)  # re-run these stages even when cached
 

@@ -168,3 +168,13 @@ def link_tree(src: Path, dst: Path, *, link: bool = True, skip_manifest: bool = 
         if rel in known:
             out[rel] = known[rel]
     return out
+
+
+def make_read_only(root: Path) -> None:
+    """Drop every write bit of the files under ``root`` (hard links share it with the store, which is fine: nothing
+    rewrites a stage output in place)."""
+    import stat
+
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            os.chmod(p, p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))

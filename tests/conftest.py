@@ -30,7 +30,7 @@ def run_cli(*args: str, root: Path, env: dict[str, str] | None = None, timeout: 
     """``python -m pipeline ARGS paths.root=ROOT`` in a subprocess; returns the completed process."""
     root.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pipeline", *args]
-    if args and args[0] not in ("validate", "lint"):
+    if args and args[0] not in ("validate", "lint", "verify", "diff", "matrix"):
         cmd.append(f"paths.root={root}")
     return subprocess.run(cmd, cwd=cwd or root, env=env or cli_env(root), capture_output=True, text=True,
                           timeout=timeout)

@@ -1,5 +1,9 @@
 """publish: an immutable, checksummed bundle for ops: checkpoint, Triton repository, every manifest and report.
 
+The bundle is assembled here (``paths.bundles``); after every build it is uploaded to ``publish.dest`` (any fsspec URL) under
+``<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/``; ``latest`` moves only when every gate passed
+(accuracy, export check, bench). Republishing a version that exists uploads nothing.
+
 Layout::
 
     bundle.json            what it is (model, quant, target, runtime, fingerprints, results) + every file's sha256
@@ -11,11 +15,12 @@ Layout::
 from __future__ import annotations
 
 import json
-import os
-import stat
 from typing import Any
 
 from pipeline import __version__, store
+from pipeline.bundle import SCHEMA, BundleManifest
+from pipeline.bundle import publish as publish_bundle
+from pipeline.ui import status
 from pipeline.config import to_plain
 from pipeline.runner import Context, Stage, host_info
 
@@ -63,38 +68,53 @@ def run(ctx: Context) -> dict[str, Any]:
     ctx.known_hashes.update(known)
 
     files = store.list_files(out, known)
-    quant = ctx.manifests["quantize"]
+    q = ctx.manifests["quantize"].get("result") or {}
     bench = ctx.manifests["bench"].get("result", {})
-    bundle = {
-        "schema": "llm-pipeline/bundle/v1",
+    build = json.loads((ctx.inputs["build"] / "build.json").read_text())
+    versions = {k: v for k, v in (build.get("versions") or {}).items()
+                if k in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers")}
+    acc = q.get("accuracy") or {}
+    gates = {"accuracy": acc.get("gate", "n/a"), "export_check": acc.get("export_check", "n/a"), "bench": "pass"}
+    manifest = BundleManifest.model_validate({
+        "schema": SCHEMA, "version": f"v{ctx.fingerprint[:12]}",
         "model": {"name": cfg.model.name, "source": cfg.model.source,
                   "revision": (ctx.manifests["fetch"].get("result") or {}).get("resolved_sha")},
-        "quant": {k: (quant.get("result") or {}).get(k) for k in
-                  ("format", "kv_cache", "quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules")}
-                 | {"calibration_sha256": ((quant.get("result") or {}).get("calibration") or {}).get("sha256")},
-        "target": to_plain(cfg.target),
-        "runtime": to_plain(cfg.runtime),
-        "build": to_plain(cfg.build),
-        "accuracy": (quant.get("result") or {}).get("accuracy"),
-        "bench": bench,
-        "lineage": lineage,
+        "quant": {**{k: q.get(k) for k in ("format", "kv_cache", "quant_algo", "kv_cache_quant_algo", "group_size",
+                                           "exclude_modules")},
+                  "format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
+                  "calibration_sha256": (q.get("calibration") or {}).get("sha256")},
+        "target": to_plain(cfg.target), "runtime": to_plain(cfg.runtime),
+        "runtime_versions": {**versions, "container": cfg.runtime.container if cfg.runtime.name.value != "reference"
+                             else None},
+        "build": to_plain(cfg.build), "capacity": build.get("capacity"), "accuracy": acc or None, "bench": bench,
+        "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},
         "files": files,
-    }
-    (out / "bundle.json").write_text(json.dumps(bundle, indent=2, default=str) + "\n")
-    for p in out.rglob("*"):  # published files are read-only
-        if p.is_file():
-            os.chmod(p, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    return {"files": len(files), "bytes": sum(f["size"] for f in files)}
+    })
+    (out / "bundle.json").write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n")
+    return {"files": len(files), "bytes": sum(f["size"] for f in files), "version": manifest.version,
+            "gates": gates}
+
+
+def upload(local, dest: str) -> dict[str, Any]:
+    """Upload an assembled bundle to ``publish.dest`` (after every build: a version already there uploads nothing).
+    ``latest`` moves only when every gate passed. Not part of the cached stage: the destination is no property of
+    the bundle, and its version must not depend on it."""
+    doc = json.loads((local / "bundle.json").read_text())
+    passed = all(v in ("pass", "n/a") for v in doc["gates"].values())
+    with status(f"publishing {doc['version']} to {dest}"):
+        return {**publish_bundle(local, dest, move_latest=passed), "gates_passed": passed}
 
 
 STAGE = Stage(
+    read_only=True,  # published files are read-only
     name="publish",
     run=run,
-    reads=("publish", "model.name", "model.source"),
+    reads=("publish.link", "model.name", "model.source", "target", "runtime", "build", "quant.format",
+           "quant.kv_cache"),
     inputs=("fetch", "quantize", "build", "package", "bench"),
-    libs=(),
-    code=(),
+    code=("pipeline.bundle",),
+    libs=("fsspec", "pydantic"),
     root="bundles",
     label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
                       f".{cfg.target.name}.{cfg.runtime.name.value}",
