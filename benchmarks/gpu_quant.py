@@ -123,7 +123,12 @@ def part_scale(out: dict, formats=(("fp8", "fp8"), ("nvfp4", "fp8")), samples: i
     cal = rows(samples, seq, QWEN3_32B["vocab_size"], 1)
     ev = rows(8, seq, QWEN3_32B["vocab_size"], 2)
     res = []
+    import gc
+
     for fmt, kv in formats:
+        gc.collect()
+        torch.cuda.empty_cache()
+        resident = torch.cuda.memory_allocated()  # anything a previous part left behind is not this run's
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         model = synthetic(QWEN3_32B)
@@ -134,7 +139,7 @@ def part_scale(out: dict, formats=(("fp8", "fp8"), ("nvfp4", "fp8")), samples: i
         base = quality.logits(model, ev, 2)
         torch.cuda.reset_peak_memory_stats()
         t_cal = calibrate(model, fmt, kv, cal, bs)
-        peak_cal = torch.cuda.max_memory_allocated()
+        peak_cal = torch.cuda.max_memory_allocated() - resident
         t0 = time.perf_counter()
         fq = quality.logits(model, ev, 2)
         t_acc = time.perf_counter() - t0
@@ -153,8 +158,8 @@ def part_scale(out: dict, formats=(("fp8", "fp8"), ("nvfp4", "fp8")), samples: i
                     "export_s": t_exp, "export_gb": exp_bytes / 1e9, "export_gb_per_s": exp_bytes / 1e9 / t_exp,
                     "calib_tokens_per_s": samples * seq / t_cal, "peak_gpu_gb": peak_cal / 1e9,
                     "peak_over_weights": peak_cal / weight_bytes, "tokens": samples * seq,
-                    "kl_vs_bf16_synthetic": acc["kl_mean"]})
-        del model
+                    "kl_vs_bf16_synthetic": acc["kl_mean"], "resident_before_gb": resident / 1e9})
+        del model, base, fq
         torch.cuda.empty_cache()
         print(f"scale: {fmt}+{kv} done", flush=True)
     out["scale"] = res
@@ -181,7 +186,10 @@ def run(args) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for name in parts:
         t0 = time.perf_counter()
-        {"formats": part_formats, "scale": part_scale, "awq": part_awq}[name](out)
+        if name == "scale" and args.scale_formats:
+            part_scale(out, formats=[tuple(f.split("+")) for f in args.scale_formats.split(",")])
+        else:
+            {"formats": part_formats, "scale": part_scale, "awq": part_awq}[name](out)
         out[f"{name}_wall_s"] = time.perf_counter() - t0
         (Path(args.out) / f"gpu_quant-{'-'.join(parts)}.json").write_text(json.dumps(out, indent=2, default=float))
 
@@ -235,6 +243,7 @@ if __name__ == "__main__":
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--parts", default="formats,scale,awq")
+    r.add_argument("--scale-formats", default="", help="e.g. nvfp4+fp8 (default: fp8+fp8,nvfp4+fp8)")
     rec = sub.add_parser("record")
     rec.add_argument("paths", nargs="+")
     a = ap.parse_args()
