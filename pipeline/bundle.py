@@ -24,6 +24,7 @@ class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
     size: int
+    mtime_ns: Optional[int] = Field(None, description="modification time when listed (local integrity hint)")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 

@@ -444,11 +444,25 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
         return cmd_build(cfg)
     except (UserError, StageFailed):
         raise
+    except OSError as exc:
+        import errno
+
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file size limit was reached",
+                    errno.EDQUOT: "the disk quota is exhausted"}[exc.errno]
+            raise StageFailed(f"{what} writing {exc.filename or 'an output'}; nothing was published (free space or "
+                              f"move paths.root)") from exc
+        raise _internal(exc) from exc
     except Exception as exc:
-        log_path = _current_log() or _log_path(None)
-        with open(log_path, "a") as f:
-            traceback.print_exc(file=f)
-        raise InternalError(f"{type(exc).__name__}: {exc} (traceback in {log_path})") from exc
+        raise _internal(exc) from exc
+
+
+def _internal(exc: BaseException) -> "InternalError":
+    """An unexpected error: the traceback goes to the run log, the user gets one line naming it."""
+    log_path = _current_log() or _log_path(None)
+    with open(log_path, "a") as f:
+        traceback.print_exception(exc, file=f)
+    return InternalError(f"{type(exc).__name__}: {exc} (traceback in {log_path})")
 
 
 def _current_log() -> Path | None:
@@ -489,6 +503,10 @@ def _multirun(verb: str, overrides: list[str], as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit becomes an EFBIG error (a clean failure), not a kill
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

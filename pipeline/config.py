@@ -224,6 +224,14 @@ def validate(cfg: DictConfig) -> list[str]:
     bs = str(cfg.quant.calib.batch_size)
     if bs != "auto" and not (bs.isdigit() and 1 <= int(bs) <= 4096):
         problems.append(f"quant.calib.batch_size={bs} is invalid: give 'auto' or an integer in [1, 4096]")
+    import re
+
+    safe = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    for key in ("model.name", "target.name"):
+        value = str(OmegaConf.select(cfg, key))
+        if not safe.match(value) or ".." in value:
+            problems.append(f"{key}={value!r} is not a safe name: use letters, digits, '.', '_' and '-' (it names "
+                            f"output directories)")
     if cfg.model.source == "synthetic" and cfg.model.synthetic is None:
         problems.append("model.synthetic must be set when model.source=synthetic")
     return problems

@@ -226,10 +226,31 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             raise StageFailed(f"{exc} (report: {kept})") from exc
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            code = disk_full(exc)
+            if code:  # libraries word it their own way (safetensors: "os error 27"); name the output instead
+                raise OSError(code, os.strerror(code), str(ps.out)) from exc
             raise
     return manifest
+
+
+def disk_full(exc: BaseException) -> int | None:
+    """errno of a full disk / file-size limit / quota anywhere in the exception chain, else None."""
+    import errno
+
+    codes = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in codes:
+            return exc.errno
+        text = str(exc)
+        for code in codes:
+            if f"os error {code})" in text or os.strerror(code) in text:
+                return code
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def upstream_missing(ps: PlannedStage, planned: dict[str, PlannedStage]) -> None:

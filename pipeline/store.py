@@ -71,7 +71,8 @@ def list_files(root: Path, known: dict[str, str] | None = None) -> list[dict[str
             continue
         rel = p.relative_to(root).as_posix()
         sha = (known or {}).get(rel) or sha256_file(p)
-        out.append({"path": rel, "size": p.stat().st_size, "sha256": sha})
+        st = p.stat()
+        out.append({"path": rel, "size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns})
     return out
 
 
@@ -88,15 +89,19 @@ def content_digest(manifest: dict[str, Any], volatile: tuple[str, ...] = ()) -> 
 
 
 def quick_intact(out_dir: Path, manifest: dict[str, Any]) -> str | None:
-    """Cheap integrity check (existence and size of every listed file). Returns the first problem, or None."""
+    """Integrity of a stage output against its manifest: every file present with its size, and any file whose
+    modification time changed since the manifest was written is hashed again (a rewrite, truncation or bit flip
+    through the filesystem is caught without hashing every file of every cache hit). Returns the first problem."""
     for f in manifest.get("files", []):
         p = out_dir / f["path"]
         try:
-            size = p.stat().st_size
+            st = p.stat()
         except FileNotFoundError:
             return f"{p} is missing"
-        if size != f["size"]:
-            return f"{p} has {size} bytes, manifest says {f['size']}"
+        if st.st_size != f["size"]:
+            return f"{p} has {st.st_size} bytes, manifest says {f['size']}"
+        if f.get("mtime_ns") != st.st_mtime_ns and sha256_file(p) != f["sha256"]:
+            return f"{p} does not match its sha256 in the manifest (corrupted)"
     return None
 
 

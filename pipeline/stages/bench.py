@@ -243,7 +243,21 @@ def plot(r: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def env_check(cfg) -> list[str]:
+    """The server binary must exist here before any work starts (serve.launcher=local)."""
+    from pipeline.errors import UserError
+
+    if cfg.serve.launcher.value != "local":
+        return []
+    try:
+        srv.find_server(cfg.serve.server_bin)
+    except UserError as exc:
+        return [str(exc)]
+    return []
+
+
 STAGE = Stage(
+    env_check=env_check,
     volatile=("bench.json", "bench.md", "bench.png", "server.log"),
     name="bench",
     run=run,
