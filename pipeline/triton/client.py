@@ -99,7 +99,7 @@ class StreamWorker:
 
     def close(self) -> None:
         try:
-            self.client.stop_stream()
+            self.client.stop_stream(cancel_requests=True)  # a hung server must not hang the client
         finally:
             self.client.close()
 
@@ -113,6 +113,7 @@ def run_level(url: str, model: str, prompts: list[str], order: list[int], concur
     records: list[RequestRecord] = []
     lock = threading.Lock()
     workers = [StreamWorker(url, model, timeout_s) for _ in range(concurrency)]
+    timeouts = [0]  # consecutive timed-out requests: a hung server ends the level instead of every request waiting
 
     def loop(w: StreamWorker) -> None:
         while True:
@@ -120,9 +121,17 @@ def run_level(url: str, model: str, prompts: list[str], order: list[int], concur
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            rec = w.request(i, prompts[i], max_tokens)
+            if timeouts[0] >= max(3, concurrency):
+                rec = RequestRecord(i, error="not sent: the server stopped answering (consecutive timeouts)")
+            else:
+                try:
+                    rec = w.request(i, prompts[i], max_tokens)
+                except Exception as exc:  # a broken stream (server gone) is an error of this request, not a crash
+                    rec = RequestRecord(i, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             with lock:
                 records.append(rec)
+                timeouts[0] = timeouts[0] + 1 if rec.error and rec.error.startswith("timed out") else 0 \
+                    if rec.error is None else timeouts[0]
             if on_done:
                 on_done()
 
@@ -134,7 +143,10 @@ def run_level(url: str, model: str, prompts: list[str], order: list[int], concur
         t.join()
     wall = time.perf_counter() - t0
     for w in workers:
-        w.close()
+        try:
+            w.close()
+        except Exception:
+            pass  # the server may be gone; the records already say so
     return records, wall
 
 

@@ -107,6 +107,18 @@ def _bundled_backends(cache: Path) -> Path:
     return dest
 
 
+def _die_with_parent() -> None:
+    """Runs in the server's child process: on Linux, SIGKILL it when the process that started it dies, so that a
+    killed build cannot leave a server behind."""
+    import ctypes
+    import signal as _signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(_signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -147,7 +159,8 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
             proc = subprocess.Popen(
                 cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
                        f"--grpc-port={grpc_port}"],
-                cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)
         server = Server(proc, host, http_port, grpc_port, log_path)
         try:
             deadline = time.monotonic() + timeout_s
