@@ -148,7 +148,7 @@ def test_hf_source_through_a_local_stand_in_for_the_hub(tiny_build, tmp_path):
     (hub / "models--acme--tiny" / "refs").mkdir(parents=True)
     (hub / "models--acme--tiny" / "refs" / "main").write_text(sha)
     root = tmp_path / "hf"
-    sentinel = "hf_SENTINELtokenvalue000000000000000000"
+    sentinel = "hf_SENTINEL-not-a-real-token-000000"
     env = cli_env(root, HF_HOME=str(tmp_path / "hf-home"), HF_TOKEN=sentinel)
     proc = run_cli("build", *TINY, f"model.source=hf://acme/tiny@{sha}", "until=fetch", root=root, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -203,7 +203,7 @@ def test_random_overrides_never_crash(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------ security
 def test_hf_token_never_reaches_any_output(tmp_path):
-    sentinel = "hf_SENTINELsecretTOKEN0123456789abcdefXYZ"
+    sentinel = "hf_SENTINEL-not-a-real-token-111111"
     root = tmp_path / "s"
     proc = run_cli("build", *TINY, root=root, env=cli_env(root, HF_TOKEN=sentinel))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -428,3 +428,65 @@ def test_soak_500_requests_at_concurrency_32(tiny_build, tmp_path):
         f"{400 / wall:.1f} |"])
     assert errors == 0
     assert growth < 0.10, f"server RSS grew {100 * growth:.1f}% from request 100 to 500"
+
+
+# -------------------------------------------------------------------------------------------------- concurrency
+def test_two_builds_of_the_same_target_started_together_build_once(tmp_path):
+    root = tmp_path / "twin"
+    root.mkdir()
+    cmd = [sys.executable, "-m", "pipeline", "build", *TINY, "until=package", f"paths.root={root}"]
+    procs = [subprocess.Popen(cmd, cwd=root, env=cli_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    for p in procs:
+        p.communicate(timeout=600)
+        assert p.returncode == 0
+    logs = "".join(p.read_text() for p in (root / ".store" / "logs").glob("*.log"))
+    for stage in ("fetch", "quantize", "build", "package"):
+        assert logs.count(f"stage {stage}: ran") == 1, stage  # the other run waited on the lock and reused it
+        assert logs.count(f"stage {stage}: cached") == 1, stage
+
+
+# ------------------------------------------------------------------------------------------------ path escapes
+def test_a_local_checkpoint_linking_out_of_its_directory_is_refused(tiny_build, tmp_path):
+    src = next(tiny_build.glob(".store/*-fetch-*/manifest.json")).parent
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(src, ckpt, ignore=shutil.ignore_patterns("manifest.json"))
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not part of the checkpoint")
+    (ckpt / "notes.txt").symlink_to(outside)
+    proc = run_cli("build", *TINY, f"model.source={ckpt}", "until=fetch", root=tmp_path / "o")
+    assert proc.returncode == 2 and "is a symlink out of the checkpoint dir" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- hub cache corruption
+def test_a_corrupted_hub_cache_blob_is_detected_by_its_sha256(tiny_build, tmp_path):
+    """A pre-populated huggingface_hub cache stands in for the Hub (no network here). LFS blobs are named by their
+    sha256; fetch checks them and names a damaged file."""
+    import hashlib
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = tmp_path / "hf-home" / "hub" / "models--acme--tiny"
+    snap, blobs = repo_dir / "snapshots" / sha, repo_dir / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    src = next(tiny_build.glob(".store/*-fetch-*/manifest.json")).parent
+    for f in src.iterdir():
+        if f.name == "manifest.json":
+            continue
+        data = f.read_bytes()
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(sha)
+    env = cli_env(tmp_path / "a", HF_HOME=str(tmp_path / "hf-home"))
+    ok = run_cli("build", *TINY, f"model.source=hf://acme/tiny@{sha}", "until=fetch", root=tmp_path / "a", env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    weights = os.path.realpath(snap / "model.safetensors")
+    data = bytearray(Path(weights).read_bytes())
+    data[100] ^= 0xFF
+    Path(weights).write_bytes(bytes(data))
+    env = cli_env(tmp_path / "b", HF_HOME=str(tmp_path / "hf-home"))
+    bad = run_cli("build", *TINY, f"model.source=hf://acme/tiny@{sha}", "until=fetch", root=tmp_path / "b", env=env)
+    assert bad.returncode == 2
+    assert "model.safetensors" in bad.stderr and "does not match its sha256" in bad.stderr

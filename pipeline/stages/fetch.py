@@ -123,10 +123,33 @@ def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
     except LocalEntryNotFoundError as exc:
         raise UserError(f"{repo}@{rev}: not in the local cache and the Hub is unreachable or HF_HUB_OFFLINE=1") from exc
     _check_checkpoint(snap, f"hf://{repo}")
+    _check_cached_blobs(repo, rev, snap)
     for p in sorted(snap.rglob("*")):
         if p.is_file():
             store.link_or_copy(p.resolve(), ctx.out / p.relative_to(snap))
     return {"kind": "hf", "repo": repo, "revision": rev, "resolved_sha": snap.name}
+
+
+def _check_cached_blobs(repo: str, rev: str | None, snap: Path) -> None:
+    """huggingface_hub names large-file blobs by their sha256: a damaged cached file is re-downloaded when online,
+    and refused with its name when offline."""
+    import os
+
+    for p in sorted(snap.rglob("*")):
+        blob = p.resolve()
+        name = blob.name
+        if not p.is_symlink() or len(name) != 64 or any(c not in "0123456789abcdef" for c in name):
+            continue
+        if store.sha256_file(blob) == name:
+            continue
+        rel = p.relative_to(snap).as_posix()
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+            raise UserError(f"hf://{repo}: cached {rel} does not match its sha256 ({name[:12]}…); delete {blob} "
+                            f"and fetch again with the Hub reachable")
+        from huggingface_hub import hf_hub_download
+
+        blob.unlink()
+        hf_hub_download(repo, rel, revision=rev, force_download=True)
 
 
 def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
