@@ -490,3 +490,15 @@ def test_a_corrupted_hub_cache_blob_is_detected_by_its_sha256(tiny_build, tmp_pa
     bad = run_cli("build", *TINY, f"model.source=hf://acme/tiny@{sha}", "until=fetch", root=tmp_path / "b", env=env)
     assert bad.returncode == 2
     assert "model.safetensors" in bad.stderr and "does not match its sha256" in bad.stderr
+
+
+def test_builds_for_different_targets_run_in_parallel_and_share_one_quantize(tmp_path):
+    """Two targets swept in parallel (submitit_local). Only quantize and what precedes it can run for a GPU target
+    on this CPU machine; quantize is arch-independent, so one output serves both."""
+    root = tmp_path / "targets"
+    proc = run_cli("build", "-m", *TINY, "target=cpu,h100", "until=quantize", "hydra/launcher=submitit_local",
+                   root=root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = "".join(p.read_text() for p in (root / ".store" / "logs").glob("*.log"))
+    assert logs.count("stage quantize: ran") == 1 and logs.count("stage quantize: cached") == 1
+    assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 1
