@@ -135,7 +135,16 @@ def _bench(ctx: Context, server, tok, result: dict[str, Any]) -> None:
 
 
 def previous_bench(ctx: Context) -> dict[str, Any] | None:
-    """Bench results of the newest published bundle of the same model/quant/target/runtime, if any."""
+    """Bench results of the previous published bundle of the same model/quant/target/runtime: the ``latest`` one at
+    ``publish.dest`` (what a scheduled rebuild on a fresh runner sees), else the newest local bundle."""
+    from pipeline.fleet import _published_base
+
+    try:
+        fs, base = _published_base(ctx.cfg)
+        version = fs.cat_file(f"{base}/latest").decode().strip()
+        return json.loads(fs.cat_file(f"{base}/{version}/bundle.json")).get("bench") or None
+    except Exception:  # no latest yet (or the destination is unreachable): fall back to local bundles
+        pass
     label = ctx.stage.label(ctx.cfg)
     newest, found = -1.0, None
     for bundle in ctx.paths["bundles"].glob(f"{label}-publish-*/bundle.json"):
