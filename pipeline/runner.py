@@ -30,6 +30,12 @@ from pipeline.errors import StageFailed, UserError
 log = logging.getLogger("pipeline")
 
 
+def artifact_label(cfg: DictConfig) -> str:
+    """``<model>.<quant>-kv<kv>.<target>.<runtime>``: names the per-target outputs and the build report."""
+    return (f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
+            f".{cfg.target.name}.{cfg.runtime.name.value}")
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str

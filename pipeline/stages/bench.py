@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline import calib
 from pipeline.errors import StageFailed
-from pipeline.runner import Context, Stage
+from pipeline.runner import Context, Stage, artifact_label
 from pipeline.triton import server as srv
 from pipeline.ui import progress, status
 
@@ -276,6 +276,5 @@ STAGE = Stage(
     libs=("tritonclient", "nvidia-pytriton", "transformers"),
     code=("pipeline.triton.client", "pipeline.triton.server", "pipeline.calib"),
     root="store",
-    label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
-                      f".{cfg.target.name}.{cfg.runtime.name.value}",
+    label=artifact_label,
 )

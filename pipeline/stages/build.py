@@ -20,7 +20,7 @@ from typing import Any
 from pipeline import planning, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
-from pipeline.runner import Context, Stage, lib_versions
+from pipeline.runner import Context, Stage, artifact_label, lib_versions
 from pipeline.ui import status
 
 
@@ -160,6 +160,5 @@ STAGE = Stage(
     check=check,
     env_check=env_check,
     root="engines",
-    label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
-                      f".{cfg.target.name}.{cfg.runtime.name.value}",
+    label=artifact_label,
 )

@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline import planning, store
 from pipeline.errors import StageFailed
-from pipeline.runner import Context, Stage
+from pipeline.runner import Context, Stage, artifact_label
 from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 
 ENGINE_REL = "tensorrt_llm/1/engine"
@@ -137,6 +137,5 @@ STAGE = Stage(
           "pipeline.capacity"),
     root="triton_repo",
     extra=templates_digest,
-    label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
-                      f".{cfg.target.name}.{cfg.runtime.name.value}",
+    label=artifact_label,
 )

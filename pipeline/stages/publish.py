@@ -22,7 +22,7 @@ from pipeline.bundle import SCHEMA, BundleManifest
 from pipeline.bundle import publish as publish_bundle
 from pipeline.ui import status
 from pipeline.config import to_plain
-from pipeline.runner import Context, Stage, host_info
+from pipeline.runner import Context, Stage, artifact_label, host_info
 
 REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",), "bench": ("bench.md", "bench.json", "bench.png")}
 
@@ -116,6 +116,5 @@ STAGE = Stage(
     code=("pipeline.bundle",),
     libs=("fsspec", "pydantic"),
     root="bundles",
-    label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
-                      f".{cfg.target.name}.{cfg.runtime.name.value}",
+    label=artifact_label,
 )
