@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: build test test-all setup clean
+.PHONY: build test test-fast test-slow setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,15 @@ setup: $(STAMP)
 build: $(STAMP)
 	$(PY) -m pipeline build
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# Two steps: the default run (`not slow`, ~5 min on 2 cores), then the slow tests (the SmolLM2 default build,
+# kill -9 injection, the soak run, server faults; ~6 min). `make test` runs both, as CI does.
+test: test-fast test-slow
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf .store engines/*/ triton_repo/*/ bundles reports

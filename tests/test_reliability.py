@@ -3,6 +3,7 @@ secrets, path escapes, loopback serving, and kill -9 at seeded random points (sl
 figures to docs/reliability.md."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -183,7 +184,6 @@ def test_random_overrides_never_crash(tmp_path):
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(override, max_size=3))
     def check(overrides):
-        import contextlib
         import io
 
         err = io.StringIO()
@@ -358,12 +358,32 @@ def _tritonservers_under(root: Path) -> list[int]:
             if p.info["name"] == "tritonserver" and str(root) in " ".join(p.info["cmdline"] or [])]
 
 
+def _ready_server_under(root: Path, timeout_s: float):
+    """The tritonserver serving ``root`` once it answers ready on its HTTP port (a server that dies during start-up,
+    e.g. on a port race, is replaced by the launcher's retry, so the search goes on until one is ready)."""
+    import psutil
+
+    from pipeline.triton.server import _ready
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for pid in _tritonservers_under(root):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                port = next(a.split("=", 1)[1] for a in proc.cmdline() if a.startswith("--http-port="))
+                if _ready(f"http://127.0.0.1:{port}"):
+                    return proc
+        time.sleep(0.25)
+    raise AssertionError(f"no tritonserver under {root} became ready in {timeout_s:.0f}s")
+
+
 def _tritonservers() -> set[int]:
     import psutil
 
     return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["crash", "hang"])
 def test_server_fault_during_bench_is_reported_and_no_server_outlives(tiny_build, tmp_path, fault):
     import psutil
@@ -376,15 +396,8 @@ def test_server_fault_during_bench_is_reported_and_no_server_outlives(tiny_build
             "bench.request_timeout_s=3", f"paths.root={root}"]
     proc = subprocess.Popen(args, cwd=root, env=cli_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.time() + 120
-    victim = None
-    while time.time() < deadline and victim is None:
-        time.sleep(0.5)
-        new = _tritonservers() - before
-        if new:
-            victim = psutil.Process(next(iter(new)))
-            time.sleep(6)  # server start-up, then let the load begin
-    assert victim is not None, "no tritonserver started"
+    victim = _ready_server_under(root, timeout_s=240)
+    time.sleep(2)  # let the load begin
     victim.send_signal(signal.SIGKILL if fault == "crash" else signal.SIGSTOP)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err[-2000:]

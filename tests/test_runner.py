@@ -100,18 +100,19 @@ def test_damaged_output_is_not_cached(tmp_path):
     assert not p.cached and "damaged" in p.reason
 
 
-def _concurrent(root: str, q):
+def _concurrent(root: str, q, barrier):
     cfg = config.compose(["model=tiny-qwen3", f"paths.root={root}"])
     st = Stage(name="a", run=_slow, reads=(), label=lambda c: "t")
     planned = {p.stage.name: p for p in runner.plan(cfg, [st])}
+    barrier.wait(60)  # both have planned "no output yet" before either executes
     runner.execute(cfg, planned["a"], planned)
     q.put(planned["a"].reason)
 
 
 def test_two_processes_build_once_the_other_waits_and_reuses(tmp_path):
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_concurrent, args=(str(tmp_path), q)) for _ in range(2)]
+    q, barrier = ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_concurrent, args=(str(tmp_path), q, barrier)) for _ in range(2)]
     for p in procs:
         p.start()
     for p in procs:

@@ -119,10 +119,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_ports(host: str, n: int = 2) -> list[int]:
+    """``n`` distinct free TCP ports on ``host``: the probe sockets stay bound together, so the kernel cannot hand
+    out the same port twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def _ready(url: str) -> bool:
@@ -152,7 +156,7 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
         cmd.append(f"--backend-directory={_bundled_backends(work_dir)}")
     last_err = None
     for _attempt in range(3):  # a free port can be taken between probing and binding
-        http_port, grpc_port = free_port(host), free_port(host)
+        http_port, grpc_port = free_ports(host)
         run_dir = Path(tempfile.mkdtemp(prefix="triton-", dir=work_dir))  # neutral cwd
         log_path = run_dir / "server.log"
         with open(log_path, "wb") as log:
@@ -254,7 +258,7 @@ def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server
         raise UserError(f"serve.launcher=docker: no Docker engine is running here ({why}); start one or use "
                         f"serve.launcher=local")
     work_dir.mkdir(parents=True, exist_ok=True)
-    http_port, grpc_port = free_port(serve.host), free_port(serve.host)
+    http_port, grpc_port = free_ports(serve.host)
     name = f"pipeline-bench-{os.getpid()}-{grpc_port}"
     log_path = Path(tempfile.mkdtemp(prefix="docker-", dir=work_dir)) / "server.log"
     cmd = docker_command(repo.resolve(), image=serve.image, mount=serve.repo_mount, host=serve.host,
