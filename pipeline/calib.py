@@ -38,8 +38,15 @@ def dataset_path(dataset: str) -> Path:
     if p.suffix not in (".txt", ".jsonl"):
         raise UserError(f"quant.calib.dataset={dataset!r}: give 'builtin', a local .txt/.jsonl file or a Hub "
                         f"dataset org/name")
-    if not p.is_file():
+    if p.is_dir():
+        raise UserError(f"quant.calib.dataset: {p} is a directory; give a .txt or .jsonl file")
+    if not p.exists():
         raise UserError(f"quant.calib.dataset: file {p} not found")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as exc:
+        raise UserError(f"quant.calib.dataset: cannot read {p}: {exc.strerror}; fix its permissions") from None
     return p.resolve()
 
 

@@ -192,6 +192,21 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return [list(job) for batch in batches for job in batch]
 
 
+def _unknown_keys(node: Any, owner: type, prefix: str) -> list[str]:
+    """Keys the schema does not know, e.g. added with ``+build.foo=1`` (Hydra lets ``+`` add keys to any node)."""
+    if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(owner):
+        return []
+    fields = [f.name for f in dataclasses.fields(owner)]
+    problems = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            problems.append(f"unknown config key '{full}'; valid keys: {', '.join(fields)}")
+        else:
+            problems.extend(_unknown_keys(node._get_node(key), _field_type(owner, str(key)), f"{full}."))
+    return problems
+
+
 def validate(cfg: DictConfig) -> list[str]:
     """Every problem with a composed config, at once: missing values, ranges, stage names, resolution."""
     from pipeline.stages import STAGE_NAMES
@@ -203,6 +218,7 @@ def validate(cfg: DictConfig) -> list[str]:
         problems.append(f"cannot resolve config: {explain(exc)}")
     for key in OmegaConf.missing_keys(cfg):
         problems.append(f"{key} is required but not set")
+    problems.extend(_unknown_keys(cfg, schema.PipelineConfig, ""))
     for group, node_type in schema.GROUPS.items():
         problems.extend(_check_ranges(cfg.get(group), node_type, group))
     if cfg.until is not None and cfg.until not in STAGE_NAMES:

@@ -20,6 +20,9 @@ from tests.conftest import run_cli
     ("until=deploy", "until: unknown stage 'deploy'; choose one of: fetch, quantize, build, package, bench, publish"),
     ("force=[quantise]", "force: unknown stage 'quantise'"),
     ("serve.startup_timeout_s=abc", "serve.startup_timeout_s"),
+    ("+build.foo=1", "unknown config key 'build.foo'; valid keys: max_batch_size"),
+    ("+quant.calib.bogus=3", "unknown config key 'quant.calib.bogus'"),
+    ("+extra=1", "unknown config key 'extra'"),
 ])
 def test_bad_config_is_one_line(override, expected):
     with pytest.raises(UserError) as err:
@@ -77,8 +80,8 @@ def test_paths_root_moves_every_output(tmp_path):
     assert any("/.store/" in o for o in outs) and any("/bundles/" in o for o in outs)
 
 
-def test_validate_composes_every_shipped_combination():
-    proc = run_cli("validate", "--json", root=config.CONF_DIR.parent / ".store" / "validate-cwd")
+def test_validate_composes_every_shipped_combination(tmp_path):
+    proc = run_cli("validate", "--json", root=tmp_path)
     doc = json.loads(proc.stdout)
     models, quants = config.group_options("model"), config.group_options("quant")
     targets = [t for t in config.group_options("target") if t != "auto"]  # auto resolves to one of the others

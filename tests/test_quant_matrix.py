@@ -3,6 +3,7 @@ the manifest's record of them, and the export check. Plus the plan-time refusals
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -87,9 +88,27 @@ def test_awq_block_size_that_does_not_divide_fails_in_plan_naming_one_that_does(
 
 
 def test_plan_refuses_a_model_that_cannot_fit_and_names_the_gpus(tmp_path):
-    proc = run_cli("plan", "model=qwen32b", root=tmp_path)
+    proc = run_cli("plan", "model=qwen32b", "target=a10g", "target.gpus_per_node=1", root=tmp_path)
     assert proc.returncode == 2
-    assert "qwen32b needs ~72 GB to calibrate" in proc.stderr and "1× 80 GB GPU" in proc.stderr
+    assert "qwen32b needs ~72 GB to calibrate" in proc.stderr and "target a10g has 1× 24 GB" in proc.stderr
+    assert "1× 80 GB GPU" in proc.stderr
+    assert run_cli("plan", "model=qwen32b", "target=h200", root=tmp_path).stderr.count("to calibrate") == 0
+
+
+def test_target_cpu_fit_check_uses_this_hosts_memory(monkeypatch):
+    """target=cpu calibrates on this host: the check reads its memory (set here to 24 GB and to 512 GB, so the test
+    gives the same answer on any machine)."""
+    import psutil
+
+    from pipeline.stages import quantize
+
+    cfg = config.compose(["model=qwen32b"])
+    for total_gb, fits in ((24, False), (512, True)):
+        monkeypatch.setattr(psutil, "virtual_memory", lambda t=total_gb: SimpleNamespace(total=t * 10**9))
+        problem = quantize.fit_problem(cfg)
+        assert (problem is None) == fits, problem
+        if not fits:
+            assert "this host, which has 24 GB of memory and no GPU" in problem
 
 
 def test_awq_with_nvfp4_kv_needs_cuda(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import http.server
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +79,7 @@ BAD = [
     (["plan", "build.max_batchsize=4"], "unknown config key 'build.max_batchsize'"),
     (["plan", "quant.calib.samples=4"], "unknown config key 'quant.calib.samples'"),
     (["plan", "model.nam=x"], "unknown config key 'model.nam'"),
+    (["plan", "+build.foo=1"], "unknown config key 'build.foo'"),
     (["plan", "build.max_batch_size=0"], "build.max_batch_size=0 is out of range"),
     (["plan", "build.max_batch_size=-3"], "build.max_batch_size=-3 is out of range"),
     (["plan", "build.max_seq_len=1", "build.max_input_len=1"], "out of range"),
@@ -121,10 +124,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args, expected", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expected):
-    root = tmp_path / "out"
-    proc = run_cli(*args, root=root)
+def _refused_cleanly(proc, root: Path, expected: str) -> None:
+    """Exit 2, one ``error:`` line naming the problem, no traceback, and nothing written under ``root``."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
@@ -132,39 +133,82 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expecte
     assert not any(root.rglob("*")), "nothing may be written"
 
 
+@pytest.mark.parametrize("args, expected", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expected):
+    root = tmp_path / "out"
+    _refused_cleanly(run_cli(*args, root=root), root, expected)
+
+
 def test_a_malformed_config_pbtxt_given_to_lint(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('name: "m"\nmax_batch_size: {{ oops')
-    proc = run_cli("lint", str(tmp_path), root=tmp_path / "cwd")
-    assert proc.returncode == 2 and proc.stderr.startswith("error: m/config.pbtxt: not a valid Triton model config")
+    root = tmp_path / "cwd"
+    _refused_cleanly(run_cli("lint", str(tmp_path), root=root), root,
+                     "m/config.pbtxt: not a valid Triton model config")
 
 
-def test_a_checkpoint_without_tokenizer_or_safetensors_is_refused(tmp_path):
+def test_a_checkpoint_without_tokenizer_or_safetensors_is_refused_before_any_work(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     (ckpt / "pytorch_model.bin").write_bytes(b"pickle")
-    proc = run_cli("build", *TINY, f"model.source={ckpt}", "until=fetch", root=tmp_path / "o")
-    assert proc.returncode == 2 and "no safetensors weights (found pytorch_model.bin)" in proc.stderr
+    root = tmp_path / "o"
+    _refused_cleanly(run_cli("build", *TINY, f"model.source={ckpt}", root=root), root,
+                     "no safetensors weights (found pytorch_model.bin)")
     (ckpt / "pytorch_model.bin").unlink()
     (ckpt / "model.safetensors").write_bytes(b"x")
-    proc = run_cli("build", *TINY, f"model.source={ckpt}", "until=fetch", root=tmp_path / "o2")
-    assert proc.returncode == 2 and "has no tokenizer" in proc.stderr
+    root = tmp_path / "o2"
+    _refused_cleanly(run_cli("build", *TINY, f"model.source={ckpt}", root=root), root, "has no tokenizer")
 
 
-def test_a_gated_repo_without_token_and_an_unreadable_calibration_file(tmp_path):
-    proc = run_cli("build", *TINY, "model.source=hf://meta-llama/Llama-3.1-8B@main", "until=fetch",
-                   root=tmp_path / "g")
-    assert proc.returncode == 2 and "HF_HUB_OFFLINE=1" in proc.stderr and "Traceback" not in proc.stderr
+class _GatedHub(http.server.BaseHTTPRequestHandler):
+    """Stands in for the Hugging Face Hub (unreachable here): every repository is gated, answered the way the Hub
+    answers an access check without a token."""
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(403 if "/auth-check" in self.path else 404)
+        self.send_header("X-Error-Code", "GatedRepo")
+        self.send_header("X-Error-Message", "Access to this model is restricted.")
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "Access to this model is restricted."}')
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_gated_repo_without_token_is_refused_before_any_work(tmp_path):
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GatedHub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    try:
+        root = tmp_path / "g"
+        env = cli_env(root, HF_ENDPOINT=f"http://127.0.0.1:{hub.server_address[1]}")
+        env.pop("HF_HUB_OFFLINE")
+        proc = run_cli("build", *TINY, "model.source=hf://meta-llama/Llama-3.1-8B@main", root=root, env=env)
+    finally:
+        hub.shutdown()
+    _refused_cleanly(proc, root, "meta-llama/Llama-3.1-8B is gated: set HF_TOKEN")
+
+
+def test_an_uncached_repo_offline_is_refused_before_any_work(tmp_path):
+    root = tmp_path / "off"
+    proc = run_cli("build", *TINY, "model.source=hf://meta-llama/Llama-3.1-8B@main", root=root)
+    _refused_cleanly(proc, root, "not in the local Hugging Face cache and HF_HUB_OFFLINE=1")
+
+
+def test_an_unreadable_calibration_file_is_refused_before_any_work(tmp_path):
     calib = tmp_path / "calib.txt"
     calib.write_text("x")
     calib.chmod(0)
-    if os.access(calib, os.R_OK):  # root reads anything: use a directory named like a file instead
+    expected = "cannot read"
+    if os.access(calib, os.R_OK):  # root reads anything: a directory named like the file cannot be read either
         calib.chmod(0o644)
         calib.unlink()
         calib.mkdir()
-    proc = run_cli("build", *TINY, f"quant.calib.dataset={calib}", "until=quantize", root=tmp_path / "c")
-    assert proc.returncode == 2 and "quant.calib.dataset" in proc.stderr
+        expected = "is a directory"
+    root = tmp_path / "c"
+    _refused_cleanly(run_cli("build", *TINY, f"quant.calib.dataset={calib}", root=root), root,
+                     f"quant.calib.dataset: {calib}" if expected == "is a directory" else expected)
 
 
 def test_random_overrides_never_crash(tmp_path):

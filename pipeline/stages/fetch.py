@@ -65,11 +65,55 @@ def check(cfg: DictConfig) -> list[str]:
         kind, loc, rev = parse_source(cfg.model.source)
         if kind == "gguf":
             gguf_path(loc)
-        elif kind == "local" and not Path(loc).expanduser().is_dir():
-            return [f"model.source={loc!r}: no such directory (sources: hf://org/name@rev, gguf://..., a local dir, "
-                    f"synthetic)"]
+        elif kind == "local":
+            src = Path(loc).expanduser()
+            if not src.is_dir():
+                return [f"model.source={loc!r}: no such directory (sources: hf://org/name@rev, gguf://..., a local "
+                        f"dir, synthetic)"]
+            _check_checkpoint(src.resolve(), loc)
+            _check_no_escape(src.resolve(), loc)
     except UserError as exc:
         return [str(exc)]
+    return []
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def env_check(cfg: DictConfig) -> list[str]:
+    """An ``hf://`` source that fetch will download: refuse before any work when it is gated without access, does not
+    exist, or is needed offline but not in the local Hugging Face cache. An unreachable Hub is left to fetch."""
+    kind, repo, rev = parse_source(cfg.model.source)
+    if kind != "hf":
+        return []
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo, "config.json", revision=rev), str):
+        return []
+    from pipeline import runner
+
+    if runner.plan(cfg, [STAGE])[0].cached:
+        return []
+    if _offline():
+        return [f"hf://{repo}@{rev or 'main'}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1; "
+                f"fetch it once with the Hub reachable (or point HF_HOME at a cache that has it)"]
+    import os
+
+    from huggingface_hub import auth_check
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        auth_check(repo)
+    except GatedRepoError:
+        has = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "set HF_TOKEN"
+        return [f"{repo} is gated: {has} (accept the licence on the Hub first)"]
+    except RepositoryNotFoundError:
+        return [f"{repo}: repository not found on the Hub (or private: set HF_TOKEN)"]
+    except Exception:  # Hub unreachable or slow: fetch reports what it finds
+        return []
     return []
 
 
@@ -83,7 +127,7 @@ def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
         if not root.is_dir():
             raise UserError(f"model.source={loc!r}: no such directory")
         return {"files": {p.relative_to(root).as_posix(): store.file_digest_cached(p, store_dir)
-                          for p in sorted(root.rglob("*")) if p.is_file()}}
+                          for p in checkpoint_files(root)}}
     if kind == "synthetic":
         from pipeline import calib
 
@@ -133,8 +177,6 @@ def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
 def _check_cached_blobs(repo: str, rev: str | None, snap: Path) -> None:
     """huggingface_hub names large-file blobs by their sha256: a damaged cached file is re-downloaded when online,
     and refused with its name when offline."""
-    import os
-
     for p in sorted(snap.rglob("*")):
         blob = p.resolve()
         name = blob.name
@@ -143,7 +185,7 @@ def _check_cached_blobs(repo: str, rev: str | None, snap: Path) -> None:
         if store.sha256_file(blob) == name:
             continue
         rel = p.relative_to(snap).as_posix()
-        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        if _offline():
             raise UserError(f"hf://{repo}: cached {rel} does not match its sha256 ({name[:12]}…); delete {blob} "
                             f"and fetch again with the Hub reachable")
         from huggingface_hub import hf_hub_download
@@ -152,14 +194,26 @@ def _check_cached_blobs(repo: str, rev: str | None, snap: Path) -> None:
         hf_hub_download(repo, rel, revision=rev, force_download=True)
 
 
-def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
-    src = Path(loc).expanduser().resolve()
-    _check_checkpoint(src, loc)
+def _check_no_escape(src: Path, loc: str) -> None:
     for p in sorted(src.rglob("*")):
         if p.is_symlink() and not p.resolve().is_relative_to(src):
             raise UserError(f"{loc}: {p.name} is a symlink out of the checkpoint dir; refusing")
-        if p.is_file():
-            store.link_or_copy(p, ctx.out / p.relative_to(src))
+
+
+def checkpoint_files(src: Path) -> list[Path]:
+    """The files of a local checkpoint that fetch takes: safetensors weights, config and tokenizer (never pickles)."""
+    from fnmatch import fnmatch
+
+    return [p for p in sorted(src.rglob("*")) if p.is_file()
+            and any(fnmatch(p.name, pat) for pat in WEIGHT_PATTERNS + META_PATTERNS)]
+
+
+def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
+    src = Path(loc).expanduser().resolve()
+    _check_checkpoint(src, loc)
+    _check_no_escape(src, loc)
+    for p in checkpoint_files(src):
+        store.link_or_copy(p, ctx.out / p.relative_to(src))
     return {"kind": "local", "path": str(src)}
 
 
@@ -251,5 +305,6 @@ STAGE = Stage(
     root="store",
     label=lambda cfg: cfg.model.name,
     check=check,
+    env_check=env_check,
     extra=extra,
 )

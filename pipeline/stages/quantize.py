@@ -193,7 +193,7 @@ def run(ctx: Context) -> dict[str, Any]:
     with status(f"loading {ctx.cfg.model.name} ({ctx.cfg.model.dtype.value}) on {device}"):
         tok = AutoTokenizer.from_pretrained(src)
         model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=dtype, device_map="auto" if device == "cuda" else None,
+            src, dtype=dtype, device_map="auto" if device == "cuda" else None, use_safetensors=True,
             trust_remote_code=bool(ctx.cfg.model.trust_remote_code))
         model.eval()
     timings["load_s"] = time.perf_counter() - t0
