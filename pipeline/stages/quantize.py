@@ -23,7 +23,7 @@ from pipeline import calib, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.runner import Context, Stage
-from pipeline.ui import progress, status
+from pipeline.ui import console, progress, status
 
 # ModelOpt preset per format (FACTS §3); the KV config is merged in with update_quant_cfg_with_kv_cache_quant,
 # the way ModelOpt's hf_ptq.py does.
@@ -208,6 +208,13 @@ def run(ctx: Context) -> dict[str, Any]:
     cal_rows = calib.pack(tok, texts.calib, q.calib.seq_len, q.calib.num_samples,
                           chat_template=bool(q.calib.chat_template))
     ev_rows = calib.pack(tok, texts.heldout, q.eval.seq_len, q.eval.num_samples)
+    notes = [f"{what} text {texts.name} holds {len(rows)} of the {want} requested rows of {n} tokens; give a larger "
+             f"quant.calib.dataset for the full amount"
+             for what, rows, want, n in (("calibration", cal_rows, q.calib.num_samples, q.calib.seq_len),
+                                         ("held-out", ev_rows, q.eval.num_samples, q.eval.seq_len))
+             if len(rows) < want]
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
     bs = _batch_size(q.calib.batch_size, model, q.calib.seq_len, device, len(cal_rows))
 
     t0 = time.perf_counter()
@@ -288,7 +295,9 @@ def run(ctx: Context) -> dict[str, Any]:
         "cpu_nvfp4_fallback_quantizers": fallbacks,
         "batch_size": bs,
         "bytes_per_param": _bytes_per_param(ckpt),
+        "notes": notes,
         "calibration": {"dataset": texts.name, "sha256": texts.sha256, "rows": len(cal_rows),
+                        "requested_rows": q.calib.num_samples,
                         "seq_len": q.calib.seq_len, "tokens": int(cal_rows.numel()),
                         "tokens_per_s": round(cal_rows.numel() / max(timings["calibrate_s"], 1e-9), 1)},
         "heldout": {"rows": len(ev_rows), "seq_len": q.eval.seq_len},
