@@ -127,7 +127,9 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def cmd_build(cfg: DictConfig) -> dict[str, Any]:
+def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
+    """Run every selected stage that is not cached. The summary goes to stderr (and ``reports/``); with ``as_json``
+    the report is also printed as JSON on stdout."""
     from omegaconf import OmegaConf
 
     from pipeline import runner, store
@@ -177,6 +179,8 @@ def cmd_build(cfg: DictConfig) -> dict[str, Any]:
                "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     report = write_report(summary, resolved_paths(cfg)["reports"])
     print_summary(summary, report)
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
     return summary
 
 
@@ -441,7 +445,7 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
     try:
         if verb == "plan":
             return cmd_plan(cfg, as_json)
-        return cmd_build(cfg)
+        return cmd_build(cfg, as_json)
     except (UserError, StageFailed):
         raise
     except OSError as exc:
@@ -476,29 +480,79 @@ class InternalError(Exception):
     exit_code = 1
 
 
+LOCAL_LAUNCHERS = ("basic", "submitit_local", "joblib")  # Hydra launchers that run every job on this machine
+
+
+def _launcher(overrides: list[str]) -> str:
+    """The Hydra launcher a sweep's overrides name (``hydra/launcher=X``), else Hydra's default, ``basic``."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.strip().lstrip("+~") == "hydra/launcher":
+            return value.strip()
+    return "basic"
+
+
+def _resolve_auto_target(overrides: list[str]) -> list[str]:
+    """``target=auto``, alone or among swept values (``target=auto,h100``), replaced by the target it resolves to
+    here, so Hydra's jobs receive the same target the pre-launch checks composed."""
+    from pipeline.config import detect_target
+
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        values = [v.strip() for v in value.split(",")]
+        if key.strip() == "target" and "auto" in values:
+            o = "target=" + ",".join(dict.fromkeys(detect_target() if v == "auto" else v for v in values))
+        out.append(o)
+    return out
+
+
+def _job_label(job: list[str], jobs: list[list[str]]) -> str:
+    """A job named by the overrides that differ between the sweep's jobs (all of them when there is one job)."""
+    varying = [o for o in job if any(o not in other for other in jobs)]
+    return " ".join(varying or job)
+
+
 def _multirun(verb: str, overrides: list[str], as_json: bool) -> None:
+    """Check every job of the sweep, then hand the ones that can run to Hydra's multirun.
+
+    A config error in any job refuses the sweep (exit 2, nothing launched). A job refused by the plan-time checks
+    (e.g. a quant the target's GPU cannot serve) is left out with its reason on stderr, and the rest run; when no
+    job is left the sweep is refused. What the machine must provide (its GPU's SM, an installed TensorRT-LLM) is
+    checked here only when the launcher runs the jobs here; otherwise each job checks it where it runs."""
     import hydra
 
     from pipeline import schema
-    from pipeline.config import compose, conf_dir, expand_sweeps
+    from pipeline.config import compose_many, conf_dir, expand_sweeps
 
-    problems = []
-    for job in expand_sweeps(overrides):  # every job's config is checked before any job starts
-        try:
-            cfg = compose(job)
-            plan_checks_problems = plan_checks(cfg, _selected(cfg))
-            problems += [f"{' '.join(job)}: {p}" for p in plan_checks_problems]
-        except UserError as exc:
-            problems.append(f"{' '.join(job)}: {exc}")
-    if problems:
-        raise UserError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems))
+    overrides = _resolve_auto_target(overrides)
+    jobs = expand_sweeps(overrides)
+    runs_here = verb == "build" and _launcher(overrides) in LOCAL_LAUNCHERS
+    errors: list[str] = []
+    refused: dict[int, list[str]] = {}  # job position -> why it is left out
+    for i, (job, cfg) in enumerate(zip(jobs, compose_many(jobs))):
+        if isinstance(cfg, UserError):
+            errors.append(f"{' '.join(job)}: {cfg}")
+            continue
+        problems = plan_checks(cfg, _selected(cfg), environment=False)
+        if not problems and runs_here:
+            problems = plan_checks(cfg, _selected(cfg))
+        if problems:
+            refused[i] = problems
+    if not errors and len(refused) == len(jobs):
+        errors = [f"{' '.join(jobs[i])}: {p}" for i, problems in refused.items() for p in problems]
+    if errors:
+        raise UserError(errors[0] if len(errors) == 1 else f"{len(errors)} problems: " + "; ".join(errors))
+    for i, problems in refused.items():
+        print(f"skipped {_job_label(jobs[i], jobs)}: {'; '.join(problems)}", file=sys.stderr)
     schema.register()
 
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
     def task(cfg: DictConfig) -> Any:
         return run_verb(verb, cfg, as_json)
 
-    sys.argv = [sys.argv[0], "--multirun", *overrides]
+    skip = ["hydra/sweeper=pipeline", f"hydra.sweeper.skip=[{','.join(map(str, refused))}]"] if refused else []
+    sys.argv = [sys.argv[0], "--multirun", *overrides, *skip]
     task()
 
 

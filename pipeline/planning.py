@@ -54,7 +54,7 @@ def local_sm_problems(cfg: DictConfig) -> list[str]:
         return []
     gpu = local_gpu()
     fanout = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={cfg.target.name} "
-              f"hydra/launcher=submitit_slurm")
+              f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")
     if gpu is None:
         return [f"target {cfg.target.name} (sm{cfg.target.sm}) needs its GPU to build, and this machine has none; "
                 f"{fanout}"]

@@ -74,7 +74,7 @@ def test_plan_json_shows_chosen_tp_and_kv_capacity_table(tmp_path):
     assert rows["fp8"]["kv_kib_per_token_per_gpu"] == 128.0
     assert rows["fp8"]["max_tokens"] == 2 * rows["bf16"]["max_tokens"] or \
         abs(rows["fp8"]["max_tokens"] - 2 * rows["bf16"]["max_tokens"]) <= 1
-    assert doc["not_buildable_here"] and "needs its GPU" in doc["not_buildable_here"][0]
+    assert any("needs its GPU" in p for p in doc["not_buildable_here"])
 
 
 LLAMA31_8B = capacity.Shape(params=8.03e9, num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32,
@@ -234,3 +234,181 @@ def test_engine_runtime_gets_a_trtllm_checkpoint_with_the_build_mapping(tmp_path
     proc = run_cli("plan", "--json", *TINY, root=tmp_path)
     q = next(s for s in json.loads(proc.stdout)["stages"] if s["stage"] == "quantize")
     assert q["output"] != str(out)
+
+
+class SlurmStandIn:
+    """Stands in for Slurm: replaces ``submitit.AutoExecutor`` so the pipeline_slurm launcher can submit from a
+    machine without Slurm. It records every array submitted (its parameters, each job's overrides and number) and
+    when each job's result is awaited; it runs nothing, and each job's result says so."""
+
+    events: list[tuple] = []
+
+    def __init__(self, cluster: str, folder: str, **kwargs):
+        assert cluster == "slurm"
+        self.params: dict = {}
+
+    def update_parameters(self, **params):
+        self.params.update(params)
+
+    def map_array(self, fn, *iterables):
+        jobs = list(zip(*iterables))  # (overrides, job_dir_key, job_num, job_id, singleton_state)
+        self.events.append(("submit", dict(self.params), [(j[2], list(j[0])) for j in jobs]))
+        return [SlurmStandIn._Job(j[2], list(j[0])) for j in jobs]
+
+    class _Job:
+        def __init__(self, num: int, overrides: list[str]):
+            self.num, self.overrides = num, overrides
+
+        def results(self):
+            from hydra.core.utils import JobReturn, JobStatus
+
+            SlurmStandIn.events.append(("wait", self.num))
+            return [JobReturn(overrides=self.overrides, status=JobStatus.COMPLETED,
+                              _return_value="submitted to the Slurm stand-in; not run")]
+
+
+@pytest.mark.parametrize("verb", ["build", "plan"])
+def test_slurm_sweep_from_a_gpu_less_machine_submits_every_possible_job(tmp_path, monkeypatch, capsys, verb):
+    """No GPU and no TensorRT-LLM here: the machine checks belong to each job where Slurm runs it. nvfp4 × h100 is
+    refused by the compatibility rules, listed, and left out; the other three jobs are submitted, one array per
+    target with that target's partition, constraint and GPU count, both arrays before waiting on either."""
+    import submitit
+
+    from pipeline import cli
+
+    assert config.local_gpu() is None and trtllm.detect().version is None
+    monkeypatch.setattr(submitit, "AutoExecutor", SlurmStandIn)
+    monkeypatch.setattr(SlurmStandIn, "events", [])
+    monkeypatch.setattr("sys.argv", ["pipeline"])
+    monkeypatch.chdir(tmp_path)
+    cli.main([verb, "-m", "model=qwen32b", "target=h100,b200", "quant=fp8,nvfp4", "runtime=trtllm_engine",
+              "hydra/launcher=pipeline_slurm", f"paths.root={tmp_path}"])
+    err = capsys.readouterr().err
+    assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq" \
+        in err.splitlines()
+    events = SlurmStandIn.events
+    submits = [e for e in events if e[0] == "submit"]
+    assert [e[0] for e in events] == ["submit", "submit", "wait", "wait", "wait"]
+    arrays = {(p["slurm_partition"], p["slurm_constraint"], p["gpus_per_node"]):
+              [(num, [o for o in ov if o.startswith(("target=", "quant="))]) for num, ov in jobs]
+              for _, p, jobs in submits}
+    assert arrays == {("gpu", "h100", 1): [(0, ["target=h100", "quant=fp8"])],
+                      ("gpu", "b200", 1): [(1, ["target=b200", "quant=fp8"]), (2, ["target=b200", "quant=nvfp4"])]}
+    assert not any(tmp_path.glob("engines/*")) and not any(tmp_path.glob(".store/*-quantize-*"))
+
+
+def test_sweep_with_every_job_refused_exits_2_naming_them(tmp_path):
+    proc = run_cli("plan", "-m", "model=qwen32b", "target=h100,h200", "quant=nvfp4", root=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("error: 2 problems: ") and proc.stderr.count("nvfp4 needs Blackwell") == 2
+
+
+def test_local_sweep_skips_the_jobs_this_machine_cannot_build(tmp_path):
+    """The basic launcher runs every job here, so this machine's checks (a GPU of the target's SM) apply before
+    launch: the h100 job is listed and left out, the cpu job runs."""
+    proc = run_cli("build", "-m", *TINY, "target=cpu,h100", "until=build", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipped target=h100: target h100 (sm90) needs its GPU to build" in proc.stderr
+    assert "hydra/launcher=pipeline_slurm" in proc.stderr
+    assert [p.name for p in (tmp_path / "reports").glob("*.json")] == ["tiny-qwen3.fp8-kvfp8.cpu.reference.json"]
+
+
+def test_target_auto_under_multirun_reaches_each_job_resolved(tmp_path):
+    proc = run_cli("plan", "-m", "--json", *TINY, "target=auto", "quant=fp8,none", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dec, text, docs = json.JSONDecoder(), proc.stdout.strip(), []
+    while text:
+        doc, end = dec.raw_decode(text)
+        docs.append(doc)
+        text = text[end:].strip()
+    expected = config.detect_target()  # cpu on a machine without an NVIDIA GPU
+    assert [(d["quant"], d["target"]) for d in docs] == [("fp8", expected), ("none", expected)]
+
+
+def test_build_json_prints_the_build_report_on_stdout(tmp_path):
+    proc = run_cli("build", "--json", *TINY, "until=fetch", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc == json.loads((tmp_path / "reports" / "tiny-qwen3.fp8-kvfp8.cpu.reference.json").read_text())
+    assert [r["stage"] for r in doc["stages"]] == ["fetch"] and doc["stages"][0]["status"] == "ran"
+    assert "total" in proc.stderr and "report:" in proc.stderr  # the human summary stays on stderr
+
+
+def _engine_ctx(tmp_path, shared_content: bytes | None):
+    from pipeline.runner import Context
+    from pipeline.stages import build
+
+    cfg = config.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine"])
+    quantize = tmp_path / "quantize"
+    (quantize / "checkpoint").mkdir(parents=True)
+    (quantize / "checkpoint" / "tokenizer.json").write_text("{}")
+    (quantize / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    out = tmp_path / "engines" / ".build.tmp-1"
+    (out / "engine").mkdir(parents=True)
+    shared = build.timing_cache_path(tmp_path / "store", 90, "10.13")
+    if shared_content is not None:
+        shared.parent.mkdir(parents=True)
+        shared.write_bytes(shared_content)
+    ctx = Context(cfg=cfg, stage=build.STAGE, out=out, final=tmp_path / "engines" / "build", inputs={"quantize":
+                  quantize}, manifests={"quantize": {}}, paths={"store": tmp_path / "store"})
+    return ctx, shared
+
+
+def test_engine_build_reads_and_writes_its_own_copy_of_the_timing_cache(tmp_path):
+    from pipeline.stages import build
+
+    ctx, shared = _engine_ctx(tmp_path, b"shared cache")
+    spec = build.engine_build_spec(ctx, "FP8", "10.13")
+    args = spec["trtllm_build_args"]
+    own = ctx.out / build.TIMING_CACHE
+    assert args[args.index("--input_timing_cache") + 1] == args[args.index("--output_timing_cache") + 1] == str(own)
+    assert own.read_bytes() == b"shared cache" and shared.name == "sm90-trt10.13.cache"
+    assert (ctx.out / "engine" / "tokenizer.json").is_file() and not (ctx.out / "engine" / "model.safetensors").exists()
+    own.write_bytes(b"shared cache + this build's timings")  # what trtllm-build's --output_timing_cache does
+    build.publish_timing_cache(own, shared)
+    assert shared.read_bytes() == b"shared cache + this build's timings"
+    assert not own.exists() and [p.name for p in shared.parent.iterdir()] == [shared.name]
+
+    first, _ = _engine_ctx(tmp_path / "first", None)  # no shared cache yet: the build starts without one
+    build.engine_build_spec(first, "FP8", "10.13")
+    assert not (first.out / build.TIMING_CACHE).exists()
+
+
+def test_concurrent_timing_cache_publishes_are_never_seen_half_written(tmp_path):
+    """Builds finishing together each replace the shared cache; a build starting meanwhile copies one of them
+    whole (each cache is 4 MB of one repeated byte, so a torn file would mix bytes or be short)."""
+    import threading
+
+    from pipeline.stages import build
+
+    shared = build.timing_cache_path(tmp_path / "store", 100, "10.13")
+    size, writers, done = 4 << 20, 4, threading.Event()
+
+    def publisher(k: int):
+        for n in range(10):
+            own = tmp_path / f"own-{k}-{n}.cache"
+            own.write_bytes(bytes([k]) * size)
+            build.publish_timing_cache(own, shared)
+
+    seen: list[bytes] = []
+
+    def starter():
+        while not done.is_set():
+            own = tmp_path / "starting.cache"
+            build.seed_timing_cache(shared, own)
+            if own.exists():
+                data = own.read_bytes()
+                seen.append(data[:1] if len(data) == size and data.count(data[:1]) == size else b"torn")
+
+    threads = [threading.Thread(target=publisher, args=(k,)) for k in range(1, writers + 1)]
+    reader = threading.Thread(target=starter)
+    reader.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    reader.join()
+    assert seen and b"torn" not in seen
+    assert shared.read_bytes() in {bytes([k]) * size for k in range(1, writers + 1)}
+    assert [p.name for p in shared.parent.iterdir()] == [shared.name]  # no temp file left behind

@@ -3,8 +3,10 @@
 - ``reference`` (PyTorch, runs anywhere): ``engine/`` holds the exported checkpoint (hard-linked); checked by
   loading it through the reference dequantizer and generating a few tokens.
 - ``trtllm_engine``: ``trtllm-build`` on the TRT-LLM checkpoint in a child process, reusing a timing cache per
-  (SM, TensorRT version); ``engine/`` holds ``config.json`` + ``rank{N}.engine`` and the tokenizer; checked by loading
-  the engine and generating.
+  (SM, TensorRT version): each build reads and writes its own copy, which replaces the shared file atomically when
+  the build succeeds (concurrent builds never read a half-written cache; the last one to finish wins);
+  ``engine/`` holds ``config.json`` + ``rank{N}.engine`` and the tokenizer; checked by loading the engine and
+  generating.
 - ``trtllm_llmapi``: ``engine/`` holds the unified checkpoint and ``llmapi.json`` (the ``LLM(...)`` options);
   checked by loading it with the PyTorch backend and generating.
 
@@ -14,7 +16,11 @@ settings and the capacity plan.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 from pipeline import planning, store
@@ -74,7 +80,6 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def run_trtllm(ctx: Context) -> dict[str, Any]:
     """Build or prepare for a TRT-LLM runtime in a child process, then record what was built where."""
-    import os
     import subprocess
     import sys
     import tempfile
@@ -91,15 +96,7 @@ def run_trtllm(ctx: Context) -> dict[str, Any]:
     ckpt = ctx.inputs["quantize"] / "checkpoint"
     spec: dict[str, Any] = {"prompt": cfg.runtime.check_prompt, "check_tokens": cfg.runtime.check_tokens}
     if rt == "trtllm_engine":
-        cache = ctx.paths["store"] / "timing-cache" / f"sm{cfg.target.sm}-trt{info.tensorrt or 'unknown'}.cache"
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        spec.update(kind="engine", engine_dir=str(engine), tokenizer_dir=str(ckpt),
-                    trtllm_build_args=trtllm.trtllm_build_args(build, q.get("quant_algo"),
-                                                               str(ctx.inputs["quantize"] / "trtllm_checkpoint"),
-                                                               str(engine), str(cache)))
-        for p in ckpt.iterdir():  # the tokenizer travels with the engine (Triton's tokenizer_dir)
-            if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
-                store.link_or_copy(p, engine / p.name)
+        spec.update(engine_build_spec(ctx, q.get("quant_algo"), info.tensorrt))
     else:
         store.link_tree(ckpt, engine, skip_manifest=False)
         options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp)
@@ -117,6 +114,9 @@ def run_trtllm(ctx: Context) -> dict[str, Any]:
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise StageFailed(f"{rt} build on {cfg.target.name} failed: {tail} (full log: build.log)")
+    if rt == "trtllm_engine":
+        publish_timing_cache(ctx.out / TIMING_CACHE, timing_cache_path(ctx.paths["store"], int(cfg.target.sm),
+                                                                       info.tensorrt))
     child = json.loads(proc.stdout.strip().splitlines()[-1])
     record = {"runtime": rt, "target": cfg.target.name, "sm": int(cfg.target.sm), "gpu_name":
               child["versions"].get("gpu"), "versions": {"tensorrt_llm": info.version, "tensorrt": info.tensorrt,
@@ -126,6 +126,55 @@ def run_trtllm(ctx: Context) -> dict[str, Any]:
               "container": cfg.runtime.container, "check": child["check"]}
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return {"engine_dir": "engine", "check": child["check"], "versions": record["versions"]}
+
+
+TIMING_CACHE = "timing.cache"  # this build's copy, in its temporary output directory (never part of the output)
+
+
+def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None) -> dict[str, Any]:
+    """The child process's ``trtllm-build`` job. Its timing-cache flags name this build's own copy, seeded from the
+    shared cache for (SM, TensorRT version); the tokenizer is linked next to the engine (Triton's tokenizer_dir)."""
+    from pipeline.runtime import trtllm
+
+    engine, ckpt = ctx.out / "engine", ctx.inputs["quantize"] / "checkpoint"
+    own = ctx.out / TIMING_CACHE
+    seed_timing_cache(timing_cache_path(ctx.paths["store"], int(ctx.cfg.target.sm), tensorrt), own)
+    for p in ckpt.iterdir():
+        if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            store.link_or_copy(p, engine / p.name)
+    args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo,
+                                    str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))
+    return {"kind": "engine", "engine_dir": str(engine), "tokenizer_dir": str(ckpt), "trtllm_build_args": args}
+
+
+def timing_cache_path(store_dir: Path, sm: int, tensorrt: str | None) -> Path:
+    """The timing cache shared by every engine build for one (SM, TensorRT version)."""
+    return store_dir / "timing-cache" / f"sm{sm}-trt{tensorrt or 'unknown'}.cache"
+
+
+def seed_timing_cache(shared: Path, own: Path) -> None:
+    """Start this build's timing cache from the shared one, if there is one. The shared file is only ever replaced
+    by a rename, so the copy is of one complete version."""
+    try:
+        shutil.copyfile(shared, own)
+    except FileNotFoundError:
+        pass
+
+
+def publish_timing_cache(own: Path, shared: Path) -> None:
+    """Move this build's timing cache over the shared one by an atomic rename (from a copy in the shared file's
+    directory, so the rename never crosses filesystems). Concurrent builds each publish a complete cache; the last
+    one wins. ``own`` is removed: it is not part of the build's output."""
+    if not own.is_file():  # trtllm-build writes no cache when it has nothing to record
+        return
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    tmp = shared.with_name(f".{shared.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        shutil.copyfile(own, tmp)
+        os.replace(tmp, shared)
+    finally:
+        tmp.unlink(missing_ok=True)
+    own.unlink()
 
 
 def check(cfg) -> list[str]:
