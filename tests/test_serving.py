@@ -61,20 +61,60 @@ def test_engine_layout_fills_every_mandatory_parameter(tiny_build, tmp_path):
     assert lint.lint(repo, trtllm_version="1.2.1") == []
 
 
-def test_llmapi_layout_has_model_yaml_from_the_options(tiny_build, tmp_path):
-    import yaml
+def _step(ensemble, model: str):
+    return next(s for s in ensemble.ensemble_scheduling.step if s.model_name == model)
+
+
+def test_engine_ensemble_feeds_the_tokenizers_end_and_pad_ids(tiny_build, tmp_path):
+    """The ensemble feeds preprocessing's OUT_END_ID/OUT_PAD_ID to tensorrt_llm's end_id/pad_id (INT32 throughout);
+    the ensemble and the BLS take optional end_id/pad_id from the caller, which preprocessing prefers."""
+    from pipeline.triton.render import parse_model_config
+
+    repo = engine_repo(tmp_path, tiny_build)
+    cfgs = {m: parse_model_config((repo / m / "config.pbtxt").read_text())
+            for m in ("ensemble", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls")}
+    pre, llm = _step(cfgs["ensemble"], "preprocessing"), _step(cfgs["ensemble"], "tensorrt_llm")
+    assert pre.input_map["END_ID"] == "end_id" and pre.input_map["PAD_ID"] == "pad_id"
+    assert llm.input_map["end_id"] == pre.output_map["OUT_END_ID"] == "_PREPROCESSOR_END_ID"
+    assert llm.input_map["pad_id"] == pre.output_map["OUT_PAD_ID"] == "_PREPROCESSOR_PAD_ID"
+    outputs = {o.name: o.data_type for o in cfgs["preprocessing"].output}
+    inputs = {i.name: i.data_type for i in cfgs["tensorrt_llm"].input}
+    assert outputs["OUT_END_ID"] == outputs["OUT_PAD_ID"] == inputs["end_id"] == inputs["pad_id"]
+    for entry in ("ensemble", "tensorrt_llm_bls"):
+        assert {"end_id", "pad_id"} <= {i.name for i in cfgs[entry].input if i.optional}
+    assert lint.lint(repo, trtllm_version="1.2.1") == []
+
+
+def llmapi_repo(tmp_path: Path, tiny_build: Path, *, extra: tuple[str, ...] = ()) -> Path:
+    """An llmapi repository for Qwen3-32B NVFP4 on b200, around LLM-API options written as the build writes them."""
+    from pipeline.planning import effective_tp
+    from pipeline.runtime import trtllm
 
     repo = tmp_path / "llmapi"
     eng = repo / ENGINE_REL
     eng.mkdir(parents=True)
-    cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi"])
-    from pipeline.planning import effective_tp
-    from pipeline.runtime import trtllm
-
+    cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", *extra])
     (eng / "llmapi.json").write_text(json.dumps(trtllm.llmapi_options(config.to_plain(cfg.build), "fp8",
                                                                        effective_tp(cfg), 1)))
     _tokenizer_into(eng, tiny_build)
     assert render_repository(cfg, repo) == ["tensorrt_llm"]
+    return repo
+
+
+def test_llm_instance_count_reaches_the_engine_and_llmapi_models(tiny_build, tmp_path):
+    from pipeline.triton.render import parse_model_config
+
+    for repo in (engine_repo(tmp_path / "e", tiny_build, extra=("serve.llm_instance_count=3",)),
+                 llmapi_repo(tmp_path / "l", tiny_build, extra=("serve.llm_instance_count=3",))):
+        cfg = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+        assert [g.count for g in cfg.instance_group] == [3], repo
+        assert lint.lint(repo) == []
+
+
+def test_llmapi_layout_has_model_yaml_from_the_options(tiny_build, tmp_path):
+    import yaml
+
+    repo = llmapi_repo(tmp_path, tiny_build)
     doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert doc["model"] == "engine" and doc["backend"] == "pytorch"
     assert doc["triton_config"] == {"max_batch_size": 8, "decoupled": True}
@@ -121,6 +161,18 @@ def test_the_packaged_repository_is_clean(tiny_build, tmp_path):
                        'string_value: "tensorrt_llm/1/nowhere"'), "tokenizer_dir tensorrt_llm/1/nowhere has no tokenizer"),
     ("engine_dir", ("tensorrt_llm/config.pbtxt", 'key: "engine_dir" value: { string_value: "tensorrt_llm/1/engine"',
                     'key: "engine_dir" value: { string_value: "/models/missing"'), "engine_dir /models/missing does not exist"),
+    ("engine_dir off the mount", ("tensorrt_llm/config.pbtxt",
+                                  'key: "engine_dir" value: { string_value: "tensorrt_llm/1/engine"',
+                                  'key: "engine_dir" value: { string_value: "/wrong/mount/tensorrt_llm/1/engine"'),
+     "engine_dir /wrong/mount/tensorrt_llm/1/engine is outside the repository; make it relative to the repository "
+     "root, or absolute under"),
+    ("tokenizer_dir off the mount", ("preprocessing/config.pbtxt", 'string_value: "tensorrt_llm/1/engine"',
+                                     'string_value: "/wrong/mount/tensorrt_llm/1/engine"'),
+     "tokenizer_dir /wrong/mount/tensorrt_llm/1/engine is outside the repository"),
+    ("decoupled_mode", ("tensorrt_llm/config.pbtxt", 'parameters { key: "engine_dir"',
+                        'parameters { key: "decoupled_mode" value: { string_value: "false" } }\n'
+                        'parameters { key: "engine_dir"'),
+     "parameter decoupled_mode=false disagrees with the transaction policy (decoupled: true)"),
 ])
 def test_each_lint_rule_catches_its_breakage(tiny_build, tmp_path, rule, edit, expected):
     repo = _reference_repo(tiny_build, tmp_path)
@@ -130,6 +182,43 @@ def test_each_lint_rule_catches_its_breakage(tiny_build, tmp_path, rule, edit, e
     proc = run_cli("lint", str(repo), root=tmp_path / "cwd")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert any(expected in line for line in proc.stderr.splitlines())
+
+
+def test_absolute_paths_only_under_the_repository_or_its_mount(tiny_build, tmp_path):
+    repo = _reference_repo(tiny_build, tmp_path)
+    cfgf = repo / "tensorrt_llm" / "config.pbtxt"
+    _edit(cfgf, 'string_value: "tensorrt_llm/1/engine"', f'string_value: "{repo.resolve() / ENGINE_REL}"')
+    assert lint.lint(repo) == []
+    _edit(cfgf, f'string_value: "{repo.resolve() / ENGINE_REL}"', 'string_value: "/srv/models/tensorrt_llm/1/engine"')
+    assert lint.lint(repo, repo_mount="/srv/models") == []
+    (finding,) = lint.lint(repo)
+    assert finding == ("tensorrt_llm/config.pbtxt: engine_dir /srv/models/tensorrt_llm/1/engine is outside the "
+                       "repository; make it relative to the repository root, or absolute under "
+                       f"{repo.absolute()} or under the container mount /models (serve.repo_mount)")
+    repo = engine_repo(tmp_path / "e", tiny_build, extra=("serve.repo_mount=/srv/models",))
+    assert lint.lint(repo, repo_mount="/srv/models") == []
+    assert any("engine_dir /srv/models/tensorrt_llm/1/engine is outside the repository" in f for f in lint.lint(repo))
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ({"triton_config": {"max_batch_size": 4, "decoupled": True}},
+     "tensorrt_llm/1/model.yaml: triton_config.max_batch_size 4 differs from config.pbtxt's 8"),
+    ({"triton_config": {"max_batch_size": 8, "decoupled": False}},
+     "tensorrt_llm/1/model.yaml: triton_config.decoupled disagrees with config.pbtxt (decoupled: true)"),
+    ({"model": "checkpoint"}, "tensorrt_llm/1/model.yaml: model 'checkpoint' does not exist next to it"),
+    ({"model": "/wrong/mount/tensorrt_llm/1/engine"},
+     "tensorrt_llm/1/model.yaml: model /wrong/mount/tensorrt_llm/1/engine is outside the repository"),
+])
+def test_llmapi_model_yaml_rule_catches_its_breakage(tiny_build, tmp_path, edit, expected):
+    import yaml
+
+    repo = llmapi_repo(tmp_path, tiny_build)
+    path = repo / "tensorrt_llm" / "1" / "model.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **edit}, sort_keys=False))
+    findings = lint.lint(repo)
+    assert len(findings) == 1 and findings[0].startswith(expected), findings
+    proc = run_cli("lint", str(repo), root=tmp_path / "cwd")
+    assert proc.returncode == 2 and f"error: {findings[0]}" in proc.stderr.splitlines()
 
 
 def test_engine_rules_rank_files_batch_size_and_version(tiny_build, tmp_path):
@@ -155,17 +244,41 @@ def test_lint_of_a_non_repository_is_one_line(tmp_path):
 
 
 def test_engine_layout_python_models_load_in_the_real_server(tiny_build, tmp_path):
-    """preprocessing, postprocessing and the BLS of the engine layout load in tritonserver; the C++ tensorrtllm
-    backend does not exist here, so that one model is left out of this repository copy."""
+    """preprocessing, postprocessing and the BLS of the engine layout load in tritonserver, and preprocessing emits
+    the tokenizer's eos/pad ids; the C++ tensorrtllm backend does not exist here, so that one model is left out."""
     import urllib.request
 
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from transformers import AutoTokenizer
+
     repo = engine_repo(tmp_path, tiny_build)
+    tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
+    eos, pad = tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    assert eos is not None
+
+    def preprocess(client, **ids):
+        inputs = []
+        for name, arr, dtype in (("QUERY", np.array([["The capital of France is".encode()]], dtype=object), "BYTES"),
+                                 ("REQUEST_OUTPUT_LEN", np.array([[4]], dtype=np.int32), "INT32"),
+                                 *((k, np.array([[v]], dtype=np.int32), "INT32") for k, v in ids.items())):
+            inputs.append(grpcclient.InferInput(name, list(arr.shape), dtype))
+            inputs[-1].set_data_from_numpy(arr)
+        res = client.infer("preprocessing", inputs)
+        return int(res.as_numpy("OUT_END_ID").reshape(-1)[0]), int(res.as_numpy("OUT_PAD_ID").reshape(-1)[0])
+
     models = ["preprocessing", "postprocessing", "tensorrt_llm_bls"]  # not tensorrt_llm (C++ backend), not ensemble
     with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180,
                         models=models) as s:
         for m in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
             with urllib.request.urlopen(f"{s.http_url}/v2/models/{m}/ready", timeout=5) as r:
                 assert r.status == 200, m
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        try:
+            assert preprocess(client) == (eos, pad)  # the tokenizer's eos, pad falling back to eos
+            assert preprocess(client, END_ID=7, PAD_ID=9) == (7, 9)  # the caller's, when given
+        finally:
+            client.close()
 
 
 # --------------------------------------------------------------------------------------------------------- bench
@@ -181,6 +294,31 @@ def test_bench_json_keeps_genai_perf_fields_and_both_workloads(tiny_build):
     assert doc["gates"]["verdict"] == "pass"
     chat, rag = doc["workloads"]["chat"], doc["workloads"]["rag"]
     assert rag["prompt_words"] > chat["prompt_words"] and rag["max_tokens"] < chat["max_tokens"]
+
+
+def test_requests_jsonl_has_one_line_per_request_sent(tiny_build):
+    out = next(tiny_build.glob(".store/*-bench-*/manifest.json")).parent
+    doc = json.loads((out / "bench.json").read_text())
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    fields = {"phase", "workload", "concurrency", "prompt_index", "time_to_first_token_ms", "inter_token_latency_ms",
+              "inter_token_latencies_ms", "request_latency_ms", "output_tokens", "error"}
+    assert all(set(r) == fields for r in lines)
+    measured = [r for r in lines if r["phase"] == "measure"]
+    for wname, w in doc["workloads"].items():
+        for lv in w["levels"]:
+            here = [r for r in measured if r["workload"] == wname and r["concurrency"] == lv["concurrency"]]
+            assert len(here) == lv["request_count"] and sum(r["error"] is not None for r in here) == lv["error_count"]
+        assert len([r for r in lines if r["phase"] == "warmup" and r["workload"] == wname]) == 1  # TINY: 1 warm-up
+    assert len([r for r in lines if r["phase"] == "check"]) == len(doc["answers"])
+    assert len(lines) == len(measured) + len(doc["workloads"]) + len(doc["answers"])
+    for r in lines:
+        assert r["error"] is None and r["request_latency_ms"] > 0
+        assert len(r["inter_token_latencies_ms"]) == max(0, r["output_tokens"] - 1)
+        if r["output_tokens"]:
+            assert 0 < r["time_to_first_token_ms"] <= r["request_latency_ms"]
+    assert sum(r["output_tokens"] for r in measured) == sum(
+        round(lv["output_sequence_length"]["avg"] * lv["request_count"]) for w in doc["workloads"].values()
+        for lv in w["levels"])
 
 
 def test_requests_are_drawn_reproducibly():
@@ -206,18 +344,25 @@ def test_bls_entry_point_and_an_absolute_gate_breach(tiny_build, tmp_path):
     assert doc["model"] == "tensorrt_llm_bls" and doc["workloads"]["chat"]["levels"][0]["error_count"] == 0
 
 
-def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path):
+@pytest.mark.parametrize("key, factor, expected", [
+    ("output_tokens_per_s", 100, r"output tokens/s [\d.]+ vs [\d.]+ in the previous bundle \(-99%, allowed 25%\)"),
+    ("ttft_p95_ms", 0.01, r"TTFT p95 [\d.]+ vs [\d.]+ in the previous bundle \(\+\d+%, allowed 25%\)"),
+])
+def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path, key, factor, expected):
+    """The previous build was (recorded as) 100x faster in one metric: the gate names that metric and by how much."""
+    import re
+
     root = _copy(tiny_build, tmp_path / "r")
     bundle = next(root.glob(f"bundles/{LABEL}-publish-*/bundle.json"))
     bundle.chmod(0o644)
     doc = json.loads(bundle.read_text())
     for rows in doc["bench"]["workloads"].values():
         for lv in rows:
-            lv["output_tokens_per_s"] *= 100  # the previous build was (recorded as) 100x faster
+            lv[key] *= factor
     bundle.write_text(json.dumps(doc))
     proc = run_cli("build", *TINY, "force=[bench]", "bench.gates.regression_pct=25", root=root)
     assert proc.returncode == 1
-    assert "output tokens/s" in proc.stderr and "in the previous bundle (-99%, allowed 25%)" in proc.stderr
+    assert re.search(expected, proc.stderr), proc.stderr[-2000:]
 
 
 def test_external_launcher_uses_a_running_server(tiny_build, tmp_path):

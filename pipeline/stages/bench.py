@@ -7,8 +7,11 @@ template when ``model.chat_template`` is on, and swept over ``bench.concurrency`
 
 ``bench.json`` keeps genai-perf/aiperf profile-export field names (``time_to_first_token``, ``inter_token_latency``,
 ``request_latency``, ``output_token_throughput``, ``request_throughput``; ms, p50/p95/p99), so ops tools read it.
+``requests.jsonl`` holds one line per request sent (answer checks, warm-up and every measured level): its phase,
+workload and concurrency, TTFT, mean and per-gap inter-token latencies, request latency, output tokens and error.
 Gates: absolute limits (``bench.gates``) and the regression against the previous published bundle of the same
-model/quant/target/runtime; a breach fails the stage with the report naming the number and by how much.
+model/quant/target/runtime (output tokens/s, and the p95 of TTFT, inter-token and request latency, each within
+``bench.gates.regression_pct``); a breach fails the stage with the report naming the number and by how much.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ def run(ctx: Context) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(repo / "tensorrt_llm" / "1" / "engine")
     result: dict[str, Any] = {"model": cfg.bench.model.value, "launcher": cfg.serve.launcher.value,
                               "workloads": {}, "answers": []}
+    requests: list[dict[str, Any]] = []
     started = time.perf_counter()
     log_path = None
     try:
@@ -63,7 +67,7 @@ def run(ctx: Context) -> dict[str, Any]:
         log_path = server.log_path
         result["server_start_s"] = round(time.perf_counter() - started, 2)
         try:
-            _bench(ctx, server, tok, result)
+            _bench(ctx, server, tok, result, requests)
         finally:
             cm.__exit__(None, None, None)
     except srv.ServerError as exc:
@@ -75,6 +79,7 @@ def run(ctx: Context) -> dict[str, Any]:
 
     result["gates"] = gates(cfg, result, previous_bench(ctx))
     (ctx.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    (ctx.out / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
     (ctx.out / "bench.md").write_text(markdown(cfg.model.name, result))
     if cfg.bench.plot:
         plot(result, ctx.out / "bench.png")
@@ -96,16 +101,24 @@ def summary_row(lv: dict[str, Any]) -> dict[str, Any]:
             "requests_per_s": lv["request_throughput"]["avg"]}
 
 
-def _bench(ctx: Context, server, tok, result: dict[str, Any]) -> None:
+def _bench(ctx: Context, server, tok, result: dict[str, Any], requests: list[dict[str, Any]]) -> None:
+    """Answer checks, then each workload's warm-up and concurrency levels; every request sent is appended to
+    ``requests`` (the lines of requests.jsonl)."""
     from pipeline.triton import client
 
     cfg, b = ctx.cfg, ctx.cfg.bench
     url, model, chat = server.grpc_url, b.model.value, bool(cfg.model.chat_template)
+
+    def keep(records, phase: str, workload: str | None, concurrency: int) -> None:
+        requests.extend({"phase": phase, "workload": workload, "concurrency": concurrency, **r.as_dict()}
+                        for r in records)
+
     if cfg.model.checks:  # fixed prompts, greedy, through the same entry point as the load
         w = client.StreamWorker(url, model, b.request_timeout_s)
         try:
             for chk in cfg.model.checks:
                 rec = w.request(-1, _render(tok, chk.prompt, chat), b.answer_max_tokens)
+                keep([rec], "check", None, 1)
                 ok = rec.error is None and any(e.lower() in rec.text.lower() for e in chk.expect)
                 result["answers"].append({"prompt": chk.prompt, "expect": list(chk.expect), "text": rec.text,
                                           "error": rec.error, "pass": ok})
@@ -117,8 +130,9 @@ def _bench(ctx: Context, server, tok, result: dict[str, Any]) -> None:
         total = b.warmup_requests + sum(n for _, n in levels)
         prompts = [_render(tok, p, chat) for p in make_prompts(total, spec.prompt_words, b.seed + wi)]
         if b.warmup_requests:
-            client.run_level(url, model, prompts, list(range(b.warmup_requests)), 1, spec.max_tokens,
-                             b.request_timeout_s)
+            records, _ = client.run_level(url, model, prompts, list(range(b.warmup_requests)), 1, spec.max_tokens,
+                                          b.request_timeout_s)
+            keep(records, "warmup", wname, 1)
         offset, out = b.warmup_requests, []
         for conc, n in levels:
             order = list(range(offset, offset + n))
@@ -126,6 +140,7 @@ def _bench(ctx: Context, server, tok, result: dict[str, Any]) -> None:
             with progress(f"bench {wname}: concurrency {conc}", n) as bar:
                 records, wall = client.run_level(url, model, prompts, order, conc, spec.max_tokens,
                                                  b.request_timeout_s, bar.advance)
+            keep(records, "measure", wname, conc)
             if not server.alive():
                 raise srv.ServerError(f"tritonserver died during {wname} at concurrency {conc}:\n"
                                       f"{server.log_tail()}")
@@ -158,6 +173,11 @@ def previous_bench(ctx: Context) -> dict[str, Any] | None:
     return found
 
 
+# summary_row keys compared with the previous bundle: (key, label, a rise is the regression)
+REGRESSION_METRICS = (("output_tokens_per_s", "output tokens/s", False), ("ttft_p95_ms", "TTFT p95", True),
+                      ("itl_p95_ms", "inter-token latency p95", True), ("latency_p95_ms", "request latency p95", True))
+
+
 def gates(cfg, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
     g = cfg.bench.gates
     breaches: list[str] = []
@@ -188,8 +208,7 @@ def gates(cfg, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[
                     continue
                 compared += 1
                 where = f"{wname} at concurrency {old['concurrency']}"
-                for key, label, worse_if_higher in (("output_tokens_per_s", "output tokens/s", False),
-                                                    ("latency_p95_ms", "request latency p95", True)):
+                for key, label, worse_if_higher in REGRESSION_METRICS:
                     o, n = old.get(key), new.get(key)
                     if not o or n is None:
                         continue
@@ -267,7 +286,7 @@ def env_check(cfg) -> list[str]:
 
 STAGE = Stage(
     env_check=env_check,
-    volatile=("bench.json", "bench.md", "bench.png", "server.log"),
+    volatile=("bench.json", "bench.md", "bench.png", "server.log", "requests.jsonl"),
     name="bench",
     run=run,
     reads=("bench", "model.checks", "model.chat_template", "serve.host", "serve.server_bin",

@@ -71,8 +71,9 @@ def values(cfg, engine_cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "max_tokens_in_paged_kv_cache": kv_tokens,
                                 "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction,
                                 "enable_kv_cache_reuse": sv.enable_kv_cache_reuse,
-                                "enable_chunked_context": sv.enable_chunked_context},
-        "tensorrt_llm.llmapi": {**common, "decoupled_mode": sv.decoupled},
+                                "enable_chunked_context": sv.enable_chunked_context,
+                                "llm_instance_count": sv.llm_instance_count},
+        "tensorrt_llm.llmapi": {**common, "decoupled_mode": sv.decoupled, "llm_instance_count": sv.llm_instance_count},
     }
 
 
@@ -115,7 +116,7 @@ def run(ctx: Context) -> dict[str, Any]:
     store.link_tree(ctx.inputs["build"] / "engine", repo / ENGINE_REL)
     ctx.known_hashes.update({f"{ENGINE_REL}/{p[len('engine/'):]}": h for p, h in up.items() if p.startswith("engine/")})
     models = render_repository(cfg, repo)
-    findings = lint.lint(repo, trtllm_version=cfg.runtime.trtllm_version)
+    findings = lint.lint(repo, trtllm_version=cfg.runtime.trtllm_version, repo_mount=cfg.serve.repo_mount)
     if findings:
         (repo / "LINT.txt").write_text("\n".join(findings) + "\n")
         raise StageFailed(f"the packaged repository fails lint: {findings[0]}"

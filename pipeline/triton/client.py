@@ -38,6 +38,16 @@ class RequestRecord:
             return None
         return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
 
+    def as_dict(self) -> dict:
+        """One request's measurements in milliseconds (None where not measured: no token, no final response)."""
+        def ms(v: float | None) -> float | None:
+            return None if v is None else round(1000.0 * v, 3)
+
+        gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return {"prompt_index": self.prompt_index, "time_to_first_token_ms": ms(self.ttft),
+                "inter_token_latency_ms": ms(self.itl), "inter_token_latencies_ms": [ms(g) for g in gaps],
+                "request_latency_ms": ms(self.latency), "output_tokens": self.output_tokens, "error": self.error}
+
 
 def _inputs(text: str, max_tokens: int, stream: bool):
     import tritonclient.grpc as grpcclient

@@ -9,13 +9,16 @@ Rules (each finding is one line naming the file and the fix):
    at most the engine's ``build_config.max_batch_size``;
 4. streaming implies decoupled: a model with a ``stream``/``streaming`` input is decoupled, an ensemble streams only
    through a decoupled step, and the backend's ``decoupled_mode`` parameter agrees with the transaction policy;
-5. ``tokenizer_dir`` and ``engine_dir`` exist, and the engine holds ``rank{N}.engine`` for its world size;
+5. ``tokenizer_dir`` and ``engine_dir`` exist, and the engine holds ``rank{N}.engine`` for its world size; a path is
+   relative to the repository root, or absolute under the repository itself or under the repository's mount in the
+   serving container (``repo_mount``, ``serve.repo_mount``), and any other absolute path is a finding;
 6. the engine's TRT-LLM version (its ``config.json``) is the serving container's, when that is known;
 7. an ``llmapi`` model's ``model.yaml`` points at a checkpoint that exists and agrees with ``config.pbtxt``.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -24,22 +27,26 @@ from pipeline.errors import UserError
 from pipeline.triton.render import parse_model_config
 
 STREAM_INPUTS = ("stream", "streaming")
+REPO_MOUNT = "/models"  # serve.repo_mount's default: where the serving container mounts the repository
+PATH_PARAMS = ("tokenizer_dir", "engine_dir")
 
 
-def _resolve(repo: Path, value: str) -> Path | None:
-    """A path parameter: relative to the repository root, or absolute (mapped into the repository by its longest
-    suffix that exists there, as when the repository is mounted at /models in a container)."""
-    p = Path(value)
+def _resolve(repo: Path, value: str, mount: str) -> Path | None:
+    """Where a path parameter points in ``repo``: a relative path is relative to the repository root; an absolute one
+    must lie under the repository itself or under ``mount`` (the repository's path in the serving container). None
+    for any other absolute path."""
+    p = Path(os.path.normpath(value))
     if not p.is_absolute():
         return repo / p
-    if p.exists():
-        return p
-    parts = p.parts[1:]
-    for i in range(len(parts)):
-        candidate = repo.joinpath(*parts[i:])
-        if candidate.exists():
-            return candidate
+    for root in (repo.absolute(), repo.resolve(), Path(os.path.normpath(mount))):
+        if p == root or root in p.parents:
+            return repo / p.relative_to(root)
     return None
+
+
+def _outside(rel: str, key: str, value: str, repo: Path, mount: str) -> str:
+    return (f"{rel}: {key} {value} is outside the repository; make it relative to the repository root, or absolute "
+            f"under {repo.absolute()} or under the container mount {mount} (serve.repo_mount)")
 
 
 def _tensors(cfg) -> tuple[dict[str, tuple[int, bool]], dict[str, int]]:
@@ -125,7 +132,8 @@ def check_ensemble(name: str, cfg, configs: dict[str, Any]) -> list[str]:
     return out
 
 
-def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | None) -> list[str]:
+def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | None,
+                repo_mount: str = REPO_MOUNT) -> list[str]:
     out = []
     rel = f"{name}/config.pbtxt"
     inputs, _ = _tensors(cfg)
@@ -137,22 +145,26 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
     if "decoupled_mode" in params and params["decoupled_mode"].lower() != str(decoupled).lower():
         out.append(f"{rel}: parameter decoupled_mode={params['decoupled_mode']} disagrees with the transaction "
                    f"policy (decoupled: {str(decoupled).lower()})")
-    if "tokenizer_dir" in params:
-        tok = _resolve(repo, params["tokenizer_dir"])
-        if tok is None or not (tok / "tokenizer_config.json").is_file() and not (tok / "tokenizer.json").is_file():
-            out.append(f"{rel}: tokenizer_dir {params['tokenizer_dir']} has no tokenizer")
-    if "engine_dir" in params:
-        out += _check_engine(repo, rel, cfg, params, trtllm_version)
+    paths = {}
+    for key in PATH_PARAMS:
+        if key in params:
+            paths[key] = _resolve(repo, params[key], repo_mount)
+            if paths[key] is None:
+                out.append(_outside(rel, key, params[key], repo, repo_mount))
+    tok = paths.get("tokenizer_dir")
+    if tok is not None and not (tok / "tokenizer_config.json").is_file() and not (tok / "tokenizer.json").is_file():
+        out.append(f"{rel}: tokenizer_dir {params['tokenizer_dir']} has no tokenizer")
+    if paths.get("engine_dir") is not None:
+        out += _check_engine(paths["engine_dir"], rel, cfg, params, trtllm_version)
     if cfg.backend == "python" and not (mdir / "1" / "model.py").is_file():
         out.append(f"{name}/1/model.py is missing (backend python)")
     if (mdir / "1" / "model.yaml").is_file():
-        out += _check_llmapi(mdir, rel, cfg)
+        out += _check_llmapi(repo, mdir, cfg, repo_mount)
     return out
 
 
-def _check_engine(repo: Path, rel: str, cfg, params: dict[str, str], trtllm_version: str | None) -> list[str]:
-    engine = _resolve(repo, params["engine_dir"])
-    if engine is None or not engine.is_dir():
+def _check_engine(engine: Path, rel: str, cfg, params: dict[str, str], trtllm_version: str | None) -> list[str]:
+    if not engine.is_dir():
         return [f"{rel}: engine_dir {params['engine_dir']} does not exist"]
     if cfg.backend != "tensorrtllm":
         return []  # the reference runtime's engine dir is a checkpoint
@@ -176,24 +188,39 @@ def _check_engine(repo: Path, rel: str, cfg, params: dict[str, str], trtllm_vers
     return out
 
 
-def _check_llmapi(mdir: Path, rel: str, cfg) -> list[str]:
+def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str) -> list[str]:
+    """``model`` is relative to the model.yaml's folder (as the llmapi model reads it), or absolute under the
+    repository or its container mount."""
     import yaml
 
+    where = f"{mdir.name}/1/model.yaml"
     doc = yaml.safe_load((mdir / "1" / "model.yaml").read_text()) or {}
     out = []
     model = doc.get("model")
-    if not model or not ((mdir / "1" / model).exists() or Path(model).is_absolute()):
-        out.append(f"{mdir.name}/1/model.yaml: model {model!r} does not exist next to it")
+    if not model:
+        out.append(f"{where}: no model; set it to the checkpoint directory (relative to {mdir.name}/1/)")
+    elif not Path(model).is_absolute():
+        if not (mdir / "1" / model).exists():
+            out.append(f"{where}: model {model!r} does not exist next to it")
+    else:
+        located = _resolve(repo, model, repo_mount)
+        if located is None:
+            out.append(_outside(where, "model", model, repo, repo_mount))
+        elif not located.exists():
+            out.append(f"{where}: model {model!r} does not exist in the repository")
     tc = doc.get("triton_config") or {}
     if tc.get("max_batch_size") != cfg.max_batch_size:
-        out.append(f"{mdir.name}/1/model.yaml: triton_config.max_batch_size {tc.get('max_batch_size')} differs from "
+        out.append(f"{where}: triton_config.max_batch_size {tc.get('max_batch_size')} differs from "
                    f"config.pbtxt's {cfg.max_batch_size}")
     if bool(tc.get("decoupled")) != cfg.model_transaction_policy.decoupled:
-        out.append(f"{mdir.name}/1/model.yaml: triton_config.decoupled disagrees with config.pbtxt")
+        out.append(f"{where}: triton_config.decoupled disagrees with config.pbtxt "
+                   f"(decoupled: {str(cfg.model_transaction_policy.decoupled).lower()})")
     return out
 
 
-def lint(repo: Path | str, *, trtllm_version: str | None = None) -> list[str]:
+def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str = REPO_MOUNT) -> list[str]:
+    """Every finding, one line each. ``repo_mount``: the repository's path in the serving container, the one place
+    besides the repository itself where an absolute path parameter may point."""
     repo = Path(repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: no such directory")
@@ -202,5 +229,5 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None) -> list[str]:
         if cfg.platform == "ensemble":
             findings += check_ensemble(name, cfg, configs)
         else:
-            findings += check_model(repo, name, cfg, dirs[name], trtllm_version)
+            findings += check_model(repo, name, cfg, dirs[name], trtllm_version, repo_mount)
     return findings

@@ -1,4 +1,8 @@
-"""Triton python model: text -> token ids with the checkpoint's tokenizer (TensorRT-LLM preprocessing tensor names)."""
+"""Triton python model: text -> token ids with the checkpoint's tokenizer (TensorRT-LLM preprocessing tensor names).
+
+Also emits the ids the tensorrt_llm model stops and pads with: ``OUT_END_ID`` is the request's ``END_ID``, else the
+tokenizer's eos id; ``OUT_PAD_ID`` is the request's ``PAD_ID``, else the tokenizer's pad id, else its eos id.
+"""
 import json
 import os
 
@@ -14,14 +18,26 @@ def _resolve(repo_model_dir, path):
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(repo_model_dir, "..", path))
 
 
+def _ids(request, name, default, rows):
+    """The request's optional per-row id input, else ``default`` for every row: int32 [rows, 1]."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        return np.full((rows, 1), default, dtype=np.int32)
+    return t.as_numpy().astype(np.int32).reshape(rows, 1)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from transformers import AutoTokenizer
 
         cfg = json.loads(args["model_config"])
-        self.tokenizer = AutoTokenizer.from_pretrained(_resolve(args["model_repository"], _param(cfg, "tokenizer_dir")))
+        path = _resolve(args["model_repository"], _param(cfg, "tokenizer_dir"))
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.max_input_len = int(_param(cfg, "max_input_len"))
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.end_id = self.tokenizer.eos_token_id
+        if self.end_id is None:
+            raise ValueError(f"the tokenizer in {path} has no eos token; set eos_token in its tokenizer_config.json")
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end_id
 
     def execute(self, requests):
         responses = []
@@ -44,5 +60,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("INPUT_ID", batch),
                 pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
                 pb_utils.Tensor("OUT_REQUEST_OUTPUT_LEN", out_len.astype(np.int32).reshape(len(ids), 1)),
+                pb_utils.Tensor("OUT_END_ID", _ids(request, "END_ID", self.end_id, len(ids))),
+                pb_utils.Tensor("OUT_PAD_ID", _ids(request, "PAD_ID", self.pad_id, len(ids))),
             ]))
         return responses

@@ -1,7 +1,9 @@
 """Triton python model serving the pipeline's reference runtime behind TensorRT-LLM's tensor names.
 
 Decoupled: each request runs in its own worker thread and streams one response per generated token when
-``streaming`` is true (one response with every token otherwise), then an empty final response.
+``streaming`` is true (one response with every token otherwise), then an empty final response. Generation stops at
+the request's ``end_id`` as well as at the model's own eos ids; ``pad_id`` is accepted and unused (one unpadded prompt
+per request).
 """
 import json
 import os
@@ -59,7 +61,9 @@ class TritonPythonModel:
         max_new = max(0, min(max_new, self.max_seq_len - len(prompt)))
         kw = dict(temperature=float(_opt(request, "temperature", 0.0)), top_k=int(_opt(request, "runtime_top_k", 0)),
                   top_p=float(_opt(request, "runtime_top_p", 1.0)))
-        return prompt, max_new, bool(_opt(request, "streaming", False)), kw
+        end_id = _opt(request, "end_id", None)
+        eos = self.eos if end_id is None else self.eos | {int(end_id)}
+        return prompt, max_new, eos, bool(_opt(request, "streaming", False)), kw
 
     @staticmethod
     def _tensors(tokens):
@@ -68,8 +72,8 @@ class TritonPythonModel:
 
     def _complete(self, request):
         try:
-            prompt, max_new, _, kw = self._params(request)
-            tokens = list(self.rt.generate(self.model, prompt, max_new, self.eos, **kw))
+            prompt, max_new, eos, _, kw = self._params(request)
+            tokens = list(self.rt.generate(self.model, prompt, max_new, eos, **kw))
             return pb_utils.InferenceResponse(output_tensors=self._tensors(tokens))
         except Exception as exc:  # reported to the client, the server keeps running
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(exc).__name__}: {exc}"))
@@ -77,9 +81,9 @@ class TritonPythonModel:
     def _stream(self, request, sender):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            prompt, max_new, streaming, kw = self._params(request)
+            prompt, max_new, eos, streaming, kw = self._params(request)
             tokens = []
-            for tok in self.rt.generate(self.model, prompt, max_new, self.eos, **kw):
+            for tok in self.rt.generate(self.model, prompt, max_new, eos, **kw):
                 if streaming:
                     sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors([tok])))
                 else:

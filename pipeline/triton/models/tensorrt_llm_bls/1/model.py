@@ -1,4 +1,7 @@
-"""Triton python BLS model: preprocessing -> tensorrt_llm (streaming when asked) -> postprocessing, per request."""
+"""Triton python BLS model: preprocessing -> tensorrt_llm (streaming when asked) -> postprocessing, per request.
+
+The tensorrt_llm model gets preprocessing's end/pad ids (the request's ``end_id``/``pad_id``, else the tokenizer's).
+"""
 import json
 import threading
 
@@ -28,10 +31,14 @@ class TritonPythonModel:
     def _serve(self, request, sender):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            pre = self._call("preprocessing", [
-                pb_utils.Tensor("QUERY", _tensor(request, "text_input").as_numpy()),
-                pb_utils.Tensor("REQUEST_OUTPUT_LEN", _tensor(request, "max_tokens").as_numpy())],
-                ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_REQUEST_OUTPUT_LEN"])
+            pre_inputs = [pb_utils.Tensor("QUERY", _tensor(request, "text_input").as_numpy()),
+                          pb_utils.Tensor("REQUEST_OUTPUT_LEN", _tensor(request, "max_tokens").as_numpy())]
+            for src, dst in (("end_id", "END_ID"), ("pad_id", "PAD_ID")):
+                t = _tensor(request, src)
+                if t is not None:
+                    pre_inputs.append(pb_utils.Tensor(dst, t.as_numpy()))
+            pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_REQUEST_OUTPUT_LEN",
+                                                           "OUT_END_ID", "OUT_PAD_ID"])
             if pre.has_error():
                 raise RuntimeError(pre.error().message())
             get = lambda n: pb_utils.get_output_tensor_by_name(pre, n).as_numpy()  # noqa: E731
@@ -40,6 +47,8 @@ class TritonPythonModel:
             inputs = [pb_utils.Tensor("input_ids", get("INPUT_ID")),
                       pb_utils.Tensor("input_lengths", get("REQUEST_INPUT_LEN")),
                       pb_utils.Tensor("request_output_len", get("OUT_REQUEST_OUTPUT_LEN")),
+                      pb_utils.Tensor("end_id", get("OUT_END_ID")),
+                      pb_utils.Tensor("pad_id", get("OUT_PAD_ID")),
                       pb_utils.Tensor("streaming", np.array([[streaming]], dtype=bool))]
             for src, dst in (("temperature", "temperature"), ("top_k", "runtime_top_k"), ("top_p", "runtime_top_p")):
                 t = _tensor(request, src)
