@@ -74,7 +74,34 @@ def test_format_exports_what_it_should(root, fmt, kv):
     assert has_kv == (kv != "none")
     acc = json.loads((out / "accuracy.json").read_text())["accuracy"]
     assert acc["export_check"] == "pass", acc
+    scales = acc["deployed_scales"]  # every calibrated activation / KV scale reached the reloaded model
+    linears = 2 * (4 + 3)  # tiny-qwen3: 2 layers × (q, k, v, o, gate, up, down)
+    assert scales["activation"] == (0 if fmt in ("none", "int4_awq") else linears), scales
+    assert scales["kv"] == (0 if kv == "none" else 2 * 2) and scales["problems"] == [], scales
     assert manifest["calibration"]["sha256"] and manifest["bytes_per_param"] > 0
+
+
+def test_a_loader_that_drops_activation_or_kv_quantization_fails_the_export_check(root):
+    """Negative controls for the scale check: the reloaded export with an activation scale or a KV scale removed,
+    or with a scale below the calibrated one."""
+    from pipeline.runtime import reference
+    from pipeline.stages import quantize
+
+    ckpt = _quantize(root, "fp8", "fp8") / "checkpoint"
+    model = reference.load(ckpt, dtype=torch.float32)
+    mods = dict(model.named_modules())
+    calibrated = {name: ("input", float(m.input_scale)) for name, m in mods.items()
+                  if getattr(m, "input_scale", None) is not None}
+    calibrated.update({f"{name}.{k}": ("kv", float(getattr(m, f"kv_{k}_scale"))) for name, m in mods.items()
+                       for k in ("k", "v") if getattr(m, f"kv_{k}_scale", None) is not None})
+    assert len(calibrated) == 14 + 4 and quantize.deployed_scale_problems(calibrated, model) == []
+    mods["model.layers.1.mlp.down_proj"].input_scale = None
+    del mods["model.layers.0.self_attn"].kv_v_scale
+    mods["model.layers.0.self_attn.q_proj"].input_scale = mods["model.layers.0.self_attn.q_proj"].input_scale / 2
+    problems = quantize.deployed_scale_problems(calibrated, model)
+    assert sorted(p.split(": ")[0] for p in problems) == [
+        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v", "model.layers.1.mlp.down_proj"], problems
+    assert "no KV-cache scale" in " ".join(problems) and "no activation scale" in " ".join(problems)
 
 
 def test_awq_block_size_that_does_not_divide_fails_in_plan_naming_one_that_does(tmp_path):

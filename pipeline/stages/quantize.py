@@ -257,6 +257,7 @@ def run(ctx: Context) -> dict[str, Any]:
                                            inference_tensor_parallel=trt["tp"], inference_pipeline_parallel=trt["pp"])
         timings["trtllm_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+    calibrated = calibrated_scales(model)
     with status("exporting unified HF checkpoint"):
         export_hf_checkpoint(model, export_dir=str(ckpt))  # replaces the model's weights with quantized ones
         _copy_tokenizer(src, ckpt)
@@ -268,6 +269,7 @@ def run(ctx: Context) -> dict[str, Any]:
         exported = reference.load(ckpt, dtype=dtype, device=device)
     with progress("exported-checkpoint logits (held-out)", n_eval_batches) as bar:
         ex = quality.logits(exported, ev_rows, bs, bar.advance)
+    scale_problems = deployed_scale_problems(calibrated, exported)
     timings["export_check_s"] = time.perf_counter() - t0
 
     hf_quant = json.loads((ckpt / "hf_quant_config.json").read_text())["quantization"]
@@ -275,7 +277,8 @@ def run(ctx: Context) -> dict[str, Any]:
     export_vs_fq = quality.compare(fq, ex, ev_rows)
     kl_max = q.eval.export_kl_ratio * vs_base["kl_mean"] + q.eval.export_kl_abs
     top1_min = vs_base["top1_agreement"] - q.eval.export_top1_margin
-    export_ok = export_vs_fq["kl_mean"] <= kl_max and export_vs_fq["top1_agreement"] >= top1_min
+    export_ok = (export_vs_fq["kl_mean"] <= kl_max and export_vs_fq["top1_agreement"] >= top1_min
+                 and not scale_problems)
     th = q.thresholds
     breaches = [f"{name} {value:.4f} {op} {limit}" for name, value, op, limit, bad in (
         ("KL", vs_base["kl_mean"], ">", th.kl_max, vs_base["kl_mean"] > th.kl_max),
@@ -303,6 +306,9 @@ def run(ctx: Context) -> dict[str, Any]:
         "heldout": {"rows": len(ev_rows), "seq_len": q.eval.seq_len},
         "accuracy": {"quantized_vs_unquantized": vs_base, "exported_vs_fake_quant": export_vs_fq,
                      "export_tolerance": {"kl_max": kl_max, "top1_min": top1_min},
+                     "deployed_scales": {"activation": sum(k == "input" for k, _ in calibrated.values()),
+                                         "kv": sum(k == "kv" for k, _ in calibrated.values()),
+                                         "problems": scale_problems[:20]},
                      "export_check": "pass" if export_ok else "fail",
                      "thresholds": to_plain(th), "gate": "pass" if not breaches else
                      ("warn" if q.gate.value == "warn" else "fail"), "breaches": breaches},
@@ -310,13 +316,60 @@ def run(ctx: Context) -> dict[str, Any]:
     }
     _write_report(ctx, result)
     if not export_ok:
+        why = (f"{len(scale_problems)} calibrated scales do not reach the deployed model (first: {scale_problems[0]})"
+               if scale_problems else "")
         raise StageFailed(
             f"exported checkpoint does not reproduce the calibrated model: KL {export_vs_fq['kl_mean']:.4f} "
-            f"(max {kl_max:.4f}), top-1 {export_vs_fq['top1_agreement']:.3f} (min {top1_min:.3f})")
+            f"(max {kl_max:.4f}), top-1 {export_vs_fq['top1_agreement']:.3f} (min {top1_min:.3f})"
+            + (f"; {why}" if why else ""))
     if breaches and q.gate.value == "fail":
         raise StageFailed(f"accuracy gate ({fmt}, KV {kv}): " + "; ".join(breaches) +
                           " (quant.gate=warn to accept, or raise quant.thresholds.*)")
     return result
+
+
+# Largest representable magnitude of each activation / KV format: a static scale is amax / bound.
+_SCALE_BOUND = {8: 127.0, (4, 3): 448.0, (2, 1): 6.0 * 448.0}
+
+
+def calibrated_scales(model) -> dict[str, tuple[str, float]]:
+    """Every static activation and KV-cache quantizer ModelOpt calibrated: module path -> (kind, amax / bound).
+
+    ``kind`` is ``input`` (a linear layer's input) or ``kv`` (``<attention>.k`` / ``<attention>.v``). NVFP4 KV keeps a
+    per-tensor scale of amax / 448 (its blocks are scaled dynamically), like FP8."""
+    out: dict[str, tuple[str, float]] = {}
+    for name, mod in model.named_modules():
+        quantizers = [("input", name, getattr(mod, "input_quantizer", None))]
+        quantizers += [("kv", f"{name}.{k}", getattr(mod, f"{k}_bmm_quantizer", None)) for k in ("k", "v")]
+        for kind, path, qz in quantizers:
+            amax = getattr(qz, "amax", None) if qz is not None and qz.is_enabled else None
+            if amax is None:
+                continue
+            bound = 448.0 if kind == "kv" else _SCALE_BOUND.get(qz.num_bits)
+            if bound is not None:
+                out[path] = (kind, float(amax.float().max()) / bound)
+    return out
+
+
+def deployed_scale_problems(calibrated: dict[str, tuple[str, float]], deployed) -> list[str]:
+    """What the reloaded export lacks: each calibrated activation scale must reach the deployed layer (exported
+    scales may be larger, when layers sharing an input share the largest), and each KV scale must match."""
+    mods = dict(deployed.named_modules())
+    problems = []
+    for path, (kind, want) in calibrated.items():
+        if kind == "input":
+            got = getattr(mods.get(path), "input_scale", None)
+        else:
+            owner, _, which = path.rpartition(".")
+            got = getattr(mods.get(owner), f"kv_{which}_scale", None)
+        if got is None:
+            problems.append(f"{path}: no {'activation' if kind == 'input' else 'KV-cache'} scale")
+            continue
+        got = float(got.float().max())
+        ok = abs(got - want) <= 1e-4 * want if kind == "kv" else got >= want * (1 - 1e-4)
+        if not ok:
+            problems.append(f"{path}: scale {got:.6g}, calibrated {want:.6g}")
+    return problems
 
 
 def _batch_size(setting: str, model, seq_len: int, device: str, rows: int) -> int:
