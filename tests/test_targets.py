@@ -189,11 +189,22 @@ def test_llmapi_options_use_upstream_names():
     assert max(opts["cuda_graph_config"]["batch_sizes"]) <= 16
 
 
-@pytest.mark.trtllm
-def test_engine_build_on_this_gpu(tmp_path):
+def _needs_trtllm_and_gpu() -> None:
+    import torch
+
     if trtllm.detect().version is None:
         pytest.skip("tensorrt_llm is not installed (NVIDIA's TRT-LLM container and a GPU are needed)")
-    proc = run_cli("build", "model=tiny-qwen3", "quant.gate=warn", "target=auto", "runtime=trtllm_engine",
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible)")
+
+
+@pytest.mark.trtllm
+@pytest.mark.gpu
+@pytest.mark.parametrize("runtime", ["trtllm_engine", "trtllm_llmapi"])
+def test_trtllm_runtime_builds_loads_and_generates_on_this_gpu(tmp_path, runtime):
+    """On a TRT-LLM container with a GPU: the engine build (or the LLM-API load) and its generate check pass."""
+    _needs_trtllm_and_gpu()
+    proc = run_cli("build", "model=tiny-qwen3", "quant.gate=warn", "target=auto", f"runtime={runtime}",
                    "until=build", root=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
