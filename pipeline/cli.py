@@ -316,16 +316,11 @@ def cmd_lint(args: list[str]) -> int:
     """Print every finding, one per line; exit 2 when there is any (a repository that would fail to serve)."""
     from pipeline.triton import lint
 
-    version = None
-    if "--trtllm-version" in args:
-        i = args.index("--trtllm-version")
-        if i + 1 >= len(args):
-            raise UserError("--trtllm-version needs a value, e.g. --trtllm-version 1.2.1")
-        version = args[i + 1]
-        args = args[:i] + args[i + 2:]
+    version, args = _flag(args, "--trtllm-version", value=True)
+    mount, args = _flag(args, "--repo-mount", value=True)
     if len(args) != 1:
-        raise UserError("usage: python -m pipeline lint REPO [--trtllm-version X]")
-    findings = lint.lint(Path(args[0]), trtllm_version=version)
+        raise UserError("usage: python -m pipeline lint REPO [--trtllm-version X] [--repo-mount /models]")
+    findings = lint.lint(Path(args[0]), trtllm_version=version, repo_mount=mount or lint.REPO_MOUNT)
     for f in findings:
         print(f"error: {f}", file=sys.stderr)
     if not findings:

@@ -198,6 +198,9 @@ def test_absolute_paths_only_under_the_repository_or_its_mount(tiny_build, tmp_p
     repo = engine_repo(tmp_path / "e", tiny_build, extra=("serve.repo_mount=/srv/models",))
     assert lint.lint(repo, repo_mount="/srv/models") == []
     assert any("engine_dir /srv/models/tensorrt_llm/1/engine is outside the repository" in f for f in lint.lint(repo))
+    assert run_cli("lint", str(repo), root=tmp_path / "cwd").returncode == 2
+    proc = run_cli("lint", str(repo), "--repo-mount", "/srv/models", root=tmp_path / "cwd")
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: "), proc.stderr
 
 
 @pytest.mark.parametrize("edit, expected", [
