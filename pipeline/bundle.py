@@ -2,19 +2,25 @@
 
 Published layout: ``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/`` with ``version`` derived from the
 publish stage's fingerprint, plus a ``latest`` file naming the newest version that passed every gate. A version is
-complete once its ``bundle.json`` exists (it is uploaded last); a complete version is never written again.
+complete once its ``bundle.json`` exists (it is uploaded last, or, on a local filesystem, the version is renamed into
+place whole); every reader treats a version without it as absent. A complete version's content never changes:
+republishing it only restores files found missing or damaged.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import stat
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.errors import UserError
+from pipeline.errors import StageFailed, UserError
 
 SCHEMA = "llm-pipeline/bundle/v1"
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "bundle.schema.json"
@@ -108,28 +114,163 @@ def _fs(url: str):
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
-        raise UserError(f"publish.dest={url}: {exc} (install the fsspec extra for that protocol)") from exc
+        raise UserError(f"publish.dest={url}: {exc} (install its fsspec implementation: pip install -e '.[s3]' for "
+                        f"s3://, '.[gcs]' for gs://)") from exc
     return fs, path.rstrip("/")
 
 
+def _is_local(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _timestamp(info: dict[str, Any]) -> float:
+    """An fsspec entry's modification time as a POSIX timestamp (0 when the filesystem reports none)."""
+    for key in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
+def complete_versions(fs, base: str) -> dict[str, float]:
+    """{version: when its ``bundle.json`` was written} for the complete versions under ``base``. A version directory
+    without ``bundle.json`` (an upload that has not finished) and hidden temp directories are absent."""
+    try:
+        found = fs.glob(f"{base}/*/bundle.json", detail=True)
+    except FileNotFoundError:
+        return {}
+    versions = {}
+    for path, info in found.items():
+        version = path.rstrip("/").split("/")[-2]
+        if not version.startswith("."):
+            versions[version] = _timestamp(info)
+    return versions
+
+
+def current_version(fs, base: str) -> str | None:
+    """The complete version ``latest`` names, else the newest complete version; None when there is none."""
+    versions = complete_versions(fs, base)
+    try:
+        named = fs.cat_file(f"{base}/latest").decode().strip()
+    except FileNotFoundError:
+        named = None
+    if named in versions:
+        return named
+    return max(versions, key=versions.__getitem__) if versions else None
+
+
+def _published_manifest(fs, target: str) -> dict[str, Any] | None:
+    """The manifest of the version at ``target``, or None when it is absent, incomplete or unreadable."""
+    try:
+        doc = json.loads(fs.cat_file(f"{target}/bundle.json"))
+    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
+
+
+def _sha256(fs, path: str) -> str:
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as fh:
+        while chunk := fh.read(4 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _damaged(fs, target: str, files: list[dict[str, Any]], *, local_dest: bool) -> list[dict[str, Any]]:
+    """The entries of ``files`` that are missing under ``target`` or differ from their size or sha256. On a local
+    filesystem (where uploads keep each file's modification time) only files modified since they were listed are
+    hashed; elsewhere every file is."""
+    bad = []
+    for f in files:
+        path = f"{target}/{f['path']}"
+        try:
+            if local_dest:
+                st = os.stat(path)
+                size, unchanged = st.st_size, st.st_mtime_ns == f.get("mtime_ns")
+            else:
+                size, unchanged = fs.size(path), False
+            if size != f["size"] or (not unchanged and _sha256(fs, path) != f["sha256"]):
+                bad.append(f)
+        except (FileNotFoundError, IsADirectoryError):
+            bad.append(f)
+    return bad
+
+
+def _put(fs, src: Path, dst: str, *, local_dest: bool) -> None:
+    """Upload one file. Locally: a read-only copy with the source's modification time, renamed into place."""
+    if not local_dest:
+        fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(src), dst)
+        return
+    path = Path(dst)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    shutil.copy2(src, tmp)
+    os.chmod(tmp, tmp.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))  # published files are read-only
+    os.replace(tmp, path)
+
+
+def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *, local_dest: bool) -> None:
+    """Upload a whole version, ``bundle.json`` last. Locally it is assembled in a hidden sibling directory and renamed
+    into place (replacing an incomplete one), so the version appears complete or not at all."""
+    if not local_dest:
+        for f in files:
+            _put(fs, local / f["path"], f"{target}/{f['path']}", local_dest=False)
+        _put(fs, local / "bundle.json", f"{target}/bundle.json", local_dest=False)  # last: marks the version complete
+        return
+    from pipeline import store
+
+    final = Path(target)
+    store.clean_partials(final)
+    tmp = store.new_tmp_dir(final)
+    for f in files:
+        _put(fs, local / f["path"], str(tmp / f["path"]), local_dest=True)
+    _put(fs, local / "bundle.json", str(tmp / "bundle.json"), local_dest=True)
+    store.commit_dir(tmp, final)
+
+
+def _publish_version(fs, local: Path, target: str, manifest: dict[str, Any], *,
+                     local_dest: bool) -> tuple[int, list[str]]:
+    """(files uploaded, paths repaired). A complete version is never rewritten: its files are checked against its
+    ``bundle.json`` and a missing or damaged one is uploaded again from this bundle's identical copy."""
+    published = _published_manifest(fs, target)
+    if published is None:
+        _upload_version(fs, local, target, manifest["files"], local_dest=local_dest)
+        return len(manifest["files"]) + 1, []
+    ours = {f["path"]: f["sha256"] for f in manifest["files"]}
+    damaged = _damaged(fs, target, published["files"], local_dest=local_dest)
+    for f in damaged:
+        if ours.get(f["path"]) != f["sha256"]:
+            raise StageFailed(f"{target}/{f['path']} is missing or damaged and this bundle has no identical copy to "
+                              f"restore it from; remove {target} to publish this version again")
+        _put(fs, local / f["path"], f"{target}/{f['path']}", local_dest=local_dest)
+    return len(damaged), [f["path"] for f in damaged]
+
+
 def publish(local: Path, dest: str, *, move_latest: bool) -> dict[str, Any]:
-    """Upload the bundle directory ``local`` to ``dest``; returns where and what was uploaded."""
+    """Upload the bundle directory ``local`` to ``dest``; returns where, how many files were uploaded, which files of
+    an existing version were repaired, and whether ``latest`` moved.
+
+    Readers treat a version without ``bundle.json`` as absent, and it is always written last. Republishing a
+    complete version uploads only the files found missing or damaged (same content: versions stay immutable)."""
     manifest = json.loads((local / "bundle.json").read_text())
     fs, root = _fs(dest)
     base = f"{root}/{prefix(manifest)}"
     target = f"{base}/{manifest['version']}"
-    uploaded = 0
-    if not fs.exists(f"{target}/bundle.json"):  # complete versions are immutable: republishing is a no-op
-        for f in manifest["files"]:
-            fs.makedirs(f"{target}/{Path(f['path']).parent.as_posix()}", exist_ok=True)
-            fs.put_file(str(local / f["path"]), f"{target}/{f['path']}")
-            uploaded += 1
-        fs.put_file(str(local / "bundle.json"), f"{target}/bundle.json")  # last: marks the version complete
-        uploaded += 1
-        if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-            from pipeline.store import make_read_only
+    if _is_local(fs):
+        from pipeline import store
 
-            make_read_only(Path(target))  # published files are read-only
+        with store.locked(Path(base) / f".{manifest['version']}"):  # one publisher of a version at a time
+            uploaded, repaired = _publish_version(fs, local, target, manifest, local_dest=True)
+    else:
+        uploaded, repaired = _publish_version(fs, local, target, manifest, local_dest=False)
     moved = False
     if move_latest:
         tmp = f"{base}/.latest-{uuid.uuid4().hex[:8]}"
@@ -137,7 +278,7 @@ def publish(local: Path, dest: str, *, move_latest: bool) -> dict[str, Any]:
         fs.mv(tmp, f"{base}/latest")  # a rename on filesystems; a single-object write on object stores
         moved = True
     return {"url": f"{dest.rstrip('/')}/{prefix(manifest)}/{manifest['version']}", "uploaded_files": uploaded,
-            "latest_moved": moved}
+            "repaired": repaired, "latest_moved": moved}
 
 
 def _open_manifest(where: str) -> tuple[Any, str, dict[str, Any]]:
@@ -145,11 +286,16 @@ def _open_manifest(where: str) -> tuple[Any, str, dict[str, Any]]:
     if fs.isfile(root) and root.endswith("bundle.json"):
         root = root.rsplit("/", 1)[0]
     if fs.exists(f"{root}/latest") and not fs.exists(f"{root}/bundle.json"):
-        root = f"{root}/{fs.cat_file(f'{root}/latest').decode().strip()}"
+        named = fs.cat_file(f"{root}/latest").decode().strip()
+        if not fs.exists(f"{root}/{named}/bundle.json"):
+            raise UserError(f"{where}: latest names {named}, which has no bundle.json (its upload has not finished); "
+                            f"publish it again")
+        root = f"{root}/{named}"
     try:
         doc = json.loads(fs.cat_file(f"{root}/bundle.json"))
     except FileNotFoundError as exc:
-        raise UserError(f"{where}: no bundle.json there; give a bundle directory or URL") from exc
+        raise UserError(f"{where}: no bundle.json there (not a bundle, or a version whose upload has not finished); "
+                        f"give a bundle directory or URL") from exc
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}/bundle.json is not valid JSON (damaged bundle)") from exc
     return fs, root, doc
@@ -169,16 +315,13 @@ def verify(where: str, *, container: str | None = None) -> list[tuple[str, bool 
         out.append(("manifest", False, f"bundle.json does not match the schema: {str(exc).splitlines()[0]}"))
     bad = []
     for f in doc.get("files", []):
-        h = hashlib.sha256()
         try:
-            with fs.open(f"{root}/{f['path']}", "rb") as fh:
-                while chunk := fh.read(4 << 20):
-                    h.update(chunk)
+            sha = _sha256(fs, f"{root}/{f['path']}")
         except FileNotFoundError:
             bad.append(f"{f['path']} is missing")
             continue
-        if h.hexdigest() != f["sha256"]:
-            bad.append(f"{f['path']} has sha256 {h.hexdigest()[:12]}…, the manifest says {f['sha256'][:12]}…")
+        if sha != f["sha256"]:
+            bad.append(f"{f['path']} has sha256 {sha[:12]}…, the manifest says {f['sha256'][:12]}…")
     n = len(doc.get("files", []))
     out.append(("checksums", not bad, f"{n} files match their sha256" if not bad else "; ".join(bad[:5])))
     t = doc.get("target", {})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,11 @@ def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, A
 
 
 def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"include": [{k: v for k, v in e.items() if not k.startswith("_")} for e in keep], "excluded": drop}
+    """The GitHub Actions ``strategy.matrix``: only ``include`` (any other key would become a matrix axis). Each
+    excluded entry goes to stderr as one line with its reason, for the job log and summary."""
+    for e in drop:
+        print(f"excluded {' '.join(f'{g}={e[g]}' for _, g in AXES if g in e)}: {e['reason']}", file=sys.stderr)
+    return {"include": [{k: v for k, v in e.items() if not k.startswith("_")} for e in keep]}
 
 
 def _published_base(cfg) -> tuple[Any, str]:
@@ -66,18 +71,14 @@ def _published_base(cfg) -> tuple[Any, str]:
 
 
 def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
-    """(version, lineage) of the entry's ``latest`` published bundle, or of its newest version when none passed."""
+    """(version, lineage) of the entry's ``latest`` published bundle, or of its newest complete version when none
+    passed. A version without ``bundle.json`` (an interrupted upload) counts as absent."""
+    from pipeline.bundle import current_version
+
     fs, base = _published_base(cfg)
-    try:
-        version = fs.cat_file(f"{base}/latest").decode().strip()
-    except FileNotFoundError:
-        try:
-            found = [p for p in fs.ls(base, detail=True) if p["type"] == "directory"]
-        except FileNotFoundError:
-            return None, None
-        if not found:
-            return None, None
-        version = max(found, key=lambda p: p.get("mtime") or p.get("LastModified") or 0)["name"].rsplit("/", 1)[-1]
+    version = current_version(fs, base)
+    if version is None:
+        return None, None
     try:
         return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json")).get("lineage")
     except (FileNotFoundError, json.JSONDecodeError):
@@ -134,8 +135,10 @@ def _hub_changes(cfg) -> list[str]:
 
 
 def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
-    """Remove stage outputs that no local published bundle references and that are older than ``max_age_days``.
-    Published bundles (``paths.bundles``, ``publish.dest``) are never touched."""
+    """Remove stage outputs that no published bundle references and that are older than ``max_age_days``.
+
+    References are the lineages of the local bundles (``paths.bundles``) and of every complete version under
+    ``publish.dest``. Published bundles themselves are never touched."""
     paths = resolved_paths(cfg)
     referenced: set[str] = set()
     for bundle in paths["bundles"].glob("*/bundle.json"):
@@ -143,6 +146,7 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
             referenced.update(json.loads(bundle.read_text()).get("lineage", {}).values())
         except (OSError, json.JSONDecodeError):
             continue
+    referenced |= published_references(str(cfg.publish.dest))
     cutoff = time.time() - max_age_days * 86400
     removed, kept, freed = [], 0, 0
     for root in (paths["store"], paths["engines"], paths["triton_repo"]):
@@ -162,6 +166,27 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
             removed.append(str(out))
             freed += size
     return {"removed": removed, "kept": kept, "freed_bytes": freed, "dry_run": dry_run}
+
+
+def published_references(dest: str) -> set[str]:
+    """Every stage fingerprint named in the lineage of a complete version under ``dest``
+    (``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/bundle.json``)."""
+    from pipeline.bundle import _fs
+
+    fs, root = _fs(dest)
+    try:
+        found = fs.glob(f"{root}/*/*/*/*/*/bundle.json")
+    except FileNotFoundError:
+        return set()
+    except Exception as exc:  # an unreadable destination must not make referenced outputs look orphaned
+        raise UserError(f"gc: cannot list publish.dest={dest} ({type(exc).__name__}: {exc}); nothing removed") from exc
+    out: set[str] = set()
+    for path in found:
+        try:
+            out.update(json.loads(fs.cat_file(path)).get("lineage", {}).values())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return out
 
 
 def resolve(path: str) -> Path:

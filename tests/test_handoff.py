@@ -3,16 +3,19 @@ matrix, outdated entries, gc, the bundle schema, and the CI workflows (linted wi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pipeline import bundle
-from tests.conftest import TINY, report, run_cli
+from pipeline.errors import StageFailed, UserError
+from tests.conftest import TINY, cli_env, report, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL = "tiny-qwen3.fp8-kvfp8.cpu.reference"
@@ -110,12 +113,59 @@ def test_matrix_drops_impossible_entries_with_the_reason(tmp_path):
     got = {(e["quant"], e["target"]) for e in doc["include"]}
     assert ("nvfp4", "b200") in got and ("fp8", "h100") in got
     assert ("nvfp4", "h100") not in got and ("int4_awq", "b200") not in got
-    reasons = {(e["quant"], e["target"]): e["reason"] for e in doc["excluded"]}
-    assert reasons[("nvfp4", "h100")] == "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq"
+    assert ("excluded model=qwen32b quant=nvfp4 target=h100 runtime=trtllm_llmapi: nvfp4 needs Blackwell "
+            "(sm100/sm120); for h100 use fp8 or int4_awq") in proc.stderr.splitlines()
     runners = {e["target"]: e["runner"] for e in doc["include"]}
     assert runners["h100"] == ["self-hosted", "sm90"] and runners["b200"] == ["self-hosted", "sm100"]
     bad = run_cli("matrix", "nope", root=tmp_path)
     assert bad.returncode == 2 and "unknown matrix 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf" / "matrix").glob("*.yaml")))
+def test_matrix_json_has_only_include_for_every_shipped_matrix(name, tmp_path):
+    """GitHub Actions reads every other key of ``strategy.matrix`` as an axis."""
+    proc = run_cli("matrix", name, "publish.dest=s3://bucket/bundles", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert list(doc) == ["include"] and doc["include"]
+    for e in doc["include"]:  # the build job passes an entry's overrides, and nothing else, to `pipeline build`
+        assert e["overrides"][:4] == [f"{g}={e[g]}" for g in ("model", "quant", "target", "runtime")]
+        assert e["overrides"][-1] == "publish.dest=s3://bucket/bundles"
+    if name == "smoke":
+        assert all("quant.gate=warn" in e["overrides"] for e in doc["include"])
+
+
+def _workflow_step(job: str, step_id: str) -> dict:
+    import yaml
+
+    doc = yaml.safe_load((REPO / ".github" / "workflows" / "rebuild.yml").read_text())
+    return next(s for s in doc["jobs"][job]["steps"] if step_id in (s.get("id"), s.get("name")))
+
+
+def test_rebuild_plan_step_outputs_only_include_and_summarises_the_excluded(tmp_path):
+    """Runs the plan job's script as the runner would (bash -eo pipefail), with its expressions given as env."""
+    step = _workflow_step("plan", "matrix")
+    assert step["env"]["BUNDLE_DEST"] == "${{ vars.BUNDLE_DEST }}"
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (work / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    out, summary = tmp_path / "github_output", tmp_path / "step_summary"
+    env = cli_env(tmp_path, MATRIX="default", BUNDLE_DEST=str(tmp_path / "published"), GITHUB_OUTPUT=str(out),
+                  GITHUB_STEP_SUMMARY=str(summary))
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0] == "matrix<<EOF" and lines[-1] == "EOF"
+    matrix = json.loads("\n".join(lines[1:-1]))
+    assert list(matrix) == ["include"] and len(matrix["include"]) == 6  # 9 combinations, 3 impossible
+    assert all(e["overrides"][-1] == f"publish.dest={tmp_path / 'published'}" for e in matrix["include"])
+    assert "- model=qwen32b quant=nvfp4 target=h100 runtime=trtllm_llmapi: nvfp4 needs Blackwell" in summary.read_text()
+    assert "excluded model=qwen32b quant=int4_awq target=b200" in proc.stderr
+    env.pop("BUNDLE_DEST")
+    proc = subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"]], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "set the repository variable BUNDLE_DEST" in proc.stderr
 
 
 def test_outdated_lists_changed_entries_only(tiny_build, tmp_path):
@@ -130,6 +180,100 @@ def test_outdated_lists_changed_entries_only(tiny_build, tmp_path):
     assert "quantize changed since" in stale["fp8"][0]
     matrix = json.loads(run_cli("matrix", "smoke", "--outdated", *bench, root=root).stdout)
     assert [e["quant"] for e in matrix["include"]] == ["none"]
+
+
+def _copy_published(tiny_build: Path, root: Path) -> tuple[Path, Path]:
+    """A writable copy of the tiny build: (its local bundle, its published version)."""
+    shutil.copytree(tiny_build, root)
+    return _local_bundle(root), _published_version(root)
+
+
+def _checks(where) -> dict[str, bool | None]:
+    return {n: ok for n, ok, _ in bundle.verify(str(where))}
+
+
+def test_interrupted_local_upload_is_absent_until_the_next_publish_completes_it(tiny_build, tmp_path):
+    import fsspec
+
+    root = tmp_path / "r"
+    local, version = _copy_published(tiny_build, root)
+    (version / "bundle.json").unlink()  # an upload stopped before its last file
+    (version / "reports" / "bench.json").unlink()
+    fs = fsspec.filesystem("file")
+    assert bundle.complete_versions(fs, str(version.parent)) == {}
+    assert bundle.current_version(fs, str(version.parent)) is None
+    bench = [a for a in TINY if a.startswith("bench.")]
+    stale = json.loads(run_cli("outdated", "smoke", "--json", *bench, root=root).stdout)
+    assert {e["quant"]: e["why"] for e in stale}["fp8"] == ["never published"]
+    proc = run_cli("verify", str(version), root=root)
+    assert proc.returncode == 2 and "no bundle.json there" in proc.stderr
+    res = bundle.publish(local, str(root / "published"), move_latest=False)
+    files = json.loads((local / "bundle.json").read_text())["files"]
+    assert res["uploaded_files"] == len(files) + 1 and res["repaired"] == []
+    assert _checks(version)["checksums"] is True
+    assert bundle.current_version(fs, str(version.parent)) == version.name
+    assert sorted(p.name for p in version.parent.iterdir() if p.is_dir()) == [version.name]  # no temp dir left
+    assert all(not (p.stat().st_mode & stat.S_IWUSR) for p in version.rglob("*") if p.is_file())
+    stale = json.loads(run_cli("outdated", "smoke", "--json", *bench, root=root).stdout)
+    assert "fp8" not in {e["quant"] for e in stale}
+
+
+def test_interrupted_object_store_upload_is_absent_until_the_next_publish_completes_it(tiny_build, tmp_path):
+    """``memory://`` stands in for an object store: no rename, files written one by one."""
+    local = _local_bundle(tiny_build)
+    doc = json.loads((local / "bundle.json").read_text())
+    dest = f"memory://{tmp_path.name}"
+    fs, root = bundle._fs(dest)
+    base = f"{root}/{bundle.prefix(doc)}"
+    for f in doc["files"][:2]:
+        fs.pipe_file(f"{base}/{doc['version']}/{f['path']}", (local / f["path"]).read_bytes())
+    fs.pipe_file(f"{base}/latest", f"{doc['version']}\n".encode())
+    assert bundle.current_version(fs, base) is None
+    with pytest.raises(UserError, match="which has no bundle.json"):
+        bundle.verify(f"{dest}/{bundle.prefix(doc)}")
+    res = bundle.publish(local, dest, move_latest=True)
+    assert res["uploaded_files"] == len(doc["files"]) + 1
+    assert bundle.current_version(fs, base) == doc["version"]
+    assert _checks(f"{dest}/{bundle.prefix(doc)}")["checksums"] is True
+
+
+def test_republish_restores_a_damaged_or_missing_published_file(tiny_build, tmp_path):
+    root = tmp_path / "r"
+    local, version = _copy_published(tiny_build, root)
+    victim = version / "checkpoint" / "model.safetensors"
+    victim.chmod(0o644)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only the sha256 tells
+    victim.write_bytes(bytes(data))
+    (version / "reports" / "bench.md").unlink()
+    assert _checks(version)["checksums"] is False
+    res = bundle.publish(local, str(root / "published"), move_latest=False)
+    assert sorted(res["repaired"]) == ["checkpoint/model.safetensors", "reports/bench.md"]
+    assert res["uploaded_files"] == 2
+    proc = run_cli("verify", str(version), root=root)
+    assert proc.returncode == 0 and "PASS checksums:" in proc.stdout, proc.stdout
+    assert not victim.stat().st_mode & stat.S_IWUSR
+    assert bundle.publish(local, str(root / "published"), move_latest=False)["uploaded_files"] == 0
+
+
+def test_republish_to_an_object_store_hashes_and_restores_files(tiny_build, tmp_path):
+    local = _local_bundle(tiny_build)
+    dest = f"memory://{tmp_path.name}"
+    first = bundle.publish(local, dest, move_latest=False)
+    fs, url = bundle._fs(first["url"])
+    target = f"{url}/checkpoint/config.json"
+    original = fs.cat_file(target)
+    fs.pipe_file(target, original.replace(b"{", b" ", 1))  # same size, different content
+    res = bundle.publish(local, dest, move_latest=False)
+    assert res["repaired"] == ["checkpoint/config.json"] and fs.cat_file(target) == original
+    assert _checks(first["url"])["checksums"] is True
+    # a published manifest this bundle cannot restore from (another build of the same version) is an error
+    doc = json.loads(fs.cat_file(f"{url}/bundle.json"))
+    entry = next(f for f in doc["files"] if f["path"] == "checkpoint/config.json")
+    entry["sha256"] = "0" * 64
+    fs.pipe_file(f"{url}/bundle.json", json.dumps(doc).encode())
+    with pytest.raises(StageFailed, match="checkpoint/config.json is missing or damaged"):
+        bundle.publish(local, dest, move_latest=False)
 
 
 def test_gc_removes_only_unreferenced_old_outputs(tiny_build, tmp_path):
@@ -147,6 +291,30 @@ def test_gc_removes_only_unreferenced_old_outputs(tiny_build, tmp_path):
     assert any(root.glob("published/*/*/*/*/v*/bundle.json"))
 
 
+def test_gc_keeps_outputs_referenced_at_publish_dest_and_young_ones(tiny_build, tmp_path):
+    """No local bundle (a fresh CI runner): the lineage of the bundle under publish.dest still protects its outputs;
+    of two unreferenced outputs, the one younger than gc.max_age_days stays."""
+    root = tmp_path / "gc"
+    shutil.copytree(tiny_build, root)
+    shutil.rmtree(root / "bundles")
+    month_ago = time.time() - 30 * 86400
+    outputs = {p.parent for p in root.glob("*/*/manifest.json")} | {p.parent for p in root.glob(".store/*/manifest.json")}
+    assert len(outputs) >= 5
+    for o in outputs:
+        os.utime(o / "manifest.json", (month_ago, month_ago))
+    orphans = {}
+    for age in ("old", "young"):
+        orphans[age] = root / ".store" / f"orphan-{age}-quantize-0123456789ab"
+        orphans[age].mkdir()
+        (orphans[age] / "manifest.json").write_text(json.dumps({"fingerprint": age * 16, "files": []}))
+    os.utime(orphans["old"] / "manifest.json", (month_ago, month_ago))
+    proc = run_cli("gc", "gc.max_age_days=14", root=root)
+    assert proc.returncode == 0, proc.stderr
+    assert not orphans["old"].exists() and orphans["young"].exists()
+    for kept in outputs:
+        assert kept.exists(), kept  # a month old, but referenced by the bundle under publish.dest
+
+
 def test_committed_bundle_schema_is_current():
     assert (REPO / "docs" / "bundle.schema.json").read_text() == bundle.schema_json()
 
@@ -160,5 +328,7 @@ def test_workflows_pass_actionlint():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wf = (REPO / ".github" / "workflows" / "rebuild.yml").read_text()
     for needle in ("schedule:", "workflow_dispatch:", "--outdated", "actions/cache", "upload-artifact",
-                   "runs-on: ${{ matrix.runner }}"):
+                   "runs-on: ${{ matrix.runner }}", "matrix: ${{ fromJSON(needs.plan.outputs.matrix) }}",
+                   '"publish.dest=$BUNDLE_DEST"', "OVERRIDES: ${{ toJSON(matrix.overrides) }}",
+                   'pipeline build "${overrides[@]}"'):
         assert needle in wf

@@ -2,7 +2,8 @@
 
 The bundle is assembled here (``paths.bundles``); after every build it is uploaded to ``publish.dest`` (any fsspec URL) under
 ``<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/``; ``latest`` moves only when every gate passed
-(accuracy, export check, bench). Republishing a version that exists uploads nothing.
+(accuracy, export check, bench). Republishing a version that exists uploads only its files found missing or
+damaged (checked against its ``bundle.json``).
 
 Layout::
 
@@ -97,8 +98,8 @@ def run(ctx: Context) -> dict[str, Any]:
 
 
 def upload(local, dest: str) -> dict[str, Any]:
-    """Upload an assembled bundle to ``publish.dest`` (after every build: a version already there uploads nothing).
-    ``latest`` moves only when every gate passed. Not part of the cached stage: the destination is no property of
+    """Upload an assembled bundle to ``publish.dest`` (after every build: a complete version already there is
+    checked, and only its missing or damaged files are uploaded). ``latest`` moves only when every gate passed. Not part of the cached stage: the destination is no property of
     the bundle, and its version must not depend on it."""
     doc = json.loads((local / "bundle.json").read_text())
     passed = all(v in ("pass", "n/a") for v in doc["gates"].values())
