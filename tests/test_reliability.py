@@ -447,9 +447,11 @@ def test_server_fault_during_bench_is_reported_and_no_server_outlives(tiny_build
     assert proc.returncode == 1, err[-2000:]
     last = err.strip().splitlines()[-1]
     if fault == "crash":
-        assert "tritonserver died" in last or "error" in last.lower(), last
+        assert "tritonserver died during chat at concurrency 1" in last, last
     else:
-        assert "timed out" in last or "error rate" in last, last
+        assert "tritonserver stopped answering during chat at concurrency 1 (hung" in last, last
+    (report_dir,) = (root / "reports" / "failed").iterdir()
+    assert (report_dir / "server-error.txt").read_text().count("\n") > 1  # the message and the server's log tail
     assert "Traceback" not in err
     time.sleep(1)
     assert not (_tritonservers() - before), "a tritonserver outlived the command"

@@ -144,6 +144,9 @@ def _bench(ctx: Context, server, tok, result: dict[str, Any], requests: list[dic
             if not server.alive():
                 raise srv.ServerError(f"tritonserver died during {wname} at concurrency {conc}:\n"
                                       f"{server.log_tail()}")
+            if any(r.error for r in records) and not server.responsive():
+                raise srv.ServerError(f"tritonserver stopped answering during {wname} at concurrency {conc} (hung: "
+                                      f"its process is alive, its readiness probe times out):\n{server.log_tail()}")
             out.append({"concurrency": conc, **client.summarize(records, wall)})
         result["workloads"][wname] = {"prompt_words": spec.prompt_words, "max_tokens": spec.max_tokens,
                                       "levels": out}

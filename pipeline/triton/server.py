@@ -58,6 +58,16 @@ class Server:
             return _grpc_ready(self.grpc_url)
         return self.proc.poll() is None
 
+    def responsive(self, within_s: float = 5.0) -> bool:
+        """Whether the server answers a readiness probe within ``within_s`` (a hung process does not)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            if _grpc_ready(self.grpc_url) if self.proc is None else _ready(self.http_url):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.25)
+
 
 def _pytriton_root() -> Path | None:
     import importlib.util
