@@ -25,7 +25,8 @@ from pipeline.ui import status
 from pipeline.config import to_plain
 from pipeline.runner import Context, Stage, artifact_label, host_info
 
-REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",), "bench": ("bench.md", "bench.json", "bench.png")}
+REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",),
+           "bench": ("bench.md", "bench.json", "requests.jsonl", "bench.png")}
 
 
 def _git_commit() -> str | None:
