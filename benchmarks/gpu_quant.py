@@ -8,7 +8,8 @@ Parts:
   GPU kernels; the export is reloaded by the reference dequantizer and compared with the fake-quant model.
 - ``scale``: Qwen3-32B's exact shape (synthetic weights), FP8 + FP8 KV and NVFP4 + FP8 KV, 512 samples × 512 tokens:
   a plain bf16 forward over the same tokens (the floor), calibration, the held-out accuracy forward, export (GB/s),
-  peak GPU memory. Uses the pipeline's own calibration loop and ModelOpt config builder.
+  peak GPU memory. Uses the quantize stage's calibration forward (``calibration_forward``) and ModelOpt config
+  builder, not the whole stage (no checkpoint load, no export reload).
 - ``awq``: INT4 AWQ's search at the 32B shape on a few layers, for two sample counts, extrapolated linearly to 64.
 
 Random weights make accuracy numbers meaningless; only the export-vs-fake-quant agreement and the costs are claims.
@@ -68,16 +69,11 @@ def timed_forward(model, data: torch.Tensor, bs: int) -> float:
 def calibrate(model, fmt: str, kv: str, data: torch.Tensor, bs: int) -> float:
     import modelopt.torch.quantization as mtq
 
-    from pipeline.stages.quantize import quant_config
-
-    def loop(m):
-        with torch.inference_mode():
-            for i in range(0, len(data), bs):
-                m(input_ids=data[i:i + bs].cuda(), logits_to_keep=1)
+    from pipeline.stages.quantize import calibration_forward, quant_config
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    mtq.quantize(model, quant_config(fmt, kv), loop)
+    mtq.quantize(model, quant_config(fmt, kv), lambda m: calibration_forward(m, data, bs))
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 

@@ -228,11 +228,7 @@ def run(ctx: Context) -> dict[str, Any]:
 
     def forward_loop(m) -> None:
         with progress(f"calibrating {fmt} + {kv} KV ({len(cal_rows)}×{q.calib.seq_len} tokens)", n_cal_batches) as bar:
-            dev = next(m.parameters()).device
-            with torch.inference_mode():
-                for i in range(0, len(cal_rows), bs):
-                    m(input_ids=cal_rows[i:i + bs].to(dev))
-                    bar.advance()
+            calibration_forward(m, cal_rows, bs, bar.advance)
 
     t0 = time.perf_counter()
     mtq.quantize(model, mcfg, forward_loop)
@@ -326,6 +322,19 @@ def run(ctx: Context) -> dict[str, Any]:
         raise StageFailed(f"accuracy gate ({fmt}, KV {kv}): " + "; ".join(breaches) +
                           " (quant.gate=warn to accept, or raise quant.thresholds.*)")
     return result
+
+
+def calibration_forward(model, rows, batch_size: int, on_batch=None) -> None:
+    """Run the calibration rows through ``model`` (ModelOpt's quantizers observe every layer). Only the last
+    position's logits are computed: calibration needs the activations, not a [batch, seq, vocab] logits tensor."""
+    import torch
+
+    dev = next(model.parameters()).device
+    with torch.inference_mode():
+        for i in range(0, len(rows), batch_size):
+            model(input_ids=rows[i:i + batch_size].to(dev), logits_to_keep=1)
+            if on_batch:
+                on_batch()
 
 
 # Largest representable magnitude of each activation / KV format: a static scale is amax / bound.
