@@ -377,18 +377,41 @@ def cmd_matrix(args: list[str], as_json: bool) -> int:
     keep, drop = fleet.entries(name, overrides)
     doc = fleet.ci_matrix(keep, drop)
     if only_outdated:
-        stale = {tuple(e["overrides"]) for e in fleet.outdated(keep)}
+        here = [fleet.judged_here(e["_cfg"]) for e in keep]
+        stale = {tuple(e["overrides"]) for e in fleet.outdated([e for e, ok in zip(keep, here) if ok])}
+        for e in (e for e, ok in zip(keep, here) if not ok):
+            stale.add(tuple(e["overrides"]))
+            print(f"deferred {_entry_name(e)}: judged on its runner by `outdated --entry` (its GPU and libraries "
+                  f"enter the fingerprint)", file=sys.stderr)
         doc["include"] = [e for e in doc["include"] if tuple(e["overrides"]) in stale]
     print(json.dumps(doc, separators=(",", ":")))
     return 0
 
 
+def _entry_name(e: dict[str, Any]) -> str:
+    return " ".join(f"{k}={e[k]}" for k in ("model", "quant", "target", "runtime") if k in e)
+
+
 def cmd_outdated(args: list[str], as_json: bool) -> int:
     from pipeline import fleet
+    from pipeline.config import compose
 
+    entry, args = _flag(args, "--entry")
+    if entry:  # one entry given by its overrides, judged on this machine (a scheduled job on the entry's runner)
+        st = fleet.entry_status(compose(args))
+        if as_json:
+            print(json.dumps(st, indent=2))
+        elif st["outdated"]:
+            print(f"outdated: {'; '.join(st['why'])} (would publish {st['version']})")
+        else:
+            print(f"up to date: {st['version']} is published")
+        return 0
     name, overrides = _matrix_args(args)
     keep, _ = fleet.entries(name, overrides)
     stale = fleet.outdated(keep)
+    for e, k in zip(stale, [k for k in keep if tuple(k["overrides"]) in {tuple(s["overrides"]) for s in stale}]):
+        if not fleet.judged_here(k["_cfg"]):
+            e["why"].append("judged here without its GPU: library versions can differ on its runner")
     if as_json:
         print(json.dumps(stale, indent=2))
     else:

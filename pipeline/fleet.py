@@ -85,35 +85,52 @@ def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
         return None, None
 
 
-def outdated(keep: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entries with no published version for their current fingerprint, with what changed since the last one.
-
-    The version name derives from the publish stage's fingerprint, which covers every upstream fingerprint: a
-    changed config, code, library version (TRT-LLM included) or input changes it."""
+def entry_status(cfg) -> dict[str, Any]:
+    """Whether the entry's current fingerprint has a published version: ``{"version", "published", "outdated",
+    "why"}``. The version name derives from the publish stage's fingerprint, which covers every upstream
+    fingerprint: a changed config, code, library version (TRT-LLM included) or input changes it."""
     from pipeline import runner
     from pipeline.cli import _stages
 
+    planned = runner.plan(cfg, _stages())
+    version = f"v{planned[-1].fingerprint[:12]}"
+    fs, base = _published_base(cfg)
+    why = _hub_changes(cfg)
+    if fs.exists(f"{base}/{version}/bundle.json") and not why:
+        return {"version": version, "published": version, "outdated": False, "why": []}
+    last, lineage = published_lineage(cfg)
+    if lineage is None:
+        why.append("never published")
+    else:
+        changed = [p.stage.name for p in planned if lineage.get(p.stage.name) not in (None, p.fingerprint)]
+        if changed:
+            why.append(f"{changed[0]} changed since {last} (its config, code, library versions or inputs)")
+        else:
+            why.append(f"publish settings changed since {last}")
+    return {"version": version, "published": last, "outdated": True, "why": why}
+
+
+def outdated(keep: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries with no published version for their current fingerprint, with what changed since the last one."""
     out = []
     for e in keep:
-        cfg = e["_cfg"]
-        planned = runner.plan(cfg, _stages())
-        version = f"v{planned[-1].fingerprint[:12]}"
-        fs, base = _published_base(cfg)
-        why = _hub_changes(cfg)
-        if fs.exists(f"{base}/{version}/bundle.json") and not why:
-            continue
-        last, lineage = published_lineage(cfg)
-        if lineage is None:
-            why.append("never published")
-        else:
-            changed = [p.stage.name for p in planned if lineage.get(p.stage.name) not in (None, p.fingerprint)]
-            if changed:
-                why.append(f"{changed[0]} changed since {last} (its config, code, library versions or inputs)")
-            else:
-                why.append(f"publish settings changed since {last}")
-        out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": last, "version": version,
-                    "why": why})
+        st = entry_status(e["_cfg"])
+        if st["outdated"]:
+            out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": st["published"],
+                        "version": st["version"], "why": st["why"]})
     return out
+
+
+def judged_here(cfg) -> bool:
+    """Whether this machine computes the entry's fingerprints as the entry's runner will. Library versions enter
+    them (torch's CUDA build, TRT-LLM), so a GPU entry is judged only on a machine with the target's GPU; the
+    scheduled workflow checks the others on their own runner (``outdated --entry``)."""
+    if cfg.target.device.value != "cuda":
+        return True
+    from pipeline.config import local_gpu
+
+    gpu = local_gpu()
+    return gpu is not None and gpu["sm"] == int(cfg.target.sm)
 
 
 def _hub_changes(cfg) -> list[str]:

@@ -168,6 +168,34 @@ def test_rebuild_plan_step_outputs_only_include_and_summarises_the_excluded(tmp_
     assert proc.returncode != 0 and "set the repository variable BUNDLE_DEST" in proc.stderr
 
 
+def test_rebuild_build_job_judges_its_entry_on_its_runner_and_skips_a_published_one(tiny_build, tmp_path):
+    """Runs the build job's `fresh` step as the runner would: the published tiny build is up to date (no cache
+    restore, no build); a changed calibration setting makes it outdated."""
+    import yaml
+
+    step = _workflow_step("build", "fresh")
+    root = tmp_path / "r"
+    shutil.copytree(tiny_build, root)
+    (root / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    for extra, expected in (([], "false"), (["quant.calib.num_samples=8"], "true")):
+        out = tmp_path / f"github_output{len(extra)}"
+        env = cli_env(root, OVERRIDES=json.dumps([*TINY, f"paths.root={root}", *extra]), GITHUB_OUTPUT=str(out))
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert out.read_text().splitlines() == [f"outdated={expected}"], proc.stdout
+    steps = yaml.safe_load((REPO / ".github" / "workflows" / "rebuild.yml").read_text())["jobs"]["build"]["steps"]
+    gated = [s.get("name") or s.get("uses") for s in steps if "steps.fresh.outputs.outdated == 'true'" in str(s.get("if"))]
+    assert gated == ["actions/cache@v5", "build (fails on a gate breach)", "actions/upload-artifact@v6"]
+
+
+def test_matrix_outdated_defers_gpu_entries_to_their_runner(tmp_path):
+    proc = run_cli("matrix", "default", "--outdated", f"publish.dest={tmp_path / 'p'}", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["include"]) == 6
+    assert proc.stderr.count("deferred model=qwen32b") == 6 and "judged on its runner" in proc.stderr
+
+
 def test_outdated_lists_changed_entries_only(tiny_build, tmp_path):
     root = tmp_path / "o"
     shutil.copytree(tiny_build, root)
