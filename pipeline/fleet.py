@@ -134,21 +134,27 @@ def judged_here(cfg) -> bool:
 
 
 def _hub_changes(cfg) -> list[str]:
-    """A moved branch on the Hub (only for ``hf://...@branch`` sources, and only when online)."""
-    import os
-
-    from pipeline.stages.fetch import parse_source
+    """A branch or tag on the Hub that now points elsewhere than the published bundle's commit (``hf://...@branch``
+    sources; the fetch fingerprint carries the resolved commit too, so the rebuild fetches the new one)."""
+    from pipeline.stages.fetch import parse_source, resolve_revision
 
     kind, repo, rev = parse_source(cfg.model.source)
-    if kind != "hf" or os.environ.get("HF_HUB_OFFLINE") == "1" or (rev and len(rev) == 40):
+    if kind != "hf" or (rev and len(rev) == 40):
         return []
-    try:
-        from huggingface_hub import HfApi
+    sha = resolve_revision(repo, rev)
+    published = _published_revision(cfg)
+    if sha == "unresolved" or published is None or sha == published:
+        return []
+    return [f"{repo}@{rev or 'main'} now resolves to {sha[:12]} (published from {published[:12]})"]
 
-        sha = HfApi().model_info(repo, revision=rev).sha
+
+def _published_revision(cfg) -> str | None:
+    try:
+        fs, base = _published_base(cfg)
+        version = fs.cat_file(f"{base}/latest").decode().strip()
+        return json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))["model"].get("revision")
     except Exception:
-        return []
-    return [f"{repo}@{rev or 'main'} now resolves to {sha[:12]}"]
+        return None
 
 
 def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:

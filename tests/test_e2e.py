@@ -163,6 +163,28 @@ def test_hf_source_through_a_local_stand_in_for_the_hub(tiny_build, tmp_path):
     assert missing.returncode == 2 and "error: " in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_a_moved_hub_branch_changes_the_fetch_fingerprint(tiny_build, tmp_path):
+    """``hf://...@main`` follows the branch: the commit it resolves to (here from the local cache standing in for the
+    Hub, offline) is part of the fetch fingerprint, so a moved branch re-fetches and everything downstream rebuilds."""
+    hub = tmp_path / "hf-home" / "hub" / "models--acme--tiny"
+    fetched = _outputs(tiny_build)["fetch"]
+    for sha in ("1" * 40, "2" * 40):
+        shutil.copytree(fetched, hub / "snapshots" / sha, ignore=shutil.ignore_patterns("manifest.json"))
+    (hub / "refs").mkdir()
+    root = tmp_path / "b"
+    env = cli_env(root, HF_HOME=str(tmp_path / "hf-home"))
+    args = ("build", *TINY, "model.source=hf://acme/tiny@main", "until=fetch")
+    plans = []
+    for sha in ("1" * 40, "1" * 40, "2" * 40):
+        (hub / "refs" / "main").write_text(sha)
+        proc = run_cli(*args, root=root, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        m = json.loads((_outputs_label(root, "fetch") / "manifest.json").read_text())
+        plans.append((statuses(root)["fetch"], m["fingerprint"], m["result"]["resolved_sha"]))
+    assert [p[0] for p in plans] == ["ran", "cached", "ran"]
+    assert plans[0][1] == plans[1][1] != plans[2][1] and plans[2][2] == "2" * 40
+
+
 def _outputs_label(root: Path, stage: str) -> Path:
     return {r["stage"]: Path(r["output"]) for r in report(root)["stages"]}[stage]
 

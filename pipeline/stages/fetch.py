@@ -119,7 +119,7 @@ def env_check(cfg: DictConfig) -> list[str]:
 
 def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
     """Digests of local inputs, so a changed GGUF file or local checkpoint re-runs fetch."""
-    kind, loc, _ = parse_source(cfg.model.source)
+    kind, loc, rev = parse_source(cfg.model.source)
     if kind == "gguf":
         return {"gguf_sha256": store.file_digest_cached(gguf_path(loc), store_dir)}
     if kind == "local":
@@ -132,7 +132,31 @@ def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
         from pipeline import calib
 
         return {"corpus_sha256": calib.dataset_digest("builtin")}
+    if kind == "hf" and not (rev and len(rev) == 40):  # a branch or tag: the commit it points to now
+        return {"resolved_sha": resolve_revision(loc, rev)}
     return {}
+
+
+def resolve_revision(repo: str, rev: str | None) -> str:
+    """The commit a branch or tag points to: asked of the Hub when online, else read from the local Hugging Face
+    cache (what the last download resolved), else ``unresolved`` (fetch then needs the Hub anyway)."""
+    if not _offline():
+        try:
+            from huggingface_hub import HfApi
+
+            sha = HfApi().model_info(repo, revision=rev).sha
+            if sha:
+                return sha
+        except Exception:  # unreachable, or an error fetch will report with its fix
+            pass
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model") / "refs" / (rev or "main")
+    try:
+        return ref.read_text().strip()
+    except OSError:
+        return "unresolved"
 
 
 def _check_checkpoint(d: Path, source: str) -> None:
