@@ -14,7 +14,7 @@ from pipeline import config
 from pipeline.errors import UserError
 from pipeline.stages.package import ENGINE_REL, render_repository
 from pipeline.triton import lint, server
-from tests.conftest import TINY, run_cli, statuses
+from tests.conftest import TINY, report, run_cli, statuses
 
 LABEL = "tiny-qwen3.fp8-kvfp8.cpu.reference"
 
@@ -363,9 +363,18 @@ def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path, 
         for lv in rows:
             lv[key] *= factor
     bundle.write_text(json.dumps(doc))
-    proc = run_cli("build", *TINY, "force=[bench]", "bench.gates.regression_pct=25", root=root)
+    proc = run_cli("build", *TINY, "force=[bench]", "bench.gates.regression_pct=25",
+                   "bench.gates.regression_on_cpu=true", root=root)
     assert proc.returncode == 1
     assert re.search(expected, proc.stderr), proc.stderr[-2000:]
+    if key == "output_tokens_per_s":  # by default a CPU target reports the regression without failing on it
+        proc = run_cli("build", *TINY, "force=[bench]", "bench.gates.regression_pct=25", root=root)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
+        gates = json.loads((out / "bench.json").read_text())["gates"]
+        assert gates["verdict"] == "pass" and not gates["regressions_gated"]
+        assert any(re.search(expected, x) for x in gates["regressions"]), gates
+        assert "Slower than the previous bundle (reported only" in (out / "bench.md").read_text()
 
 
 def test_external_launcher_uses_a_running_server(tiny_build, tmp_path):
@@ -376,8 +385,6 @@ def test_external_launcher_uses_a_running_server(tiny_build, tmp_path):
                        f"serve.url={s.grpc_url}", root=root)
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert statuses(root)["bench"] == "ran"
-    from tests.conftest import report
-
     out = next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
     assert json.loads((out / "bench.json").read_text())["launcher"] == "external"
 

@@ -201,7 +201,7 @@ def gates(cfg, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[
             if g.min_output_tokens_per_s is not None and tps < g.min_output_tokens_per_s:
                 breaches.append(f"{where}: output {tps:.1f} tokens/s < {g.min_output_tokens_per_s} "
                                 f"(-{100 * (1 - tps / g.min_output_tokens_per_s):.0f}%)")
-    compared = 0
+    compared, regressions = 0, []
     if previous and g.regression_pct is not None:
         for wname, rows in (previous.get("workloads") or {}).items():
             cur = {lv["concurrency"]: summary_row(lv) for lv in result["workloads"].get(wname, {}).get("levels", [])}
@@ -217,15 +217,23 @@ def gates(cfg, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[
                         continue
                     change = 100 * (n / o - 1)
                     if (change > g.regression_pct) if worse_if_higher else (-change > g.regression_pct):
-                        breaches.append(f"{where}: {label} {n:.1f} vs {o:.1f} in the previous bundle "
-                                        f"({change:+.0f}%, allowed {g.regression_pct:g}%)")
-    return {"breaches": breaches, "compared_with_previous_levels": compared, "verdict": "fail" if breaches else "pass"}
+                        regressions.append(f"{where}: {label} {n:.1f} vs {o:.1f} in the previous bundle "
+                                           f"({change:+.0f}%, allowed {g.regression_pct:g}%)")
+    gated = cfg.target.device.value == "cuda" or bool(g.regression_on_cpu)
+    if gated:
+        breaches += regressions
+    return {"breaches": breaches, "compared_with_previous_levels": compared, "regressions": regressions,
+            "regressions_gated": gated, "verdict": "fail" if breaches else "pass"}
 
 
 def markdown(model: str, r: dict[str, Any]) -> str:
     lines = [f"# bench: {model}", "", f"Entry point `{r['model']}`, launcher {r['launcher']}, server start "
              f"{r.get('server_start_s')} s. Gate: **{r['gates']['verdict']}**", ""]
     lines += [f"- {b}" for b in r["gates"]["breaches"]]
+    if r["gates"].get("regressions") and not r["gates"].get("regressions_gated"):
+        lines += ["", "Slower than the previous bundle (reported only: on target=cpu, set "
+                  "bench.gates.regression_on_cpu=true to fail on it):", ""]
+        lines += [f"- {x}" for x in r["gates"]["regressions"]]
     if r["answers"]:
         lines += ["", "| answer check | expected | output | result |", "|---|---|---|---|"]
         for a in r["answers"]:
