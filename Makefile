@@ -20,7 +20,7 @@ setup: $(STAMP)
 build: $(STAMP)
 	$(PY) -m pipeline build
 
-# Two steps: the default run (`not slow`, ~5 min on 2 cores), then the slow tests (the SmolLM2 default build,
+# Two steps: the default run (`not slow`, ~6 min on 2 cores), then the slow tests (the SmolLM2 default build,
 # kill -9 injection, the soak run, server faults; ~6 min). `make test` runs both, as CI does.
 test: test-fast test-slow
 

@@ -409,9 +409,6 @@ def cmd_outdated(args: list[str], as_json: bool) -> int:
     name, overrides = _matrix_args(args)
     keep, _ = fleet.entries(name, overrides)
     stale = fleet.outdated(keep)
-    for e, k in zip(stale, [k for k in keep if tuple(k["overrides"]) in {tuple(s["overrides"]) for s in stale}]):
-        if not fleet.judged_here(k["_cfg"]):
-            e["why"].append("judged here without its GPU: library versions can differ on its runner")
     if as_json:
         print(json.dumps(stale, indent=2))
     else:

@@ -70,9 +70,9 @@ def _published_base(cfg) -> tuple[Any, str]:
                 f"{cfg.runtime.name.value}")
 
 
-def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
-    """(version, lineage) of the entry's ``latest`` published bundle, or of its newest complete version when none
-    passed. A version without ``bundle.json`` (an interrupted upload) counts as absent."""
+def published_bundle(cfg) -> tuple[str | None, dict[str, Any] | None]:
+    """(version, bundle.json) of the entry's ``latest`` published bundle, or of its newest complete version when
+    none passed. A version without ``bundle.json`` (an interrupted upload) counts as absent."""
     from pipeline.bundle import current_version
 
     fs, base = _published_base(cfg)
@@ -80,7 +80,7 @@ def published_lineage(cfg) -> tuple[str | None, dict[str, str] | None]:
     if version is None:
         return None, None
     try:
-        return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json")).get("lineage")
+        return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None, None
 
@@ -98,7 +98,8 @@ def entry_status(cfg) -> dict[str, Any]:
     why = _hub_changes(cfg)
     if fs.exists(f"{base}/{version}/bundle.json") and not why:
         return {"version": version, "published": version, "outdated": False, "why": []}
-    last, lineage = published_lineage(cfg)
+    last, doc = published_bundle(cfg)
+    lineage = (doc or {}).get("lineage")
     if lineage is None:
         why.append("never published")
     else:
@@ -116,6 +117,8 @@ def outdated(keep: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in keep:
         st = entry_status(e["_cfg"])
         if st["outdated"]:
+            if not judged_here(e["_cfg"]):
+                st["why"].append("judged here without its GPU: library versions can differ on its runner")
             out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": st["published"],
                         "version": st["version"], "why": st["why"]})
     return out
@@ -142,19 +145,10 @@ def _hub_changes(cfg) -> list[str]:
     if kind != "hf" or (rev and len(rev) == 40):
         return []
     sha = resolve_revision(repo, rev)
-    published = _published_revision(cfg)
+    published = ((published_bundle(cfg)[1] or {}).get("model") or {}).get("revision")
     if sha == "unresolved" or published is None or sha == published:
         return []
     return [f"{repo}@{rev or 'main'} now resolves to {sha[:12]} (published from {published[:12]})"]
-
-
-def _published_revision(cfg) -> str | None:
-    try:
-        fs, base = _published_base(cfg)
-        version = fs.cat_file(f"{base}/latest").decode().strip()
-        return json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))["model"].get("revision")
-    except Exception:
-        return None
 
 
 def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Sources (``model.source``):
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -100,21 +101,30 @@ def env_check(cfg: DictConfig) -> list[str]:
     if _offline():
         return [f"hf://{repo}@{rev or 'main'}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1; "
                 f"fetch it once with the Hub reachable (or point HF_HOME at a cache that has it)"]
-    import os
-
     from huggingface_hub import auth_check
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     try:
         auth_check(repo)
-    except GatedRepoError:
-        has = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "set HF_TOKEN"
-        return [f"{repo} is gated: {has} (accept the licence on the Hub first)"]
-    except RepositoryNotFoundError:
-        return [f"{repo}: repository not found on the Hub (or private: set HF_TOKEN)"]
-    except Exception:  # Hub unreachable or slow: fetch reports what it finds
-        return []
+    except Exception as exc:  # a definite answer from the Hub is refused now; an unreachable Hub is left to fetch
+        why = _hub_refusal(repo, rev, exc)
+        return [why] if why else []
     return []
+
+
+def _hub_refusal(repo: str, rev: str | None, exc: Exception) -> str | None:
+    """The one-line reason for a Hub error that no retry fixes (gated, missing repo or revision), else None."""
+    import os
+
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(exc, GatedRepoError):  # a subclass of RepositoryNotFoundError: test it first
+        has = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "set HF_TOKEN"
+        return f"{repo} is gated: {has} (accept the licence on the Hub first)"
+    if isinstance(exc, RepositoryNotFoundError):
+        return f"{repo}: repository not found on the Hub (or private: set HF_TOKEN)"
+    if isinstance(exc, RevisionNotFoundError):
+        return f"{repo}: revision {rev!r} not found"
+    return None
 
 
 def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
@@ -137,6 +147,7 @@ def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
     return {}
 
 
+@functools.lru_cache(maxsize=None)
 def resolve_revision(repo: str, rev: str | None) -> str:
     """The commit a branch or tag points to: asked of the Hub when online, else read from the local Hugging Face
     cache (what the last download resolved), else ``unresolved`` (fetch then needs the Hub anyway)."""
@@ -171,25 +182,20 @@ def _check_checkpoint(d: Path, source: str) -> None:
 
 
 def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
-    import os
-
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         with status(f"downloading {repo}@{rev or 'main'}"):
             snap = Path(snapshot_download(repo, revision=rev,  # the standard HF cache (HF_HOME)
                                           allow_patterns=WEIGHT_PATTERNS + META_PATTERNS))
-    except GatedRepoError as exc:
-        has = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "set HF_TOKEN"
-        raise UserError(f"{repo} is gated: {has} (accept the licence on the Hub first)") from exc
-    except RepositoryNotFoundError as exc:
-        raise UserError(f"{repo}: repository not found on the Hub (or private: set HF_TOKEN)") from exc
-    except RevisionNotFoundError as exc:
-        raise UserError(f"{repo}: revision {rev!r} not found") from exc
     except LocalEntryNotFoundError as exc:
         raise UserError(f"{repo}@{rev}: not in the local cache and the Hub is unreachable or HF_HUB_OFFLINE=1") from exc
+    except Exception as exc:
+        why = _hub_refusal(repo, rev, exc)
+        if why is None:
+            raise
+        raise UserError(why) from exc
     _check_checkpoint(snap, f"hf://{repo}")
     _check_cached_blobs(repo, rev, snap)
     for p in sorted(snap.rglob("*")):
@@ -234,8 +240,7 @@ def checkpoint_files(src: Path) -> list[Path]:
 
 def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
     src = Path(loc).expanduser().resolve()
-    _check_checkpoint(src, loc)
-    _check_no_escape(src, loc)
+    _check_no_escape(src, loc)  # checked at plan time too; the copy must not follow a link made since
     for p in checkpoint_files(src):
         store.link_or_copy(p, ctx.out / p.relative_to(src))
     return {"kind": "local", "path": str(src)}
