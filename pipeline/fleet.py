@@ -73,16 +73,17 @@ def _published_base(cfg) -> tuple[Any, str]:
 def published_bundle(cfg) -> tuple[str | None, dict[str, Any] | None]:
     """(version, bundle.json) of the entry's ``latest`` published bundle, or of its newest complete version when
     none passed. A version without ``bundle.json`` (an interrupted upload) counts as absent."""
-    from pipeline.bundle import current_version
+    from pipeline.bundle import current_version, store_errors
 
     fs, base = _published_base(cfg)
-    version = current_version(fs, base)
-    if version is None:
-        return None, None
-    try:
-        return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None, None
+    with store_errors(f"publish.dest={cfg.publish.dest}", "reading the published bundles"):
+        version = current_version(fs, base)
+        if version is None:
+            return None, None
+        try:
+            return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None, None
 
 
 def entry_status(cfg) -> dict[str, Any]:
@@ -94,9 +95,13 @@ def entry_status(cfg) -> dict[str, Any]:
 
     planned = runner.plan(cfg, _stages())
     version = f"v{planned[-1].fingerprint[:12]}"
+    from pipeline.bundle import store_errors
+
     fs, base = _published_base(cfg)
     why = _hub_changes(cfg)
-    if fs.exists(f"{base}/{version}/bundle.json") and not why:
+    with store_errors(f"publish.dest={cfg.publish.dest}", "reading the published bundles"):
+        published = fs.exists(f"{base}/{version}/bundle.json")
+    if published and not why:
         return {"version": version, "published": version, "outdated": False, "why": []}
     last, doc = published_bundle(cfg)
     lineage = (doc or {}).get("lineage")
@@ -188,7 +193,7 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
 def published_references(dest: str) -> set[str]:
     """Every stage fingerprint named in the lineage of a complete version under ``dest``
     (``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/bundle.json``)."""
-    from pipeline.bundle import _fs
+    from pipeline.bundle import _fs, redact
 
     fs, root = _fs(dest)
     try:
@@ -196,7 +201,9 @@ def published_references(dest: str) -> set[str]:
     except FileNotFoundError:
         return set()
     except Exception as exc:  # an unreadable destination must not make referenced outputs look orphaned
-        raise UserError(f"gc: cannot list publish.dest={dest} ({type(exc).__name__}: {exc}); nothing removed") from exc
+        why = " ".join(str(exc).split())[:300]
+        raise UserError(f"gc: cannot list publish.dest={redact(dest)} ({type(exc).__name__}: {why}); nothing "
+                        f"removed") from exc
     out: set[str] = set()
     for path in found:
         try:

@@ -26,14 +26,18 @@ def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(*args: str, root: Path, env: dict[str, str] | None = None, timeout: float = 900,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m pipeline ARGS paths.root=ROOT`` in a subprocess; returns the completed process."""
+            cwd: Path | None = None, raw: bool = False) -> subprocess.CompletedProcess:
+    """``python -m pipeline ARGS paths.root=ROOT`` in a subprocess; returns the completed process (with ``raw``, its
+    output is decoded as written: carriage returns are kept, not turned into newlines)."""
     root.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pipeline", *args]
     if args and args[0] not in ("validate", "lint", "verify", "diff", "matrix"):
         cmd.append(f"paths.root={root}")
-    return subprocess.run(cmd, cwd=cwd or root, env=env or cli_env(root), capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=cwd or root, env=env or cli_env(root), capture_output=True, text=not raw,
                           timeout=timeout)
+    if raw:
+        proc.stdout, proc.stderr = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+    return proc
 
 
 def report(root: Path, label: str = "tiny-qwen3.fp8-kvfp8.cpu.reference") -> dict:
@@ -45,12 +49,29 @@ def statuses(root: Path, label: str = "tiny-qwen3.fp8-kvfp8.cpu.reference") -> d
 
 
 @pytest.fixture(scope="session")
-def tiny_build(tmp_path_factory) -> Path:
-    """One full tiny-qwen3 build through every stage, shared by the end-to-end tests (read-only for them)."""
-    root = tmp_path_factory.mktemp("tiny-build")
-    proc = run_cli("build", *TINY, root=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root
+def tiny_build_run(tmp_path_factory) -> tuple[Path, dict]:
+    """One full tiny-qwen3 build through every stage, run non-interactively (output captured), shared by the
+    end-to-end tests (read-only for them) and, under pytest-xdist, by every worker of the run (built once, under a
+    file lock). -> (output root, {"returncode", "stdout", "stderr"} of the CLI)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the directory every worker's base temp lies in
+    root, done = base / "tiny-build", base / "tiny-build.json"
+    with FileLock(str(base / "tiny-build.lock")):
+        if not done.is_file():
+            proc = run_cli("build", *TINY, root=root, raw=True)
+            done.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}))
+    out = json.loads(done.read_text())
+    assert out["returncode"] == 0, out["stderr"][-3000:]
+    return root, out
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tiny_build_run) -> Path:
+    """The shared tiny-qwen3 build's output root (read-only for the tests)."""
+    return tiny_build_run[0]
 
 
 @pytest.fixture(autouse=True)

@@ -27,8 +27,10 @@ def test_every_shipped_template_names_its_placeholders_and_parses_when_filled():
 
     for tmpl in MODELS_DIR.glob("*/config.pbtxt.tmpl"):
         ids = string.Template(tmpl.read_text()).get_identifiers()
-        values = {k: ("true" if "mode" in k else "x" if "dir" in k or k in ("dtype", "device", "triton_backend",
-                                                                           "batching_strategy") or "type" in k
+        values = {k: ("true" if "mode" in k else "TYPE_FP32" if k.endswith(("_datatype", "_data_type"))
+                      else "x" if "dir" in k or k in ("dtype", "device", "triton_backend", "batching_strategy",
+                                                      "batch_scheduler_policy", "guided_decoding_backend",
+                                                      "xgrammar_tokenizer_info_path", "gpu_device_ids")
                       else 1) for k in ids}
         cfg = parse_model_config(render(tmpl.read_text(), values, name=tmpl.parent.name))
         assert cfg.name == tmpl.parent.name.split(".")[0]  # tensorrt_llm.<layout> renders model tensorrt_llm

@@ -90,7 +90,7 @@ def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [out/2, in] -> int8 [out, in]: low nibble is output row 2k, high nibble row 2k+1 (signed)."""
     lo = (packed & 0x0F).to(torch.int8)
     hi = (packed >> 4).to(torch.int8)
-    out = torch.empty(packed.shape[0] * 2, packed.shape[1], dtype=torch.int8)
+    out = torch.empty(packed.shape[0] * 2, packed.shape[1], dtype=torch.int8, device=packed.device)
     out[0::2] = torch.where(lo > 7, lo - 16, lo)
     out[1::2] = torch.where(hi > 7, hi - 16, hi)
     return out
@@ -98,10 +98,10 @@ def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
 
 def unpack_e2m1_cols(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [out, in/2] -> float32 [out, in] e2m1 values: low nibble first along the input dim."""
-    idx = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.long)
+    idx = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.long, device=packed.device)
     idx[:, 0::2] = (packed & 0x0F).long()
     idx[:, 1::2] = (packed >> 4).long()
-    return torch.tensor(E2M1_VALUES)[idx]
+    return torch.tensor(E2M1_VALUES, device=packed.device)[idx]
 
 
 def dequantize_weight(algo: str, t: dict[str, torch.Tensor], group_size: int | None) -> torch.Tensor:
@@ -207,32 +207,37 @@ def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "c
     config = AutoConfig.from_pretrained(ckpt)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(shard), framework="pt", device="cpu") as f:
-            for k in f.keys():
-                tensors[k] = f.get_tensor(k)
+    # Tensors are read one at a time from memory-mapped shards and dequantized on ``device``: the host never holds
+    # the whole checkpoint, and no second copy of the model is made.
+    handles = [safe_open(str(shard), framework="pt", device="cpu") for shard in sorted(ckpt.glob("*.safetensors"))]
+    where = {k: h for h in handles for k in h.keys()}
+
+    def take(key: str) -> torch.Tensor:
+        return where.pop(key).get_tensor(key).to(device)
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
 
     kv_scaled = False
     for name, mod in list(model.named_modules()):
-        if isinstance(mod, nn.Linear) and f"{name}.weight_scale" in tensors:
-            parts = {k: tensors.pop(f"{name}.{k}") for k in
+        if isinstance(mod, nn.Linear) and f"{name}.weight_scale" in where:
+            parts = {k: take(f"{name}.{k}") for k in
                      ("weight", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "bias")
-                     if f"{name}.{k}" in tensors}
+                     if f"{name}.{k}" in where}
             new = QuantLinear(algo, parts, group_size, dtype)
+            del parts
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, new)
         for kind in ("k", "v"):
             key = f"{name}.{kind}_proj.{kind}_scale"
-            if key in tensors:
-                setattr(mod, f"kv_{kind}_scale", tensors.pop(key).float())
+            if key in where:
+                setattr(mod, f"kv_{kind}_scale", take(key).float())
                 mod.kv_format = kv_algo
                 kv_scaled = True
 
+    tensors = {k: take(k) for k in list(where)}
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    del tensors
     if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
         model.tie_weights()
         missing = [m for m in missing if not m.startswith("lm_head.")]

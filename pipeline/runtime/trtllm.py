@@ -78,6 +78,19 @@ def require(runtime: str, expected_version: str | None, info: TrtllmInfo | None 
     return info
 
 
+def generation_problems(check: dict[str, Any], requested: int) -> list[str]:
+    """The build's load-and-generate check, on its plain result (``completion``, ``tokens``): the runtime must
+    generate exactly ``requested`` new tokens (the check asks for them with EOS ignored) and non-empty text."""
+    problems = []
+    tokens = check.get("tokens")
+    if not isinstance(tokens, int) or tokens != requested:
+        problems.append(f"generated {tokens} tokens, {requested} requested")
+    text = check.get("completion")
+    if not isinstance(text, str) or not text.strip():
+        problems.append(f"generated no text (completion {text!r})")
+    return problems
+
+
 def _bool(v: bool) -> str:
     return "enable" if v else "disable"
 

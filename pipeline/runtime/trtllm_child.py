@@ -1,7 +1,9 @@
 """Child process for TensorRT-LLM work: ``python -m pipeline.runtime.trtllm_child SPEC.json``.
 
 Runs the engine build (``trtllm-build``) and/or a load-and-generate check, so that GPU memory is returned when it
-exits. Prints one JSON line (the result) last on stdout; exits non-zero with the error on stderr.
+exits. Prints one JSON line (the result) last on stdout; exits non-zero with the error on stderr. The check asks for
+``check_tokens`` greedy tokens with EOS ignored (``SamplingParams.ignore_eos``, tensorrt_llm/sampling_params.py)
+and fails unless that many tokens and non-empty text come back (``trtllm.generation_problems``).
 """
 from __future__ import annotations
 
@@ -14,11 +16,18 @@ import time
 def _generate(llm, prompt: str, max_tokens: int) -> dict:
     from tensorrt_llm import SamplingParams
 
+    from pipeline.runtime.trtllm import generation_problems
+
     t0 = time.perf_counter()
-    out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     first = out[0].outputs[0]
-    return {"prompt": prompt, "completion": first.text, "tokens": len(first.token_ids),
-            "seconds": round(time.perf_counter() - t0, 3)}
+    check = {"prompt": prompt, "completion": first.text, "tokens": len(first.token_ids),
+             "requested_tokens": max_tokens, "seconds": round(time.perf_counter() - t0, 3)}
+    problems = generation_problems(check, max_tokens)
+    if problems:
+        print(json.dumps({"check": check}), flush=True)
+        raise SystemExit(f"load-and-generate check failed: {'; '.join(problems)}")
+    return check
 
 
 def engine(spec: dict) -> dict:

@@ -36,7 +36,7 @@ def run(ctx: Context) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.runtime import reference
+    from pipeline.runtime import reference, trtllm
 
     src = ctx.inputs["quantize"] / "checkpoint"
     engine = ctx.out / "engine"
@@ -57,8 +57,11 @@ def run(ctx: Context) -> dict[str, Any]:
     out = list(reference.generate(model, ids, rt.check_tokens))
     gen_s = time.perf_counter() - t0
     text = tok.decode(out, skip_special_tokens=True)
-    if len(out) == 0:
-        raise StageFailed("reference runtime generated no tokens from the built engine")
+    check_result = {"prompt": rt.check_prompt, "completion": text, "tokens": len(out),
+                    "requested_tokens": rt.check_tokens}
+    problems = trtllm.generation_problems(check_result, rt.check_tokens)
+    if problems:
+        raise StageFailed(f"reference runtime load-and-generate check on {device}: " + "; ".join(problems))
 
     record = {
         "runtime": rt.name.value,
@@ -71,7 +74,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "build_settings": to_plain(ctx.cfg.build),
         "capacity": planning.summary(ctx.cfg),
         "versions": lib_versions(("torch", "transformers", "safetensors")),
-        "check": {"prompt": rt.check_prompt, "completion": text, "tokens": len(out),
+        "check": {**check_result, "pass": True,
                   "load_s": round(load_s, 3), "tokens_per_s": round(len(out) / max(gen_s, 1e-9), 2)},
     }
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -118,12 +121,16 @@ def run_trtllm(ctx: Context) -> dict[str, Any]:
         publish_timing_cache(ctx.out / TIMING_CACHE, timing_cache_path(ctx.paths["store"], int(cfg.target.sm),
                                                                        info.tensorrt))
     child = json.loads(proc.stdout.strip().splitlines()[-1])
+    problems = trtllm.generation_problems(child.get("check") or {}, int(cfg.runtime.check_tokens))
+    if problems:  # the child checks too; a result that still falls short is never recorded as a pass
+        raise StageFailed(f"{rt} load-and-generate check on {cfg.target.name}: " + "; ".join(problems))
     record = {"runtime": rt, "target": cfg.target.name, "sm": int(cfg.target.sm), "gpu_name":
               child["versions"].get("gpu"), "versions": {"tensorrt_llm": info.version, "tensorrt": info.tensorrt,
                                                          "cuda": child["versions"].get("cuda"),
                                                          "driver": child["versions"].get("driver")},
               "tp": tp, "pp": pp, "build_settings": build, "capacity": planning.summary(cfg),
-              "container": cfg.runtime.container, "check": child["check"]}
+              "container": cfg.runtime.container,
+              "check": {**child["check"], "requested_tokens": int(cfg.runtime.check_tokens), "pass": True}}
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return {"engine_dir": "engine", "check": child["check"], "versions": record["versions"]}
 

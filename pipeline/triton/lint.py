@@ -3,17 +3,25 @@
 Rules (each finding is one line naming the file and the fix):
 
 1. every ``config.pbtxt`` parses against Triton's protobuf ``ModelConfig`` and has no unfilled ``${placeholder}``;
-2. every ensemble step names a model in the repository, maps tensors that exist with matching data types, feeds
+2. every model of upstream's layout (``inflight_batcher_llm`` or ``llmapi``, recorded in ``pipeline/upstream`` for
+   the repository's TensorRT-LLM line) has upstream's inputs and outputs, with upstream's data type, dims, optional
+   flag and reshape, and sets every parameter its backend or ``model.py`` reads without a fallback
+   (``gpt_model_path``, ``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``, ...);
+3. every ensemble step names a model in the repository, maps tensors that exist with matching data types, feeds
    every required input, and the ensemble's outputs are produced;
-3. batch sizes agree: an ensemble's ``max_batch_size`` is at most each step model's, and the ``tensorrt_llm`` model's
+4. batch sizes agree: an ensemble's ``max_batch_size`` is at most each step model's, and the ``tensorrt_llm`` model's
    at most the engine's ``build_config.max_batch_size``;
-4. streaming implies decoupled: a model with a ``stream``/``streaming`` input is decoupled, an ensemble streams only
-   through a decoupled step, and the backend's ``decoupled_mode`` parameter agrees with the transaction policy;
-5. ``tokenizer_dir`` and ``engine_dir`` exist, and the engine holds ``rank{N}.engine`` for its world size; a path is
-   relative to the repository root, or absolute under the repository itself or under the repository's mount in the
-   serving container (``repo_mount``, ``serve.repo_mount``), and any other absolute path is a finding;
-6. the engine's TRT-LLM version (its ``config.json``) is the serving container's, when that is known;
-7. an ``llmapi`` model's ``model.yaml`` points at a checkpoint that exists and agrees with ``config.pbtxt``.
+5. decoupled and unary repositories are both valid (upstream's quick start is unary); the backend's ``decoupled_mode``
+   parameter agrees with the transaction policy;
+6. path parameters (``gpt_model_path``, ``tokenizer_dir``, the reference runtime's ``engine_dir``) exist, and the
+   engine holds ``rank{N}.engine`` for its world size; a path is relative to the repository root, or absolute under the
+   repository itself or under the repository's mount in the serving container (``repo_mount``, ``serve.repo_mount``),
+   and any other absolute path is a finding;
+7. the engine's TRT-LLM version (its ``config.json``) is the serving container's (``trtllm_version``, or the version
+   upstream pairs with ``container``);
+8. an ``llmapi`` model takes ``max_batch_size`` and decoupled mode from ``model.yaml``'s ``triton_config`` (not from
+   ``config.pbtxt``, as upstream), its ``model`` is an absolute path that exists in the repository, and N instances
+   name N GPU sets in ``gpu_device_ids``.
 """
 from __future__ import annotations
 
@@ -23,12 +31,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipeline import upstream
 from pipeline.errors import UserError
 from pipeline.triton.render import parse_model_config
 
-STREAM_INPUTS = ("stream", "streaming")
 REPO_MOUNT = "/models"  # serve.repo_mount's default: where the serving container mounts the repository
-PATH_PARAMS = ("tokenizer_dir", "engine_dir")
+PATH_PARAMS = ("tokenizer_dir", "gpt_model_path", "engine_dir")
 
 
 def _resolve(repo: Path, value: str, mount: str) -> Path | None:
@@ -90,6 +98,63 @@ def _params(cfg) -> dict[str, str]:
     return {k: v.string_value for k, v in cfg.parameters.items()}
 
 
+def layout_of(dirs: dict[str, Path]) -> str:
+    """``llmapi`` when the ``tensorrt_llm`` model is driven by a ``1/model.yaml``, else ``inflight_batcher_llm``."""
+    llm = dirs.get("tensorrt_llm")
+    return "llmapi" if llm is not None and (llm / "1" / "model.yaml").is_file() else "inflight_batcher_llm"
+
+
+# ------------------------------------------------------------------------------------------ upstream conformance
+def _tensor_view(t, is_input: bool) -> dict[str, Any]:
+    v: dict[str, Any] = {"data_type": _dtype(t.data_type), "dims": [int(d) for d in t.dims],
+                         "reshape": [int(d) for d in t.reshape.shape] if t.HasField("reshape") else None}
+    if is_input:
+        v["optional"] = bool(t.optional)
+    return v
+
+
+def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any]) -> list[str]:
+    """Differences between one model's config and upstream's recorded interface for it: missing, extra or different
+    tensors, required parameters that are absent or empty."""
+    rel = f"{name}/config.pbtxt"
+    src = recorded.get("source") or {}
+    where = f"{src.get('repo', 'upstream')} {src.get('path', '')} @ {str(src.get('commit', ''))[:10]}".strip()
+    out = []
+    for kind, have in (("inputs", cfg.input), ("outputs", cfg.output)):
+        is_input = kind == "inputs"
+        want = {t["name"]: t for t in recorded.get(kind, [])}
+        got = {t.name: t for t in have}
+        for tname in want:
+            if tname not in got:
+                out.append(f"{rel}: upstream {kind[:-1]} \"{tname}\" is missing (clients of {where} send/expect it); "
+                           f"add it with data_type {want[tname]['data_type']} dims {want[tname]['dims']}")
+                continue
+            w, g = want[tname], _tensor_view(got[tname], is_input)
+            if not str(w["data_type"]).startswith("${") and w["data_type"] != g["data_type"]:
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" is {g['data_type']}, upstream has {w['data_type']}")
+            if list(w["dims"]) != g["dims"]:
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" dims {g['dims']}, upstream has {list(w['dims'])}")
+            if (list(w["reshape"]) if "reshape" in w else None) != g["reshape"]:
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" reshape {g['reshape']}, upstream has {w.get('reshape')}")
+            if is_input and bool(w.get("optional")) != g["optional"]:
+                out.append(f"{rel}: input \"{tname}\" optional={str(g['optional']).lower()}, upstream has "
+                           f"optional={str(bool(w.get('optional'))).lower()}")
+        for tname in got:
+            if tname not in want:
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" is not in upstream's interface ({where}); remove it")
+    params = _params(cfg)
+    for key in reads.get("required", []):
+        if key not in params:
+            out.append(f"{rel}: required parameter \"{key}\" is missing; the {cfg.backend or cfg.platform} model "
+                       f"reads it unconditionally ({(reads.get('source') or {}).get('path', where)}); set it")
+    if name == "tensorrt_llm" and "gpt_model_path" in params and not params["gpt_model_path"].strip() \
+            and not params.get("encoder_model_path", "").strip():
+        out.append(f"{rel}: gpt_model_path is empty (\"Both encoder and decoder model paths are empty\"); set it to "
+                   f"the engine directory")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- ensembles
 def check_ensemble(name: str, cfg, configs: dict[str, Any]) -> list[str]:
     out = []
     rel = f"{name}/config.pbtxt"
@@ -113,9 +178,6 @@ def check_ensemble(name: str, cfg, configs: dict[str, Any]) -> list[str]:
             elif available[value] != m_inputs[key][0]:
                 out.append(f"{rel}: \"{value}\" is {_dtype(available[value])} but \"{step.model_name}\" input "
                            f"\"{key}\" is {_dtype(m_inputs[key][0])}")
-            if key in STREAM_INPUTS and value in e_inputs and not model.model_transaction_policy.decoupled:
-                out.append(f"{rel}: streams through \"{step.model_name}\", which is not decoupled; set "
-                           f"model_transaction_policy {{ decoupled: true }} there")
         for key, (_, optional) in m_inputs.items():
             if not optional and key not in step.input_map:
                 out.append(f"{rel}: step \"{step.model_name}\" does not feed its required input \"{key}\"")
@@ -132,30 +194,30 @@ def check_ensemble(name: str, cfg, configs: dict[str, Any]) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------------ models
 def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | None,
                 repo_mount: str = REPO_MOUNT) -> list[str]:
     out = []
     rel = f"{name}/config.pbtxt"
-    inputs, _ = _tensors(cfg)
     params = _params(cfg)
     decoupled = cfg.model_transaction_policy.decoupled
-    if any(s in inputs for s in STREAM_INPUTS) and not decoupled:
-        out.append(f"{rel}: has a streaming input but is not decoupled; set model_transaction_policy "
-                   f"{{ decoupled: true }} (streaming needs decoupled mode)")
     if "decoupled_mode" in params and params["decoupled_mode"].lower() != str(decoupled).lower():
         out.append(f"{rel}: parameter decoupled_mode={params['decoupled_mode']} disagrees with the transaction "
                    f"policy (decoupled: {str(decoupled).lower()})")
     paths = {}
     for key in PATH_PARAMS:
-        if key in params:
+        if params.get(key, "").strip():
             paths[key] = _resolve(repo, params[key], repo_mount)
             if paths[key] is None:
                 out.append(_outside(rel, key, params[key], repo, repo_mount))
     tok = paths.get("tokenizer_dir")
     if tok is not None and not (tok / "tokenizer_config.json").is_file() and not (tok / "tokenizer.json").is_file():
         out.append(f"{rel}: tokenizer_dir {params['tokenizer_dir']} has no tokenizer")
-    if paths.get("engine_dir") is not None:
-        out += _check_engine(paths["engine_dir"], rel, cfg, params, trtllm_version)
+    for key in ("gpt_model_path", "engine_dir"):
+        if paths.get(key) is not None and not paths[key].is_dir():
+            out.append(f"{rel}: {key} {params[key]} does not exist")
+    if cfg.backend == "tensorrtllm" and paths.get("gpt_model_path") is not None and paths["gpt_model_path"].is_dir():
+        out += _check_engine(paths["gpt_model_path"], rel, cfg, params, trtllm_version)
     if cfg.backend == "python" and not (mdir / "1" / "model.py").is_file():
         out.append(f"{name}/1/model.py is missing (backend python)")
     if (mdir / "1" / "model.yaml").is_file():
@@ -164,68 +226,94 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
 
 
 def _check_engine(engine: Path, rel: str, cfg, params: dict[str, str], trtllm_version: str | None) -> list[str]:
-    if not engine.is_dir():
-        return [f"{rel}: engine_dir {params['engine_dir']} does not exist"]
-    if cfg.backend != "tensorrtllm":
-        return []  # the reference runtime's engine dir is a checkpoint
     cfg_file = engine / "config.json"
     if not cfg_file.is_file():
-        return [f"{rel}: engine_dir {params['engine_dir']} has no config.json"]
+        return [f"{rel}: gpt_model_path {params['gpt_model_path']} has no config.json"]
     ec = json.loads(cfg_file.read_text())
     out = []
     mapping = (ec.get("pretrained_config") or {}).get("mapping") or {}
     world = int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
     missing = [f"rank{r}.engine" for r in range(world) if not (engine / f"rank{r}.engine").is_file()]
     if missing:
-        out.append(f"{rel}: engine_dir lacks {', '.join(missing)} for world size {world}")
+        out.append(f"{rel}: gpt_model_path lacks {', '.join(missing)} for world size {world}")
     engine_bs = (ec.get("build_config") or {}).get("max_batch_size")
     if engine_bs is not None and cfg.max_batch_size > int(engine_bs):
         out.append(f"{rel}: max_batch_size {cfg.max_batch_size} exceeds the engine's {engine_bs}; set it to at "
                    f"most {engine_bs}")
     if trtllm_version and ec.get("version") and ec["version"] != trtllm_version:
         out.append(f"{rel}: engine built by TensorRT-LLM {ec['version']}, serving container has {trtllm_version}; "
-                   f"rebuild with {trtllm_version}")
+                   f"rebuild with {trtllm_version} or serve with {_container_hint(ec['version'])}")
     return out
 
 
+def _container_hint(version: str) -> str:
+    try:
+        return upstream.container_for(version)
+    except UserError:
+        return f"a container with TensorRT-LLM {version}"
+
+
 def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str) -> list[str]:
-    """``model`` is relative to the model.yaml's folder (as the llmapi model reads it), or absolute under the
-    repository or its container mount."""
+    """``model`` is absolute under the repository or its container mount (upstream's model.py passes it to ``LLM``
+    as it is); ``triton_config`` carries ``max_batch_size`` and ``decoupled``, config.pbtxt neither."""
     import yaml
 
     where = f"{mdir.name}/1/model.yaml"
-    doc = yaml.safe_load((mdir / "1" / "model.yaml").read_text()) or {}
+    rel = f"{mdir.name}/config.pbtxt"
+    try:
+        doc = yaml.safe_load((mdir / "1" / "model.yaml").read_text()) or {}
+    except yaml.YAMLError as exc:
+        return [f"{where}: not YAML ({str(exc).splitlines()[0]})"]
     out = []
     model = doc.get("model")
     if not model:
-        out.append(f"{where}: no model; set it to the checkpoint directory (relative to {mdir.name}/1/)")
+        out.append(f"{where}: no model; set it to the checkpoint directory (absolute, under {repo_mount})")
     elif not Path(model).is_absolute():
-        if not (mdir / "1" / model).exists():
-            out.append(f"{where}: model {model!r} does not exist next to it")
+        out.append(f"{where}: model {model!r} is relative; upstream's model.py passes it to LLM() as is, which "
+                   f"resolves it against the server's working directory: make it absolute under {repo_mount}")
     else:
         located = _resolve(repo, model, repo_mount)
         if located is None:
             out.append(_outside(where, "model", model, repo, repo_mount))
         elif not located.exists():
             out.append(f"{where}: model {model!r} does not exist in the repository")
-    tc = doc.get("triton_config") or {}
-    if tc.get("max_batch_size") != cfg.max_batch_size:
-        out.append(f"{where}: triton_config.max_batch_size {tc.get('max_batch_size')} differs from "
-                   f"config.pbtxt's {cfg.max_batch_size}")
-    if bool(tc.get("decoupled")) != cfg.model_transaction_policy.decoupled:
-        out.append(f"{where}: triton_config.decoupled disagrees with config.pbtxt "
-                   f"(decoupled: {str(cfg.model_transaction_policy.decoupled).lower()})")
+    tc = doc.get("triton_config")
+    if not isinstance(tc, dict) or "max_batch_size" not in tc or "decoupled" not in tc:
+        out.append(f"{where}: triton_config needs max_batch_size and decoupled (upstream's model.py reads both)")
+    if cfg.max_batch_size or cfg.HasField("model_transaction_policy"):
+        out.append(f"{rel}: sets max_batch_size/model_transaction_policy; upstream takes both from model.yaml's "
+                   f"triton_config (auto_complete_config): remove them from config.pbtxt")
+    count = cfg.instance_group[0].count if cfg.instance_group else 1
+    if count > 1:
+        ids = _params(cfg).get("gpu_device_ids", "")
+        if len([g for g in ids.split(";") if g.strip()]) != count:
+            out.append(f"{rel}: {count} instances need {count} GPU sets in gpu_device_ids (\"0,1;2,3\"), got {ids!r}")
     return out
 
 
-def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str = REPO_MOUNT) -> list[str]:
-    """Every finding, one line each. ``repo_mount``: the repository's path in the serving container, the one place
-    besides the repository itself where an absolute path parameter may point."""
+def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str = REPO_MOUNT,
+         container: str | None = None, line: str | None = None) -> list[str]:
+    """Every finding, one line each. ``trtllm_version``: the serving container's TensorRT-LLM (else the one upstream
+    pairs with ``container``); it picks the recorded upstream interface (``line`` overrides). ``repo_mount``: the
+    repository's path in the serving container, the one place besides the repository itself where an absolute path
+    parameter may point."""
     repo = Path(repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: no such directory")
+    if container and not trtllm_version:
+        trtllm_version = upstream.trtllm_for(container)
     configs, dirs, findings = load(repo)
+    lay = layout_of(dirs)
+    line = line or upstream.line_for(trtllm_version)
+    recorded = upstream.interface(line, lay)
+    reads = upstream.reads(line, lay)
+    for model in recorded:
+        if model not in configs and not any(f.startswith(f"{model}/") for f in findings):
+            if lay == "llmapi" or model in ("preprocessing", "postprocessing", "tensorrt_llm"):
+                findings.append(f"{model}/config.pbtxt: missing; upstream's {lay} layout has a \"{model}\" model")
     for name, cfg in configs.items():
+        if name in recorded:
+            findings += conformance(name, cfg, recorded[name], reads.get(name, {}))
         if cfg.platform == "ensemble":
             findings += check_ensemble(name, cfg, configs)
         else:

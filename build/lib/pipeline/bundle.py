@@ -1,0 +1,575 @@
+"""Bundles for ops: the manifest schema, publishing to any fsspec destination, ``verify`` and ``diff``.
+
+Published layout: ``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/`` with ``version`` derived from the
+publish stage's fingerprint, plus a ``latest`` file naming the newest version that passed every gate. A version is
+complete once its ``bundle.json`` exists (it is uploaded last, or, on a local filesystem, the version is renamed into
+place whole); every reader treats a version without it as absent. A complete version's content never changes:
+republishing it only restores files found missing or damaged.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.errors import StageFailed, UserError
+
+SCHEMA = "llm-pipeline/bundle/v2"
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "bundle.schema.json"
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    size: int
+    mtime_ns: Optional[int] = Field(None, description="modification time when listed (local integrity hint)")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    source: str
+    revision: Optional[str] = Field(None, description="resolved commit sha for hf:// sources")
+
+
+class QuantInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Optional[str]
+    kv_cache: Optional[str]
+    quant_algo: Optional[str]
+    kv_cache_quant_algo: Optional[str]
+    group_size: Optional[int]
+    exclude_modules: Optional[list[str]]
+    calibration_sha256: Optional[str]
+
+
+class RuntimeVersions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tensorrt_llm: Optional[str] = None
+    tensorrt: Optional[str] = None
+    cuda: Optional[str] = None
+    driver: Optional[str] = None
+    torch: Optional[str] = None
+    transformers: Optional[str] = None
+    container: Optional[str] = Field(None, description="the Triton container tag the bundle is meant for")
+
+
+class BenchGate(BaseModel):
+    """The bench gate as the bench stage reported it (``reports/bench.json`` ``gates``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    verdict: Literal["pass", "fail", "no-baseline"]
+    breaches: list[str] = Field(description="every absolute limit or gated regression breached")
+    regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
+    regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
+    compared_with_previous_levels: int = Field(description="concurrency levels compared with the baseline")
+    baseline: Optional[Any] = Field(None, description="the bundle the regressions were measured against")
+
+
+class Gates(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    accuracy: str = Field(description="pass | warn | fail | n/a")
+    export_check: str
+    bench: Literal["pass", "fail", "no-baseline"] = Field(
+        description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
+    bench_detail: BenchGate
+
+
+class Provenance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pipeline: str
+    git_commit: Optional[str]
+    host: dict[str, Any]
+
+
+class BundleManifest(BaseModel):
+    """``bundle.json``: what a bundle is, how it was made, how it did, and every file's checksum."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_: str = Field(SCHEMA, alias="schema")
+    version: str
+    model: ModelInfo
+    quant: QuantInfo
+    target: dict[str, Any] = Field(description="name, SM, GPU, memory per GPU, GPUs per node")
+    runtime: dict[str, Any]
+    runtime_versions: RuntimeVersions
+    build: dict[str, Any]
+    capacity: Optional[dict[str, Any]]
+    accuracy: Optional[dict[str, Any]]
+    bench: dict[str, Any]
+    gates: Gates
+    lineage: dict[str, str] = Field(description="stage -> fingerprint")
+    provenance: Provenance
+    files: list[FileEntry]
+
+
+SIGNATURE = "bundle.sig"
+
+
+def sign_problems(sign, *, environment: bool = True) -> list[str]:
+    """Plan-time problems of ``publish.sign``: settings a method needs; with ``environment``, also what this machine
+    must have (the key files, the password variable, the library)."""
+    method = sign.method.value if hasattr(sign.method, "value") else str(sign.method)
+    if method == "none":
+        return []
+    problems = []
+    need = {"key": ("private_key",), "certificate": ("private_key", "signing_certificate")}.get(method, ())
+    for key in need:
+        if not sign.get(key):
+            problems.append(f"publish.sign.method={method} needs publish.sign.{key} (a PEM file)")
+    if not environment or problems:
+        return problems
+    try:
+        import model_signing  # noqa: F401
+    except ImportError:
+        problems.append(f"publish.sign.method={method} needs OpenSSF model-signing: pip install -e '.[sign]'")
+    for key in need:
+        if not Path(str(sign.get(key))).expanduser().is_file():
+            problems.append(f"publish.sign.{key}={sign.get(key)}: no such file")
+    if method == "certificate":
+        for c in sign.certificate_chain or []:
+            if not Path(str(c)).expanduser().is_file():
+                problems.append(f"publish.sign.certificate_chain: {c}: no such file")
+    if sign.get("password_env") and sign.password_env not in os.environ:
+        problems.append(f"publish.sign.password_env={sign.password_env}: that environment variable is not set")
+    return problems
+
+
+def sign(bundle_dir: Path, sign_cfg) -> Path | None:
+    """Sign ``bundle_dir/bundle.json`` with OpenSSF model_signing (a Sigstore bundle over the file's sha256), writing
+    ``bundle.sig`` beside it; None when ``publish.sign.method=none``. bundle.json names every file with its sha256,
+    so the signature covers the whole bundle once ``verify`` has checked the files against it."""
+    method = sign_cfg.method.value if hasattr(sign_cfg.method, "value") else str(sign_cfg.method)
+    if method == "none":
+        return None
+    problems = sign_problems(sign_cfg)
+    if problems:
+        raise UserError(problems[0])
+    from model_signing import hashing, signing
+
+    expand = lambda v: Path(str(v)).expanduser()  # noqa: E731
+    config = signing.Config().set_hashing_config(hashing.Config().use_file_serialization(hashing_algorithm="sha256"))
+    password = os.environ.get(sign_cfg.password_env) if sign_cfg.get("password_env") else None
+    out = bundle_dir / SIGNATURE
+    try:
+        if method == "key":
+            config.use_elliptic_key_signer(private_key=expand(sign_cfg.private_key), password=password)
+        elif method == "certificate":
+            config.use_certificate_signer(private_key=expand(sign_cfg.private_key),
+                                          signing_certificate=expand(sign_cfg.signing_certificate),
+                                          certificate_chain=[expand(c) for c in sign_cfg.certificate_chain or []])
+        else:
+            config.use_sigstore_signer(use_ambient_credentials=True)
+        config.sign(bundle_dir / "bundle.json", out)
+    except Exception as exc:  # model_signing and cryptography raise many types for a bad key, password or network
+        out.unlink(missing_ok=True)
+        raise UserError(f"publish.sign.method={method}: signing failed ({type(exc).__name__}: "
+                        f"{(str(exc).splitlines() or [''])[0]}); check the key, its password and certificates") from exc
+    return out
+
+
+def signature_check(fs, root: str, raw_manifest: bytes, *, public_key: str | None = None,
+                    certificate_chain: list[str] | None = None,
+                    require: bool = False) -> tuple[str, bool | None, str]:
+    """The ``signature`` check: ``bundle.sig`` verified over the bundle.json that the checksums were checked against,
+    with a public key (method key) or a certificate chain (method certificate)."""
+    import tempfile
+
+    try:
+        sig = fs.cat_file(f"{root}/{SIGNATURE}")
+    except FileNotFoundError:
+        if require:
+            return ("signature", False, f"bundle is not signed (no {SIGNATURE}) and a signature is required")
+        return ("signature", None, f"bundle is not signed (no {SIGNATURE})")
+    if not public_key and not certificate_chain:
+        return ("signature", False, f"bundle is signed ({SIGNATURE}): give --public-key PEM or --certificate-chain PEM "
+                                    f"to check who signed it")
+    try:
+        from model_signing import verifying
+    except ImportError:
+        return ("signature", False, "checking bundle.sig needs OpenSSF model-signing: pip install -e '.[sign]'")
+    for path in [public_key, *(certificate_chain or [])]:
+        if path and not Path(path).expanduser().is_file():
+            raise UserError(f"{path}: no such file (a PEM public key or certificate)")
+    with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
+        (Path(tmp) / "bundle.json").write_bytes(raw_manifest)
+        (Path(tmp) / SIGNATURE).write_bytes(sig)
+        config = verifying.Config()
+        if public_key:
+            config.use_elliptic_key_verifier(public_key=Path(public_key).expanduser())
+            how = f"public key {Path(public_key).name}"
+        else:
+            config.use_certificate_verifier(certificate_chain=[Path(c).expanduser() for c in certificate_chain])
+            how = "certificate chain " + ", ".join(Path(c).name for c in certificate_chain)
+        try:
+            config.verify(Path(tmp) / "bundle.json", Path(tmp) / SIGNATURE)
+        except Exception as exc:  # model_signing raises ValueError and sigstore/cryptography errors
+            why = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            return ("signature", False, f"{SIGNATURE} does not verify bundle.json with the {how}: {why}")
+    return ("signature", True, f"{SIGNATURE} verifies bundle.json with the {how}")
+
+
+def schema_json() -> str:
+    return json.dumps(BundleManifest.model_json_schema(by_alias=True), indent=2) + "\n"
+
+
+def prefix(manifest: dict[str, Any]) -> str:
+    q = manifest["quant"]
+    return f"{manifest['model']['name']}/{q['format']}-kv{q['kv_cache']}/{manifest['target']['name']}/" \
+           f"{manifest['runtime']['name']}"
+
+
+def _fs(url: str):
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise UserError(f"publish.dest={url}: {exc} (install its fsspec implementation: pip install -e '.[s3]' for "
+                        f"s3://, '.[gcs]' for gs://)") from exc
+    return fs, path.rstrip("/")
+
+
+def _is_local(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _timestamp(info: dict[str, Any]) -> float:
+    """An fsspec entry's modification time as a POSIX timestamp (0 when the filesystem reports none)."""
+    for key in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
+def complete_versions(fs, base: str) -> dict[str, float]:
+    """{version: when its ``bundle.json`` was written} for the complete versions under ``base``. A version directory
+    without ``bundle.json`` (an upload that has not finished) and hidden temp directories are absent."""
+    try:
+        found = fs.glob(f"{base}/*/bundle.json", detail=True)
+    except FileNotFoundError:
+        return {}
+    versions = {}
+    for path, info in found.items():
+        version = path.rstrip("/").split("/")[-2]
+        if not version.startswith("."):
+            versions[version] = _timestamp(info)
+    return versions
+
+
+def current_version(fs, base: str) -> str | None:
+    """The complete version ``latest`` names, else the newest complete version; None when there is none."""
+    versions = complete_versions(fs, base)
+    try:
+        named = fs.cat_file(f"{base}/latest").decode().strip()
+    except FileNotFoundError:
+        named = None
+    if named in versions:
+        return named
+    return max(versions, key=versions.__getitem__) if versions else None
+
+
+def _published_manifest(fs, target: str) -> dict[str, Any] | None:
+    """The manifest of the version at ``target``, or None when it is absent, incomplete or unreadable."""
+    try:
+        doc = json.loads(fs.cat_file(f"{target}/bundle.json"))
+    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
+
+
+def _sha256(fs, path: str) -> str:
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as fh:
+        while chunk := fh.read(4 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _damaged(fs, target: str, files: list[dict[str, Any]], *, local_dest: bool) -> list[dict[str, Any]]:
+    """The entries of ``files`` that are missing under ``target`` or differ from their size or sha256. On a local
+    filesystem (where uploads keep each file's modification time) only files modified since they were listed are
+    hashed; elsewhere every file is."""
+    bad = []
+    for f in files:
+        path = f"{target}/{f['path']}"
+        try:
+            if local_dest:
+                st = os.stat(path)
+                size, unchanged = st.st_size, st.st_mtime_ns == f.get("mtime_ns")
+            else:
+                size, unchanged = fs.size(path), False
+            if size != f["size"] or (not unchanged and _sha256(fs, path) != f["sha256"]):
+                bad.append(f)
+        except (FileNotFoundError, IsADirectoryError):
+            bad.append(f)
+    return bad
+
+
+def _put(fs, src: Path, dst: str, *, local_dest: bool) -> None:
+    """Upload one file. Locally: a read-only copy with the source's modification time, renamed into place."""
+    if not local_dest:
+        fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(src), dst)
+        return
+    path = Path(dst)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    shutil.copy2(src, tmp)
+    os.chmod(tmp, tmp.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))  # published files are read-only
+    os.replace(tmp, path)
+
+
+def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *, local_dest: bool) -> None:
+    """Upload a whole version, ``bundle.json`` last. Locally it is assembled in a hidden sibling directory and renamed
+    into place (replacing an incomplete one), so the version appears complete or not at all."""
+    extra = [SIGNATURE] if (local / SIGNATURE).is_file() else []  # the signature before bundle.json
+    if not local_dest:
+        for rel in [f["path"] for f in files] + extra:
+            _put(fs, local / rel, f"{target}/{rel}", local_dest=False)
+        _put(fs, local / "bundle.json", f"{target}/bundle.json", local_dest=False)  # last: marks the version complete
+        return
+    from pipeline import store
+
+    final = Path(target)
+    store.clean_partials(final)
+    tmp = store.new_tmp_dir(final)
+    for rel in [f["path"] for f in files] + extra:
+        _put(fs, local / rel, str(tmp / rel), local_dest=True)
+    _put(fs, local / "bundle.json", str(tmp / "bundle.json"), local_dest=True)
+    store.commit_dir(tmp, final)
+
+
+def _publish_version(fs, local: Path, target: str, manifest: dict[str, Any], *,
+                     local_dest: bool) -> tuple[int, list[str]]:
+    """(files uploaded, paths repaired). A complete version is never rewritten: its files are checked against its
+    ``bundle.json`` and a missing or damaged one is uploaded again from this bundle's identical copy."""
+    published = _published_manifest(fs, target)
+    if published is None:
+        _upload_version(fs, local, target, manifest["files"], local_dest=local_dest)
+        return len(manifest["files"]) + 1 + (local / SIGNATURE).is_file(), []
+    ours = {f["path"]: f["sha256"] for f in manifest["files"]}
+    damaged = _damaged(fs, target, published["files"], local_dest=local_dest)
+    for f in damaged:
+        if ours.get(f["path"]) != f["sha256"]:
+            raise StageFailed(f"{target}/{f['path']} is missing or damaged and this bundle has no identical copy to "
+                              f"restore it from; remove {target} to publish this version again")
+        _put(fs, local / f["path"], f"{target}/{f['path']}", local_dest=local_dest)
+    repaired = [f["path"] for f in damaged]
+    if (local / SIGNATURE).is_file() and not fs.exists(f"{target}/{SIGNATURE}") and \
+            fs.cat_file(f"{target}/bundle.json") == (local / "bundle.json").read_bytes():
+        _put(fs, local / SIGNATURE, f"{target}/{SIGNATURE}", local_dest=local_dest)  # a lost signature
+        repaired.append(SIGNATURE)
+    return len(repaired), repaired
+
+
+def publish(local: Path, dest: str, *, move_latest: bool, lock_dir: Path | None = None) -> dict[str, Any]:
+    """Upload the bundle directory ``local`` to ``dest``; returns where, how many files were uploaded, which files of
+    an existing version were repaired, and whether ``latest`` moved.
+
+    Readers treat a version without ``bundle.json`` as absent, and it is always written last. Republishing a
+    complete version uploads only the files found missing or damaged (same content: versions stay immutable).
+    On a local destination one publisher of a version runs at a time; its lock lives in ``lock_dir`` (the stage
+    store; default: ``.locks`` beside the local bundle), never in the published tree."""
+    manifest = json.loads((local / "bundle.json").read_text())
+    fs, root = _fs(dest)
+    base = f"{root}/{prefix(manifest)}"
+    target = f"{base}/{manifest['version']}"
+    if _is_local(fs):
+        from pipeline import store
+
+        locks = Path(lock_dir) if lock_dir is not None else Path(local).resolve().parent / ".locks"
+        name = hashlib.sha256(str(Path(target).resolve()).encode()).hexdigest()[:16]
+        with store.locked(locks / f"publish-{manifest['version']}-{name}"):  # one publisher of a version at a time
+            uploaded, repaired = _publish_version(fs, local, target, manifest, local_dest=True)
+    else:
+        uploaded, repaired = _publish_version(fs, local, target, manifest, local_dest=False)
+    moved = False
+    if move_latest:
+        tmp = f"{base}/.latest-{uuid.uuid4().hex[:8]}"
+        fs.pipe_file(tmp, (manifest["version"] + "\n").encode())
+        fs.mv(tmp, f"{base}/latest")  # a rename on filesystems; a single-object write on object stores
+        moved = True
+    return {"url": f"{dest.rstrip('/')}/{prefix(manifest)}/{manifest['version']}", "uploaded_files": uploaded,
+            "repaired": repaired, "latest_moved": moved}
+
+
+def _open_manifest(where: str) -> tuple[Any, str, dict[str, Any]]:
+    fs, root = _fs(where)
+    if fs.isfile(root) and root.endswith("bundle.json"):
+        root = root.rsplit("/", 1)[0]
+    if fs.exists(f"{root}/latest") and not fs.exists(f"{root}/bundle.json"):
+        named = fs.cat_file(f"{root}/latest").decode().strip()
+        if not fs.exists(f"{root}/{named}/bundle.json"):
+            raise UserError(f"{where}: latest names {named}, which has no bundle.json (its upload has not finished); "
+                            f"publish it again")
+        root = f"{root}/{named}"
+    try:
+        doc = json.loads(fs.cat_file(f"{root}/bundle.json"))
+    except FileNotFoundError as exc:
+        raise UserError(f"{where}: no bundle.json there (not a bundle, or a version whose upload has not finished); "
+                        f"give a bundle directory or URL") from exc
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}/bundle.json is not valid JSON (damaged bundle)") from exc
+    return fs, root, doc
+
+
+def verify(where: str, *, container: str | None = None, public_key: str | None = None,
+           certificate_chain: list[str] | None = None,
+           require_signature: bool = False) -> list[tuple[str, bool | None, str]]:
+    """Checks of a bundle, each (name, ok: True/False/None for not applicable, message)."""
+    from pipeline.config import local_gpu
+    from pipeline.runtime import trtllm
+
+    if container:
+        from pipeline import upstream
+
+        pairs = upstream.container_pairs()
+        if container not in pairs:  # before any hashing: a usage error
+            raise UserError(f"--container {container}: not a recorded serving image; recorded: {', '.join(pairs)}")
+    fs, root, doc = _open_manifest(where)
+    raw = fs.cat_file(f"{root}/bundle.json")  # the bytes every check below reads, signature included
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}/bundle.json is not valid JSON (damaged bundle)") from exc
+    out: list[tuple[str, bool | None, str]] = []
+    try:
+        BundleManifest.model_validate(doc)
+        out.append(("manifest", True, f"bundle.json matches schema {SCHEMA}"))
+    except Exception as exc:
+        out.append(("manifest", False, f"bundle.json does not match the schema: {str(exc).splitlines()[0]}"))
+    bad = []
+    for f in doc.get("files", []):
+        try:
+            sha = _sha256(fs, f"{root}/{f['path']}")
+        except FileNotFoundError:
+            bad.append(f"{f['path']} is missing")
+            continue
+        if sha != f["sha256"]:
+            bad.append(f"{f['path']} has sha256 {sha[:12]}…, the manifest says {f['sha256'][:12]}…")
+    n = len(doc.get("files", []))
+    out.append(("checksums", not bad, f"{n} files match their sha256" if not bad else "; ".join(bad[:5])))
+    out.append(signature_check(fs, root, raw, public_key=public_key, certificate_chain=certificate_chain,
+                               require=require_signature))
+    t = doc.get("target", {})
+    if t.get("device") != "cuda":
+        out.append(("gpu", None, f"target {t.get('name')} needs no GPU"))
+    else:
+        gpu = local_gpu()
+        if gpu is None:
+            out.append(("gpu", False, f"bundle is for sm{t.get('sm')} ({t.get('name')}); this machine has no GPU"))
+        else:
+            ok = gpu["sm"] == int(t.get("sm", -1))
+            out.append(("gpu", ok, f"bundle sm{t.get('sm')} {'=' if ok else '≠'} local {gpu['name']} (sm{gpu['sm']})"))
+    want = doc.get("runtime_versions", {})
+    if doc.get("runtime", {}).get("name") == "reference":
+        out.append(("runtime", None, "reference runtime: no TensorRT-LLM needed"))
+    elif container:
+        out.append(container_check(want, container))
+    else:
+        info = trtllm.detect()
+        if info.version is None:
+            out.append(("runtime", False, f"bundle needs TensorRT-LLM {want.get('tensorrt_llm')}; none installed here "
+                                          f"(give --container TAG to check against a serving image)"))
+        else:
+            ok = info.version == want.get("tensorrt_llm") and (not want.get("tensorrt") or
+                                                                 info.tensorrt == want.get("tensorrt"))
+            out.append(("runtime", ok, f"bundle TensorRT-LLM {want.get('tensorrt_llm')}/TensorRT {want.get('tensorrt')}"
+                                       f"; installed {info.version}/{info.tensorrt}"))
+    return out
+
+
+def _same_version(a: str | None, b: str | None) -> bool:
+    """Equal versions, where one may carry fewer components (TensorRT 10.13.3 is 10.13.3.9)."""
+    if not a or not b:
+        return False
+    x, y = str(a).split("."), str(b).split(".")
+    n = min(len(x), len(y))
+    return n >= 2 and x[:n] == y[:n]
+
+
+def container_check(want: dict[str, Any], container: str) -> tuple[str, bool, str]:
+    """The ``runtime`` check against a serving image: the image's TensorRT-LLM and TensorRT versions, from the
+    recorded container pairs (NVIDIA's tensorrtllm_backend Dockerfile), against the versions the bundle was built
+    with. An image not in the record is a usage error naming the recorded ones."""
+    from pipeline import upstream
+
+    pairs = upstream.container_pairs()
+    if container not in pairs:
+        raise UserError(f"--container {container}: not a recorded serving image; recorded: {', '.join(pairs)}")
+    have = pairs[container]
+    built, trt = want.get("tensorrt_llm"), want.get("tensorrt")
+    if not built and want.get("container") in pairs:  # versions not recorded: the image it was built for
+        built, trt = pairs[want["container"]]["trtllm"], pairs[want["container"]]["tensorrt"]
+    if not built:
+        return ("runtime", False, f"bundle records no TensorRT-LLM version; cannot check it against {container} "
+                                  f"(TensorRT-LLM {have['trtllm']})")
+    problems = []
+    if str(built) != have["trtllm"]:
+        problems.append(f"TensorRT-LLM {built} ≠ {have['trtllm']}")
+    if trt and not _same_version(trt, have["tensorrt"]):
+        problems.append(f"TensorRT {trt} ≠ {have['tensorrt']}")
+    what = f"bundle TensorRT-LLM {built}/TensorRT {trt or '?'}; {container} has {have['trtllm']}/{have['tensorrt']}"
+    return ("runtime", not problems, what if not problems else f"{'; '.join(problems)} ({what})")
+
+
+def _get(d: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def diff(old: str, new: str) -> str:
+    """A Markdown table of what changed between two bundles: size, accuracy, bench, versions."""
+    _, _, a = _open_manifest(old)
+    _, _, b = _open_manifest(new)
+    rows: list[tuple[str, Any, Any]] = [
+        ("version", a.get("version"), b.get("version")),
+        ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),
+        ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),
+        ("kv_cache_quant_algo", _get(a, "quant", "kv_cache_quant_algo"), _get(b, "quant", "kv_cache_quant_algo")),
+    ]
+    for key in ("kl_mean", "top1_agreement", "ppl_ratio"):
+        rows.append((f"accuracy {key}", _get(a, "accuracy", "quantized_vs_unquantized", key),
+                     _get(b, "accuracy", "quantized_vs_unquantized", key)))
+    for w in sorted(set(_get(a, "bench", "workloads") or {}) | set(_get(b, "bench", "workloads") or {})):
+        old_rows = {r["concurrency"]: r for r in _get(a, "bench", "workloads", w) or []}
+        new_rows = {r["concurrency"]: r for r in _get(b, "bench", "workloads", w) or []}
+        for c in sorted(set(old_rows) | set(new_rows)):
+            for key in ("ttft_p50_ms", "latency_p95_ms", "output_tokens_per_s"):
+                rows.append((f"{w} c={c} {key}", (old_rows.get(c) or {}).get(key), (new_rows.get(c) or {}).get(key)))
+    for key in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers", "container"):
+        rows.append((f"{key} version", _get(a, "runtime_versions", key), _get(b, "runtime_versions", key)))
+    rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))
+    lines = ["| field | old | new | change |", "|---|---|---|---|"]
+    for name, o, n in rows:
+        if o == n:
+            continue
+        change = ""
+        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o:
+            change = f"{100 * (n / o - 1):+.1f}%"
+        fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+        lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")
+    if len(lines) == 2:
+        lines.append("| (no differences) | | | |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,137 @@
+"""KV-cache capacity planner: how many tokens and concurrent sequences a model + quant + KV format + GPU + TP/PP holds.
+
+    KV bytes per token per GPU = (layers / PP) × ceil(kv_heads / TP) × head_dim × 2 (K and V) × KV dtype size
+    weights per GPU            = (embedding params × 2 bytes + linear params × format bytes/param) / (TP × PP)
+    KV pool per GPU            = (GPU memory − weights − activation reserve) × kv_cache_free_gpu_mem_fraction
+    max tokens                 = KV pool / KV bytes per token;  max sequences = max tokens / (input + output length)
+
+All sizes in bytes; GPU memory is the target's ``memory_gb`` × 10^9. The activation reserve is an estimate: 1.5 GB
+for the CUDA context and workspaces plus ``max_num_tokens`` × (4 × hidden + 2 × intermediate / TP) × 2 bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Bytes per parameter of quantized linear weights, scales included (group 128 fp32 scales for AWQ; one e4m3 per 16
+# values for NVFP4).
+WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5 + 4 / 128, "w4a8_awq": 0.5 + 4 / 128,
+                "nvfp4": 0.5 + 1 / 16}
+KV_BYTES = {"bf16": 2.0, "none": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+
+
+@dataclass
+class Shape:
+    params: float
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+
+@dataclass
+class KVRow:
+    kv_dtype: str
+    kv_bytes_per_token: float
+    pool_bytes: float
+    max_tokens: int
+    max_sequences: int
+
+
+@dataclass
+class Plan:
+    tp: int
+    pp: int
+    gpus: int
+    weights_bytes_per_gpu: float
+    activation_reserve_bytes: float
+    gpu_bytes: float
+    rows: list[KVRow]
+    chosen_kv: str
+    fits: bool
+    tp_chosen_by_planner: bool
+    warnings: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def row(self, kv: str) -> KVRow:
+        return next(r for r in self.rows if r.kv_dtype == kv)
+
+
+def shape_from(model_shape: dict[str, Any]) -> Shape | None:
+    s = dict(model_shape)
+    need = ("num_layers", "hidden_size", "num_kv_heads", "head_dim", "num_heads")
+    if not s.get("params_b") or not all(s.get(k) for k in need):
+        return None
+    return Shape(params=float(s["params_b"]) * 1e9, num_layers=int(s["num_layers"]),
+                 hidden_size=int(s["hidden_size"]), intermediate_size=int(s.get("intermediate_size") or 0),
+                 num_heads=int(s["num_heads"]), num_kv_heads=int(s["num_kv_heads"]), head_dim=int(s["head_dim"]),
+                 vocab_size=int(s.get("vocab_size") or 0), tie_word_embeddings=bool(s.get("tie_word_embeddings")))
+
+
+def kv_bytes_per_token(shape: Shape, kv: str, tp: int = 1, pp: int = 1) -> float:
+    kv_heads = -(-shape.num_kv_heads // tp)  # heads are split across TP ranks, replicated when TP > kv heads
+    return (shape.num_layers / pp) * kv_heads * shape.head_dim * 2 * KV_BYTES[kv]
+
+
+def weight_bytes(shape: Shape, quant: str) -> float:
+    embed = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+    linear = max(0.0, shape.params - embed)
+    return embed * 2.0 + linear * WEIGHT_BYTES[quant]
+
+
+def activation_reserve(shape: Shape, max_num_tokens: int, tp: int) -> float:
+    return 1.5e9 + max_num_tokens * (4 * shape.hidden_size + 2 * shape.intermediate_size / tp) * 2
+
+
+def plan_for(shape: Shape, quant: str, kv: str, memory_gb: float, *, tp: int, pp: int, fraction: float,
+             max_num_tokens: int, seq_tokens: int) -> Plan:
+    gpu = memory_gb * 1e9
+    w = weight_bytes(shape, quant) / (tp * pp)
+    act = activation_reserve(shape, max_num_tokens, tp)
+    pool = max(0.0, (gpu - w - act) * fraction)
+    rows = []
+    for dtype in dict.fromkeys(("bf16", "fp8", kv if kv != "none" else "bf16")):
+        per_tok = kv_bytes_per_token(shape, dtype, tp, pp)
+        tokens = int(pool // per_tok)
+        rows.append(KVRow(dtype, per_tok, pool, tokens, tokens // max(1, seq_tokens)))
+    chosen = "bf16" if kv == "none" else kv
+    return Plan(tp, pp, tp * pp, w, act, gpu, rows, chosen, False, False, [])
+
+
+def plan(shape: Shape, quant: str, kv: str, memory_gb: float, gpus_per_node: int, *, tp: int = 0, pp: int = 1,
+         fraction: float = 0.9, max_num_tokens: int = 8192, max_batch_size: int = 8, max_seq_len: int = 2048,
+         input_len: int = 1024, output_len: int = 256) -> Plan:
+    """Plan for the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
+    sequence. ``fits`` is False when nothing within ``gpus_per_node`` does."""
+    seq_tokens = input_len + output_len
+    candidates = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
+                                  if t * pp <= max(1, gpus_per_node) and shape.num_heads % t == 0]
+    result = None
+    for t in candidates:
+        result = plan_for(shape, quant, kv, memory_gb, tp=t, pp=pp, fraction=fraction,
+                          max_num_tokens=max_num_tokens, seq_tokens=seq_tokens)
+        if result.row(result.chosen_kv).max_tokens >= max_seq_len:
+            result.fits = True
+            break
+    assert result is not None
+    result.tp_chosen_by_planner = not tp
+    row = result.row(result.chosen_kv)
+    demand = max_batch_size * max_seq_len
+    if result.fits and demand > row.max_tokens:
+        result.warnings.append(
+            f"max_batch_size × max_seq_len = {max_batch_size} × {max_seq_len} = {demand:,} tokens exceeds the KV "
+            f"pool of {row.max_tokens:,} tokens: at full length only {row.max_tokens // max_seq_len} sequences fit; "
+            f"lower build.max_seq_len or build.max_batch_size, or use more GPUs")
+    return result
+
+
+def table(p: Plan) -> list[dict[str, Any]]:
+    return [{"kv_dtype": r.kv_dtype, "kv_kib_per_token_per_gpu": round(r.kv_bytes_per_token / 1024, 2),
+             "kv_pool_gb_per_gpu": round(r.pool_bytes / 1e9, 2), "max_tokens": r.max_tokens,
+             "max_concurrent_sequences": r.max_sequences} for r in p.rows]

@@ -1,0 +1,307 @@
+"""Compose, validate and slice the Hydra config. Every config problem becomes a :class:`UserError` with one line."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pipeline import schema
+from pipeline.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUP_NAMES = tuple(schema.GROUPS)
+
+
+def conf_dir() -> Path:
+    if not (CONF_DIR / "config.yaml").is_file():
+        raise UserError(f"config directory {CONF_DIR} not found; run from a checkout installed with `pip install -e .`")
+    return CONF_DIR
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def _first_line(text: str) -> str:
+    return " ".join(str(text).strip().splitlines()[0].split()) if str(text).strip() else str(text)
+
+
+def _schema_keys(full_key: str) -> list[str] | None:
+    """Valid keys of the node that holds ``full_key`` (e.g. ``build.foo`` -> fields of BuildSettings)."""
+    node: Any = schema.PipelineConfig
+    for part in full_key.split(".")[:-1]:
+        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            return None
+        node = _field_type(node, part)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
+
+
+def _field_type(owner: type, name: str) -> Any:
+    import typing
+
+    hint = typing.get_type_hints(owner)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def explain(exc: BaseException) -> str:
+    """Turn a Hydra/OmegaConf composition error into one actionable line."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    if isinstance(exc, MissingConfigException):
+        missing = exc.missing_cfg_file or ""
+        group, _, option = missing.rpartition("/")
+        if group in GROUP_NAMES:
+            return f"unknown {group} '{option}'; choose one of: {', '.join(group_options(group))}"
+        return _first_line(exc)
+    if isinstance(exc, OverrideParseException):
+        return f"cannot parse override: {_first_line(exc)}"
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", "") or ""
+        msg = _first_line(getattr(cause, "msg", None) or str(cause))
+        if "not in" in msg and key:
+            valid = _schema_keys(key)
+            hint = f"; valid keys: {', '.join(valid)}" if valid else ""
+            return f"unknown config key '{key}'{hint}"
+        if msg.startswith("Invalid value") and key:
+            return f"{key}: {msg[0].lower()}{msg[1:]}"
+        if key:
+            return f"{key}: {msg}"
+        return msg
+    return _first_line(exc)
+
+
+def compose(overrides: Iterable[str] = ()) -> DictConfig:
+    """Compose the root config with Hydra overrides and validate it. Raises UserError with one line."""
+    result = compose_many([list(overrides)])[0]
+    if isinstance(result, UserError):
+        raise result
+    return result
+
+
+def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
+    """Compose several override lists under one Hydra initialisation (``validate`` composes hundreds)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from hydra.core.singleton import Singleton
+
+    schema.register()
+    out: list[DictConfig | UserError] = []
+    # Called inside a running Hydra app too (launchers): put Hydra's global state back afterwards.
+    saved = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            for job in jobs:
+                try:
+                    cfg = hydra_compose(config_name="config", overrides=[resolve_auto_target(o) for o in job])
+                except UserError as exc:
+                    out.append(exc)
+                    continue
+                except Exception as exc:  # hydra wraps everything; translate to one line
+                    err = UserError(explain(exc))
+                    err.__cause__ = exc
+                    out.append(err)
+                    continue
+                problems = validate(cfg)
+                if problems:
+                    out.append(UserError(problems[0] if len(problems) == 1 else
+                                         f"{len(problems)} config problems: " + "; ".join(problems),
+                                         problems=problems))
+                else:
+                    out.append(cfg)
+    finally:
+        GlobalHydra.instance().clear()
+        if saved is not None:
+            Singleton.set_state(saved)
+    return out
+
+
+def detect_target() -> str:
+    """The shipped target matching the local GPU through NVML (same SM, nearest memory), or ``cpu``."""
+    gpu = local_gpu()
+    if gpu is None:
+        return "cpu"
+    candidates = []
+    for name in group_options("target"):
+        if name in ("auto", "cpu"):
+            continue
+        data = _read_yaml(conf_dir() / "target" / f"{name}.yaml")
+        if int(data.get("sm", 0)) == gpu["sm"]:
+            candidates.append((abs(float(data.get("memory_gb", 0)) - gpu["memory_gb"]), name))
+    if not candidates:
+        raise UserError(f"target=auto: no shipped target has sm{gpu['sm']} ({gpu['name']}); add conf/target/<name>.yaml")
+    return min(candidates)[1]
+
+
+def local_gpu() -> dict | None:
+    """Name, SM and memory of GPU 0 via NVML (nvidia-ml-py), or None when there is no NVIDIA GPU/driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+        name = pynvml.nvmlDeviceGetName(h)
+        return {"name": name.decode() if isinstance(name, bytes) else name, "sm": major * 10 + minor,
+                "memory_gb": pynvml.nvmlDeviceGetMemoryInfo(h).total / 1e9,
+                "count": pynvml.nvmlDeviceGetCount()}
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _read_yaml(path: Path) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(path)) or {}
+
+
+def resolve_auto_target(override: str) -> str:
+    if override.replace(" ", "") == "target=auto":
+        return f"target={detect_target()}"
+    return override
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Expand multirun sweep overrides (``quant=fp8,none``) into one override list per job, as BasicSweeper does."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:
+        raise UserError(explain(exc)) from exc
+    batches = BasicSweeper.split_arguments(parsed, None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def _unknown_keys(node: Any, owner: type, prefix: str) -> list[str]:
+    """Keys the schema does not know, e.g. added with ``+build.foo=1`` (Hydra lets ``+`` add keys to any node)."""
+    if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(owner):
+        return []
+    fields = [f.name for f in dataclasses.fields(owner)]
+    problems = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            problems.append(f"unknown config key '{full}'; valid keys: {', '.join(fields)}")
+        else:
+            problems.extend(_unknown_keys(node._get_node(key), _field_type(owner, str(key)), f"{full}."))
+    return problems
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    """Every problem with a composed config, at once: missing values, ranges, stage names, resolution."""
+    from pipeline.stages import STAGE_NAMES
+
+    problems: list[str] = []
+    try:
+        OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
+    except Exception as exc:
+        problems.append(f"cannot resolve config: {explain(exc)}")
+    for key in OmegaConf.missing_keys(cfg):
+        problems.append(f"{key} is required but not set")
+    problems.extend(_unknown_keys(cfg, schema.PipelineConfig, ""))
+    for group, node_type in schema.GROUPS.items():
+        problems.extend(_check_ranges(cfg.get(group), node_type, group))
+    if cfg.until is not None and cfg.until not in STAGE_NAMES:
+        problems.append(f"until: unknown stage '{cfg.until}'; choose one of: {', '.join(STAGE_NAMES)}")
+    for name in cfg.force:
+        if name not in STAGE_NAMES:
+            problems.append(f"force: unknown stage '{name}'; choose from: {', '.join(STAGE_NAMES)}")
+    conc = list(cfg.bench.concurrency)
+    if not conc or any(int(c) < 1 or int(c) > 4096 for c in conc):
+        problems.append(f"bench.concurrency={conc} is out of range: give a non-empty list of integers in [1, 4096]")
+    b = cfg.build
+    if b.max_input_len >= b.max_seq_len:
+        problems.append(f"build.max_input_len={b.max_input_len} must be below build.max_seq_len={b.max_seq_len}")
+    for w in cfg.bench.workloads:
+        if w not in ("chat", "rag"):
+            problems.append(f"bench.workloads: unknown workload '{w}'; choose from: chat, rag")
+    if cfg.serve.launcher.value == "external" and not cfg.serve.url:
+        problems.append("serve.launcher=external needs serve.url=HOST:GRPC_PORT of a running Triton server")
+    bs = str(cfg.quant.calib.batch_size)
+    if bs != "auto" and not (bs.isdigit() and 1 <= int(bs) <= 4096):
+        problems.append(f"quant.calib.batch_size={bs} is invalid: give 'auto' or an integer in [1, 4096]")
+    import re
+
+    safe = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    for key in ("model.name", "target.name"):
+        value = str(OmegaConf.select(cfg, key))
+        if not safe.match(value) or ".." in value:
+            problems.append(f"{key}={value!r} is not a safe name: use letters, digits, '.', '_' and '-' (it names "
+                            f"output directories)")
+    if cfg.model.source == "synthetic" and cfg.model.synthetic is None:
+        problems.append("model.synthetic must be set when model.source=synthetic")
+    return problems
+
+
+def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
+    out: list[str] = []
+    if node is None or not dataclasses.is_dataclass(node_type):
+        return out
+    for f in dataclasses.fields(node_type):
+        key = f"{prefix}.{f.name}"
+        if OmegaConf.is_missing(node, f.name):
+            continue
+        value = node.get(f.name)
+        lo, hi = f.metadata.get("min"), f.metadata.get("max")
+        if (lo is not None or hi is not None) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+                out.append(f"{key}={value} is out of range: must be {bounds}")
+        sub = _field_type(node_type, f.name)
+        if dataclasses.is_dataclass(sub) and isinstance(value, DictConfig):
+            out.extend(_check_ranges(value, sub, key))
+    return out
+
+
+def to_plain(node: Any) -> Any:
+    """Resolved plain-Python view of a config node (enums as strings), for hashing and manifests."""
+    if isinstance(node, DictConfig) or OmegaConf.is_list(node):
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    if hasattr(node, "value") and hasattr(node, "name") and not isinstance(node, (str, int, float)):
+        return node.value
+    return node
+
+
+def select(cfg: DictConfig, key: str) -> Any:
+    return to_plain(OmegaConf.select(cfg, key, throw_on_missing=True))
+
+
+def slice_of(cfg: DictConfig, keys: Iterable[str]) -> dict[str, Any]:
+    """The config slice a stage reads: ``{"quant": {...}, "model.source": "..."}``."""
+    return {k: select(cfg, k) for k in keys}
+
+
+def resolved_paths(cfg: DictConfig) -> dict[str, Path]:
+    paths = to_plain(cfg.paths)
+    root = Path(paths["root"]).expanduser().resolve()
+    out = {}
+    for k, v in paths.items():
+        p = Path(v).expanduser()
+        out[k] = (p if p.is_absolute() else (Path.cwd() / p)).resolve() if k != "root" else root
+    return out
+
+
+def combinations() -> list[dict[str, str]]:
+    """Every shipped model × quant × target × runtime combination (for ``validate``)."""
+    axes = {g: [o for o in group_options(g) if o != "auto"] for g in ("model", "quant", "target", "runtime")}
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]

@@ -1,0 +1,210 @@
+"""Scheduled rebuilds: the build matrix, which entries are outdated, and garbage collection of stage outputs."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pipeline.config import CONF_DIR, compose_many, conf_dir, resolved_paths
+from pipeline.errors import UserError
+
+AXES = (("models", "model"), ("quants", "quant"), ("targets", "target"), ("runtimes", "runtime"))
+
+
+def load_matrix(name: str) -> dict[str, Any]:
+    path = conf_dir() / "matrix" / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in (CONF_DIR / "matrix").glob("*.yaml")))
+        raise UserError(f"unknown matrix '{name}'; choose one of: {names}")
+    doc = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    unknown = set(doc) - {a for a, _ in AXES} - {"overrides"}
+    if unknown:
+        raise UserError(f"conf/matrix/{name}.yaml: unknown key(s) {', '.join(sorted(unknown))}; use models, quants, "
+                        f"targets, runtimes, overrides")
+    return doc
+
+
+def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(buildable entries, excluded entries with the reason). Each entry carries its composed config."""
+    from pipeline.cli import plan_checks, _stages
+
+    doc = load_matrix(name)
+    combos = [{}]
+    for key, group in AXES:
+        combos = [{**c, group: v} for c in combos for v in doc.get(key, [])]
+    jobs = [[f"{k}={v}" for k, v in c.items()] + list(doc.get("overrides") or []) + list(extra or [])
+            for c in combos]
+    keep, drop = [], []
+    for combo, job, cfg in zip(combos, jobs, compose_many(jobs)):
+        if isinstance(cfg, UserError):
+            drop.append({**combo, "reason": str(cfg)})
+            continue
+        problems = plan_checks(cfg, _stages(), environment=False)
+        if problems:
+            drop.append({**combo, "reason": problems[0]})
+            continue
+        sm = int(cfg.target.sm)
+        runner = ["self-hosted", f"sm{sm}"] if cfg.target.device.value == "cuda" else ["self-hosted", "cpu"]
+        keep.append({**combo, "runner": runner, "overrides": job, "_cfg": cfg})
+    return keep, drop
+
+
+def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GitHub Actions ``strategy.matrix``: only ``include`` (any other key would become a matrix axis). Each
+    excluded entry goes to stderr as one line with its reason, for the job log and summary."""
+    for e in drop:
+        print(f"excluded {' '.join(f'{g}={e[g]}' for _, g in AXES if g in e)}: {e['reason']}", file=sys.stderr)
+    return {"include": [{k: v for k, v in e.items() if not k.startswith("_")} for e in keep]}
+
+
+def _published_base(cfg) -> tuple[Any, str]:
+    from pipeline.bundle import _fs
+
+    fs, root = _fs(str(cfg.publish.dest))
+    return fs, (f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/"
+                f"{cfg.runtime.name.value}")
+
+
+def published_bundle(cfg) -> tuple[str | None, dict[str, Any] | None]:
+    """(version, bundle.json) of the entry's ``latest`` published bundle, or of its newest complete version when
+    none passed. A version without ``bundle.json`` (an interrupted upload) counts as absent."""
+    from pipeline.bundle import current_version
+
+    fs, base = _published_base(cfg)
+    version = current_version(fs, base)
+    if version is None:
+        return None, None
+    try:
+        return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None, None
+
+
+def entry_status(cfg) -> dict[str, Any]:
+    """Whether the entry's current fingerprint has a published version: ``{"version", "published", "outdated",
+    "why"}``. The version name derives from the publish stage's fingerprint, which covers every upstream
+    fingerprint: a changed config, code, library version (TRT-LLM included) or input changes it."""
+    from pipeline import runner
+    from pipeline.cli import _stages
+
+    planned = runner.plan(cfg, _stages())
+    version = f"v{planned[-1].fingerprint[:12]}"
+    fs, base = _published_base(cfg)
+    why = _hub_changes(cfg)
+    if fs.exists(f"{base}/{version}/bundle.json") and not why:
+        return {"version": version, "published": version, "outdated": False, "why": []}
+    last, doc = published_bundle(cfg)
+    lineage = (doc or {}).get("lineage")
+    if lineage is None:
+        why.append("never published")
+    else:
+        changed = [p.stage.name for p in planned if lineage.get(p.stage.name) not in (None, p.fingerprint)]
+        if changed:
+            why.append(f"{changed[0]} changed since {last} (its config, code, library versions or inputs)")
+        else:
+            why.append(f"publish settings changed since {last}")
+    return {"version": version, "published": last, "outdated": True, "why": why}
+
+
+def outdated(keep: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries with no published version for their current fingerprint, with what changed since the last one."""
+    out = []
+    for e in keep:
+        st = entry_status(e["_cfg"])
+        if st["outdated"]:
+            if not judged_here(e["_cfg"]):
+                st["why"].append("judged here without its GPU: library versions can differ on its runner")
+            out.append({**{k: v for k, v in e.items() if not k.startswith("_")}, "published": st["published"],
+                        "version": st["version"], "why": st["why"]})
+    return out
+
+
+def judged_here(cfg) -> bool:
+    """Whether this machine computes the entry's fingerprints as the entry's runner will. Library versions enter
+    them (torch's CUDA build, TRT-LLM), so a GPU entry is judged only on a machine with the target's GPU; the
+    scheduled workflow checks the others on their own runner (``outdated --entry``)."""
+    if cfg.target.device.value != "cuda":
+        return True
+    from pipeline.config import local_gpu
+
+    gpu = local_gpu()
+    return gpu is not None and gpu["sm"] == int(cfg.target.sm)
+
+
+def _hub_changes(cfg) -> list[str]:
+    """A branch or tag on the Hub that now points elsewhere than the published bundle's commit (``hf://...@branch``
+    sources; the fetch fingerprint carries the resolved commit too, so the rebuild fetches the new one)."""
+    from pipeline.stages.fetch import parse_source, resolve_revision
+
+    kind, repo, rev = parse_source(cfg.model.source)
+    if kind != "hf" or (rev and len(rev) == 40):
+        return []
+    sha = resolve_revision(repo, rev)
+    published = ((published_bundle(cfg)[1] or {}).get("model") or {}).get("revision")
+    if sha == "unresolved" or published is None or sha == published:
+        return []
+    return [f"{repo}@{rev or 'main'} now resolves to {sha[:12]} (published from {published[:12]})"]
+
+
+def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
+    """Remove stage outputs that no published bundle references and that are older than ``max_age_days``.
+
+    References are the lineages of the local bundles (``paths.bundles``) and of every complete version under
+    ``publish.dest``. Published bundles themselves are never touched."""
+    paths = resolved_paths(cfg)
+    referenced: set[str] = set()
+    for bundle in paths["bundles"].glob("*/bundle.json"):
+        try:
+            referenced.update(json.loads(bundle.read_text()).get("lineage", {}).values())
+        except (OSError, json.JSONDecodeError):
+            continue
+    referenced |= published_references(str(cfg.publish.dest))
+    cutoff = time.time() - max_age_days * 86400
+    removed, kept, freed = [], 0, 0
+    for root in (paths["store"], paths["engines"], paths["triton_repo"]):
+        for manifest in root.glob("*/manifest.json"):
+            out = manifest.parent
+            try:
+                fp = json.loads(manifest.read_text()).get("fingerprint")
+            except (OSError, json.JSONDecodeError):
+                continue
+            if fp in referenced or manifest.stat().st_mtime > cutoff:
+                kept += 1
+                continue
+            size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+            if not dry_run:
+                shutil.rmtree(out, ignore_errors=True)
+                (out.parent / f"{out.name}.lock").unlink(missing_ok=True)
+            removed.append(str(out))
+            freed += size
+    return {"removed": removed, "kept": kept, "freed_bytes": freed, "dry_run": dry_run}
+
+
+def published_references(dest: str) -> set[str]:
+    """Every stage fingerprint named in the lineage of a complete version under ``dest``
+    (``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/bundle.json``)."""
+    from pipeline.bundle import _fs
+
+    fs, root = _fs(dest)
+    try:
+        found = fs.glob(f"{root}/*/*/*/*/*/bundle.json")
+    except FileNotFoundError:
+        return set()
+    except Exception as exc:  # an unreadable destination must not make referenced outputs look orphaned
+        raise UserError(f"gc: cannot list publish.dest={dest} ({type(exc).__name__}: {exc}); nothing removed") from exc
+    out: set[str] = set()
+    for path in found:
+        try:
+            out.update(json.loads(fs.cat_file(path)).get("lineage", {}).values())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def resolve(path: str) -> Path:
+    return Path(path).expanduser().resolve()

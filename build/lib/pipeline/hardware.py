@@ -1,0 +1,180 @@
+"""What this machine has, and what ``target=auto`` / ``runtime=auto`` resolve to here.
+
+- ``target=auto``: the shipped target (``conf/target/*.yaml``) whose SM matches GPU 0 as NVML reports it, the nearest
+  in memory among those; ``cpu`` when NVML finds no NVIDIA GPU (no driver, or ``nvidia-ml-py`` missing).
+- ``runtime=auto``: on a GPU target, the TensorRT-LLM runtime the installed TensorRT-LLM supports (the engine backend
+  before 1.2; the LLM API, PyTorch backend, from 1.2 on, the only one left after 1.2.x); ``reference`` on a CPU
+  target or where TensorRT-LLM is not installed.
+
+Both are resolved before Hydra composes (the defaults are ``auto``), so every job, report and manifest holds the
+concrete names.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Iterable
+
+AUTO = "auto"
+LLMAPI_FROM = (1, 2)  # TensorRT-LLM's LLM API (PyTorch backend) serves ModelOpt checkpoints from 1.2.0
+
+
+def local_gpu() -> dict | None:
+    """Name, SM, memory and count of the NVIDIA GPUs (GPU 0 describes them) via NVML, or None when there are none."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+        name = pynvml.nvmlDeviceGetName(h)
+        return {"name": name.decode() if isinstance(name, bytes) else name, "sm": major * 10 + minor,
+                "memory_gb": pynvml.nvmlDeviceGetMemoryInfo(h).total / 1e9,
+                "count": pynvml.nvmlDeviceGetCount()}
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def target_for(gpu: dict | None, targets: dict[str, dict]) -> str:
+    """The target name for ``gpu`` among ``targets`` (name -> its yaml): same SM, nearest memory; ``cpu`` for none.
+
+    Raises UserError when no shipped target has the GPU's SM."""
+    from pipeline.errors import UserError
+
+    if gpu is None:
+        return "cpu"
+    candidates = [(abs(float(t.get("memory_gb", 0)) - float(gpu["memory_gb"])), name)
+                  for name, t in targets.items()
+                  if name not in (AUTO, "cpu") and int(t.get("sm", 0)) == int(gpu["sm"])]
+    if not candidates:
+        raise UserError(f"target=auto: no shipped target has sm{gpu['sm']} ({gpu['name']}); add "
+                        f"conf/target/<name>.yaml, or name a target (target=cpu for the reference runtime on CPU)")
+    return min(candidates)[1]
+
+
+def shipped_targets() -> dict[str, dict]:
+    from omegaconf import OmegaConf
+
+    from pipeline.config import conf_dir, group_options
+
+    return {name: OmegaConf.to_container(OmegaConf.load(conf_dir() / "target" / f"{name}.yaml")) or {}
+            for name in group_options("target") if name != AUTO}
+
+
+def detect_target() -> str:
+    """``target=auto`` on this machine. ``pipeline.config.local_gpu`` is what tests replace, so it is read there."""
+    from pipeline import config
+
+    return target_for(config.local_gpu(), shipped_targets())
+
+
+def trtllm_version() -> str | None:
+    """The installed TensorRT-LLM's version from its package metadata (importing it takes seconds), or None."""
+    from importlib import metadata
+
+    for dist in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return (0, 0)
+    return (v.major, v.minor)
+
+
+def runtime_for(target_device: str, trtllm: str | None) -> str:
+    """``runtime=auto`` for a target of ``target_device`` with TensorRT-LLM ``trtllm`` installed (None: not)."""
+    if target_device != "cuda" or not trtllm:
+        return "reference"
+    return "trtllm_llmapi" if _version_tuple(trtllm) >= LLMAPI_FROM else "trtllm_engine"
+
+
+def _device_of(target: str) -> str:
+    return "cpu" if target == "cpu" else str(shipped_targets().get(target, {}).get("device", "cuda"))
+
+
+@functools.lru_cache(maxsize=None)
+def _note(text: str) -> None:
+    """Say once per process what ``auto`` became (stderr: ``--json`` output stays clean)."""
+    print(text, file=sys.stderr)
+
+
+def _why_target(target: str) -> str:
+    from pipeline import config
+
+    gpu = config.local_gpu()
+    if gpu is None:
+        return f"target=auto -> {target} (NVML reports no NVIDIA GPU)"
+    return f"target=auto -> {target} ({gpu['name']}, sm{gpu['sm']}, {gpu['memory_gb']:.0f} GB, via NVML)"
+
+
+def _why_runtime(runtime: str, trtllm: str | None) -> str:
+    if trtllm is None:
+        return f"runtime=auto -> {runtime} (TensorRT-LLM is not installed)"
+    return f"runtime=auto -> {runtime} (TensorRT-LLM {trtllm})"
+
+
+def _split(override: str) -> tuple[str, list[str]]:
+    key, _, value = override.partition("=")
+    return key.strip(), [v.strip() for v in value.split(",")]
+
+
+def resolve_overrides(overrides: Iterable[str], *, say: bool = False) -> list[str]:
+    """``overrides`` with ``target``/``runtime`` made concrete: ``auto`` (given, swept as ``target=auto,h100``, or
+    left to the config's default) replaced by what it resolves to here. ``say``: print what ``auto`` became when it
+    names a GPU or TensorRT-LLM, or when ``auto`` was asked for explicitly."""
+    out = list(overrides)
+    keys = {_split(o)[0]: i for i, o in enumerate(out) if "=" in o}
+    t_given = "target" in keys
+    t_values = _split(out[keys["target"]])[1] if t_given else [AUTO]
+    if AUTO in t_values:
+        detected = detect_target()
+        t_values = list(dict.fromkeys(detected if v == AUTO else v for v in t_values))
+        if say and (t_given or detected != "cpu"):
+            _note(_why_target(detected))
+    t_override = "target=" + ",".join(t_values)
+    if t_given:
+        out[keys["target"]] = t_override
+    else:
+        out.append(t_override)
+    r_given = "runtime" in keys
+    r_values = _split(out[keys["runtime"]])[1] if r_given else [AUTO]
+    if AUTO in r_values:
+        trtllm = trtllm_version()
+        # one runtime for the whole sweep: a GPU one only when every swept target is a GPU
+        device = "cuda" if all(_device_of(t) == "cuda" for t in t_values) else "cpu"
+        runtime = runtime_for(device, trtllm)
+        r_values = list(dict.fromkeys(runtime if v == AUTO else v for v in r_values))
+        if say and (r_given or runtime != "reference"):
+            _note(_why_runtime(runtime, trtllm))
+    r_override = "runtime=" + ",".join(r_values)
+    if r_given:
+        out[keys["runtime"]] = r_override
+    else:
+        out.append(r_override)
+    return out
+
+
+def summary() -> dict[str, Any]:
+    """What this machine offers, for reports: GPU (or None) and the installed TensorRT-LLM."""
+    from pipeline import config
+
+    return {"gpu": config.local_gpu(), "trtllm": trtllm_version()}

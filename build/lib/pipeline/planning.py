@@ -1,0 +1,75 @@
+"""Plan-time decisions from the config alone (no download, no GPU work): compatibility and capacity."""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline import capacity, compat
+from pipeline.config import local_gpu, to_plain
+
+
+def compat_problems(cfg: DictConfig) -> list[str]:
+    t = cfg.target
+    return compat.problems(cfg.quant.format.value, cfg.quant.kv_cache.value, t.name, int(t.sm), t.device.value,
+                           cfg.runtime.name.value)
+
+
+def capacity_plan(cfg: DictConfig) -> capacity.Plan | None:
+    """The KV-capacity plan for a GPU target, or None (CPU target, or a model without a known shape)."""
+    t, b = cfg.target, cfg.build
+    shape = capacity.shape_from(to_plain(cfg.model.shape))
+    if t.device.value != "cuda" or shape is None or not t.memory_gb:
+        return None
+    return capacity.plan(shape, cfg.quant.format.value, cfg.quant.kv_cache.value, float(t.memory_gb),
+                         int(t.gpus_per_node), tp=int(b.tp_size), pp=int(b.pp_size),
+                         fraction=float(b.kv_cache_free_gpu_mem_fraction), max_num_tokens=int(b.max_num_tokens),
+                         max_batch_size=int(b.max_batch_size), max_seq_len=int(b.max_seq_len),
+                         input_len=int(b.expected_input_len), output_len=int(b.expected_output_len))
+
+
+def effective_tp(cfg: DictConfig) -> int:
+    """TP the build uses: the configured one, or the planner's choice (1 on CPU)."""
+    if int(cfg.build.tp_size):
+        return int(cfg.build.tp_size)
+    p = capacity_plan(cfg)
+    return p.tp if p is not None else 1
+
+
+def capacity_problems(cfg: DictConfig) -> list[str]:
+    p = capacity_plan(cfg)
+    if p is None or p.fits:
+        return []
+    t = cfg.target
+    row = p.row(p.chosen_kv)
+    return [f"{cfg.model.name} with {cfg.quant.format.value} weights does not fit on {t.name}: at TP={p.tp} "
+            f"(at most {t.gpus_per_node} GPUs per node) the KV pool holds {row.max_tokens:,} tokens, fewer than "
+            f"build.max_seq_len={cfg.build.max_seq_len}; use a smaller quant, more GPUs (build.pp_size), or a "
+            f"larger GPU"]
+
+
+def local_sm_problems(cfg: DictConfig) -> list[str]:
+    """Engines are tied to one compute capability: a GPU runtime builds only for the local GPU's SM."""
+    if cfg.target.device.value != "cuda":
+        return []
+    gpu = local_gpu()
+    fanout = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={cfg.target.name} "
+              f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")
+    if gpu is None:
+        return [f"target {cfg.target.name} (sm{cfg.target.sm}) needs its GPU to build, and this machine has none; "
+                f"{fanout}"]
+    if gpu["sm"] != int(cfg.target.sm):
+        return [f"target {cfg.target.name} is sm{cfg.target.sm} but this machine's GPU is {gpu['name']} "
+                f"(sm{gpu['sm']}): engines run only on the SM they were built on; {fanout}"]
+    return []
+
+
+def summary(cfg: DictConfig) -> dict[str, Any] | None:
+    p = capacity_plan(cfg)
+    if p is None:
+        return None
+    return {"tp": p.tp, "pp": p.pp, "gpus": p.gpus, "tp_chosen_by_planner": p.tp_chosen_by_planner, "fits": p.fits,
+            "weights_gb_per_gpu": round(p.weights_bytes_per_gpu / 1e9, 2),
+            "activation_reserve_gb": round(p.activation_reserve_bytes / 1e9, 2), "gpu_gb": p.gpu_bytes / 1e9,
+            "kv_cache_free_gpu_mem_fraction": float(cfg.build.kv_cache_free_gpu_mem_fraction),
+            "chosen_kv": p.chosen_kv, "table": capacity.table(p), "warnings": p.warnings}

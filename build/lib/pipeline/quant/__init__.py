@@ -1,0 +1,1 @@
+"""Quantization checks that do not need ModelOpt: the export proof (``proof``)."""

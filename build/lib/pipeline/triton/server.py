@@ -1,0 +1,356 @@
+"""Start and stop a real ``tritonserver`` on loopback with free ports.
+
+Binary lookup, in order: ``serve.server_bin``; ``tritonserver`` on PATH (NVIDIA's Triton containers); the binary
+bundled in ``nvidia-pytriton`` (CPU machines). For the bundled one, a backend directory is assembled with the python
+backend plus the stub for the running Python, and ``LD_LIBRARY_PATH`` gets the bundled libraries and libpython.
+The server runs from a neutral working directory (a folder named ``triton`` in the cwd shadows OpenAI's ``triton``
+package inside the python-backend stub) in its own process group, and is stopped on every exit path.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import UserError
+
+
+class ServerError(Exception):
+    """The server failed to start or died; carries the log tail."""
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen | None  # None for an external server
+    host: str
+    http_port: int
+    grpc_port: int
+    log_path: Path
+    container: str | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no server log)"
+
+    def alive(self) -> bool:
+        if self.proc is None:
+            return _grpc_ready(self.grpc_url)
+        return self.proc.poll() is None
+
+    def responsive(self, within_s: float = 5.0) -> bool:
+        """Whether the server answers a readiness probe within ``within_s`` (a hung process does not)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            if _grpc_ready(self.grpc_url) if self.proc is None else _ready(self.http_url):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.25)
+
+
+def _pytriton_root() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def find_server(server_bin: str | None) -> tuple[Path, bool]:
+    """-> (binary, is_bundled_pytriton). Raises UserError naming what to install or set."""
+    if server_bin:
+        p = Path(server_bin).expanduser()
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise UserError(f"serve.server_bin={server_bin}: not an executable file; fix the path or unset it")
+        return p.resolve(), False
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path), False
+    root = _pytriton_root()
+    if root and (root / "bin" / "tritonserver").is_file():
+        return root / "bin" / "tritonserver", True
+    raise UserError("no tritonserver found: set serve.server_bin, put tritonserver on PATH, "
+                    "or pip install nvidia-pytriton (bundles a CPU-capable server)")
+
+
+def _bundled_backends(cache: Path) -> Path:
+    """Backend dir with pytriton's python backend and the stub for this Python (built once, atomically)."""
+    root = _pytriton_root()
+    assert root is not None
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise UserError(f"nvidia-pytriton has no python-backend stub for Python {ver}; use Python 3.8-3.13")
+    dest = cache / f"triton-backends-py{ver}"
+    if (dest / "python" / "triton_python_backend_stub").is_file():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix=".backends-", dir=cache))
+    shutil.copytree(root / "backends" / "python", tmp / "python")
+    shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+    os.chmod(tmp / "python" / "triton_python_backend_stub", 0o755)
+    try:
+        os.replace(tmp, dest)
+    except OSError:  # a concurrent run won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _prctl(option: int, value: int) -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):  # not Linux: the stdin pipe alone tells the supervisor its pipeline is gone
+        pass
+
+
+def _die_with_parent() -> None:
+    """Runs in the server's child process: SIGKILL it when its supervisor dies (``PR_SET_PDEATHSIG``, Linux)."""
+    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the supervisor died before the prctl took effect
+        os._exit(1)
+
+
+SUPERVISOR = "import sys; from pipeline.triton.server import _supervise; sys.exit(_supervise(sys.argv[1:]))"
+
+
+def supervised(cmd: list[str]) -> list[str]:
+    """``cmd`` run under :func:`_supervise` (start it with ``stdin=PIPE`` and ``start_new_session=True``)."""
+    return [sys.executable, "-c", SUPERVISOR, *cmd]
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process of this process group and every descendant, except this process."""
+    import psutil
+
+    me = os.getpid()
+    victims = {p.pid for p in psutil.Process(me).children(recursive=True)}
+    pgid = os.getpgid(0)
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.pid != me and os.getpgid(p.pid) == pgid:
+                victims.add(p.pid)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _supervise(cmd: list[str]) -> int:
+    """The server's supervisor: the pipeline starts it in a session of its own with a pipe on stdin whose write end
+    only the pipeline holds; it runs ``cmd`` (tritonserver) in that session and is a child subreaper, so the server's
+    python-backend stubs (which ignore SIGTERM) stay its descendants even when the server dies.
+
+    - The pipeline dies, however (``kill -9`` included): stdin reaches EOF, and every process of the session and
+      every descendant is SIGKILLed, then the supervisor exits.
+    - The server exits: what is left (orphaned stubs) is SIGKILLed, and the supervisor exits with the server's code
+      (128 + N for signal N).
+    - ``stop`` sends SIGTERM to the whole group: the server shuts down; the supervisor waits for it.
+    """
+    import select
+
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server must not inherit it
+    signal.signal(signal.SIGINT, lambda *_: None)
+    fd = sys.stdin.fileno()
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            _kill_descendants()
+            return rc if rc >= 0 else 128 - rc
+        try:
+            readable, _, _ = select.select([fd], [], [], 0.2)
+            gone = bool(readable) and not os.read(fd, 4096)
+        except OSError:
+            gone = True
+        if gone:  # the pipeline is gone
+            _kill_descendants()
+            os.killpg(0, signal.SIGKILL)
+
+
+def free_ports(host: str, n: int = 2) -> list[int]:
+    """``n`` distinct free TCP ports on ``host``: the probe sockets stay bound together, so the kernel cannot hand
+    out the same port twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, timeout_s: float,
+            on_wait=None, models: list[str] | None = None) -> Iterator[Server]:
+    """Start tritonserver on ``repo`` (all models, or only ``models``), wait until they are ready, always stop it."""
+    binary, bundled = find_server(server_bin)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stub finds this env's numpy
+    cmd = [str(binary), f"--model-repository={repo}", "--exit-on-error=true", "--strict-readiness=true",
+           "--allow-metrics=false", "--log-verbose=0"]
+    if models:  # load only these (explicit model control)
+        cmd += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)]
+    if bundled:
+        root = _pytriton_root()
+        libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
+        cmd.append(f"--backend-directory={_bundled_backends(work_dir)}")
+    last_err = None
+    for _attempt in range(3):  # a free port can be taken between probing and binding
+        http_port, grpc_port = free_ports(host)
+        run_dir = Path(tempfile.mkdtemp(prefix="triton-", dir=work_dir))  # neutral cwd
+        log_path = run_dir / "server.log"
+        with open(log_path, "wb") as log:  # under a supervisor: nothing outlives the pipeline, kill -9 included
+            proc = subprocess.Popen(
+                supervised(cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
+                                  f"--grpc-port={grpc_port}"]),
+                cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        server = Server(proc, host, http_port, grpc_port, log_path)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not _ready(server.http_url):
+                if not server.alive():
+                    raise ServerError(f"tritonserver exited with code {proc.returncode} during startup")
+                if time.monotonic() > deadline:
+                    raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s (serve.startup_timeout_s)")
+                if on_wait:
+                    on_wait()
+                time.sleep(0.25)
+        except ServerError as exc:
+            tail = server.log_tail()
+            stop(server)
+            if "address already in use" in tail.lower():
+                last_err = exc
+                continue
+            raise ServerError(f"{exc}; log {log_path}:\n{tail}") from None
+        except BaseException:
+            stop(server)
+            raise
+        try:
+            yield server
+        finally:
+            stop(server)
+        return
+    raise ServerError(f"could not bind free ports: {last_err}")
+
+
+def stop(server: Server, grace_s: float = 10.0) -> None:
+    """SIGTERM the server's process group (its supervisor, the server and its python stubs), then SIGKILL the group
+    after ``grace_s``; closing the supervisor's stdin makes it kill whatever is left."""
+    if server.proc is None:
+        return
+    if server.container:
+        subprocess.run(["docker", "stop", "-t", str(int(grace_s)), server.container], capture_output=True)
+    if server.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.proc.wait(5)
+    if server.proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            server.proc.stdin.close()
+
+
+def _grpc_ready(url: str) -> bool:
+    try:
+        import tritonclient.grpc as grpcclient
+
+        with contextlib.closing(grpcclient.InferenceServerClient(url)) as c:
+            return bool(c.is_server_ready())
+    except Exception:
+        return False
+
+
+def docker_command(repo: Path, *, image: str, mount: str, host: str, http_port: int, grpc_port: int,
+                   name: str) -> list[str]:
+    """``docker run`` for an NGC Triton image: all GPUs, the repository mounted at ``mount``, loopback ports."""
+    return ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+            "-p", f"{host}:{http_port}:8000", "-p", f"{host}:{grpc_port}:8001", "-v", f"{repo}:{mount}:ro",
+            image, "tritonserver", f"--model-repository={mount}", "--exit-on-error=true", "--strict-readiness=true"]
+
+
+@contextlib.contextmanager
+def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server]:
+    """The server ``serve.launcher`` asks for: ``local`` (a binary here), ``docker`` (an NGC image) or
+    ``external`` (already running at ``serve.url``)."""
+    kind = serve.launcher.value
+    if kind == "local":
+        with running(repo, host=serve.host, server_bin=serve.server_bin, work_dir=work_dir,
+                     timeout_s=serve.startup_timeout_s, on_wait=on_wait) as s:
+            yield s
+        return
+    if kind == "external":
+        url = str(serve.url)
+        host, _, port = url.rpartition(":")
+        if not port.isdigit():
+            raise UserError(f"serve.url={url}: give HOST:GRPC_PORT")
+        if not _grpc_ready(url):
+            raise UserError(f"serve.url={url}: no ready Triton server answers there over gRPC")
+        yield Server(None, host, 0, int(port), work_dir / "external-server.log")
+        return
+    if shutil.which("docker") is None:
+        raise UserError("serve.launcher=docker needs the docker CLI; install Docker or use serve.launcher=local")
+    info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    if info.returncode != 0:
+        why = (info.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise UserError(f"serve.launcher=docker: no Docker engine is running here ({why}); start one or use "
+                        f"serve.launcher=local")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    http_port, grpc_port = free_ports(serve.host)
+    name = f"pipeline-bench-{os.getpid()}-{grpc_port}"
+    log_path = Path(tempfile.mkdtemp(prefix="docker-", dir=work_dir)) / "server.log"
+    cmd = docker_command(repo.resolve(), image=serve.image, mount=serve.repo_mount, host=serve.host,
+                         http_port=http_port, grpc_port=grpc_port, name=name)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(proc, serve.host, http_port, grpc_port, log_path, container=name)
+    try:
+        deadline = time.monotonic() + serve.startup_timeout_s
+        while not _ready(server.http_url):
+            if proc.poll() is not None:
+                raise ServerError(f"docker run exited with code {proc.returncode}; log {log_path}:\n"
+                                  f"{server.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"container not ready after {serve.startup_timeout_s:.0f}s; log {log_path}:\n"
+                                  f"{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        stop(server)

@@ -1,0 +1,163 @@
+"""The bench's decisions without a server: the entry point per layout, the default sweep per target device, the
+regression baseline (found, none, unreachable, corrupt) and the gate's verdict and checks."""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline import config
+from pipeline.errors import UserError
+from pipeline.stages import bench
+
+
+def test_entry_point_per_layout_and_a_refused_choice_is_one_line():
+    assert bench.choose_entry("auto", "inflight_batcher_llm") == "ensemble"
+    assert bench.choose_entry("tensorrt_llm_bls", "inflight_batcher_llm") == "tensorrt_llm_bls"
+    assert bench.choose_entry("auto", "llmapi", ["tensorrt_llm"]) == "tensorrt_llm"
+    for choice, layout in (("ensemble", "llmapi"), ("tensorrt_llm_bls", "llmapi"),
+                           ("tensorrt_llm", "inflight_batcher_llm")):
+        with pytest.raises(UserError) as err:
+            bench.choose_entry(choice, layout)
+        msg = str(err.value)
+        assert f"bench.model={choice}: the {layout} layout has no such entry point" in msg and "\n" not in msg
+    with pytest.raises(UserError, match="layout 'reference-ensemble', which the bench cannot drive"):
+        bench.choose_entry("auto", "reference-ensemble")
+
+
+def test_env_check_refuses_an_entry_point_the_layout_lacks_before_any_work():
+    cfg = config.compose(["runtime=reference", "serve.layout=llmapi", "bench.model=tensorrt_llm_bls",
+                          "serve.launcher=external", "serve.url=127.0.0.1:1"])
+    assert bench.env_check(cfg) == ["bench.model=tensorrt_llm_bls: the llmapi layout has no such entry point "
+                                    "(it has: tensorrt_llm); set bench.model=auto"]
+    cfg = config.compose(["runtime=reference", "serve.layout=llmapi", "serve.launcher=external",
+                          "serve.url=127.0.0.1:1"])
+    assert bench.env_check(cfg) == []
+
+
+def test_default_sweep_is_a_smoke_on_cpu_and_full_on_gpus_and_explicit_values_win():
+    cpu = config.compose(["target=cpu", "runtime=reference"]).bench
+    assert list(cpu.concurrency) == [1, 8] and cpu.requests_per_level <= 4 and cpu.chat.max_tokens <= 16
+    gpu = config.compose(["target=h100", "model=qwen32b"]).bench
+    assert list(gpu.concurrency) == [1, 8, 32] and gpu.chat.max_tokens == 32 and gpu.rag.prompt_words == 300
+    mine = config.compose(["target=cpu", "runtime=reference", "bench.concurrency=[1,2,3]",
+                           "bench.chat.max_tokens=5"]).bench
+    assert list(mine.concurrency) == [1, 2, 3] and mine.chat.max_tokens == 5 and mine.rag.max_tokens == 8
+
+
+def _level(conc: int, tps: float, ttft_p95: float, errors: int = 0) -> dict:
+    stat = {"unit": "ms", "avg": 1.0, "p50": 1.0, "p95": ttft_p95, "p99": ttft_p95}
+    return {"concurrency": conc, "request_count": 4, "error_count": errors, "errors": ["x"] if errors else [],
+            "time_to_first_token": dict(stat), "inter_token_latency": dict(stat, p95=5.0),
+            "request_latency": dict(stat, p95=50.0), "output_token_throughput": {"avg": tps},
+            "request_throughput": {"avg": 1.0}}
+
+
+def _result(tps: float = 100.0, ttft_p95: float = 10.0, errors: int = 0) -> dict:
+    return {"workloads": {"chat": {"levels": [_level(1, tps, ttft_p95, errors), _level(8, 3 * tps, ttft_p95)]}}}
+
+
+def _found(result: dict) -> dict:
+    rows = {w: [bench.summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()}
+    return {"status": "found", "source": "x", "version": "v1", "detail": None, "bench": {"workloads": rows}}
+
+
+@functools.lru_cache(maxsize=None)
+def _cfg(*extra: str):  # composed once per override set (read-only here)
+    return config.compose(["target=cpu", "runtime=reference", *extra])
+
+
+def test_gate_verdicts_checks_and_regressions():
+    cfg = _cfg("bench.gates.regression_on_cpu=true", "bench.gates.ttft_p95_ms=50")
+    g = bench.gates(cfg, _result(), _found(_result()))
+    assert g["verdict"] == "pass" and g["breaches"] == [] and g["compared_with_previous_levels"] == 2
+    assert {c["check"] for c in g["checks"]} >= {"error rate", "TTFT p95", "regression: output tokens/s"}
+    assert all(c["pass"] for c in g["checks"])
+    # negative controls: an absolute limit, an error, a regression against the previous bundle
+    g = bench.gates(cfg, _result(ttft_p95=80.0), _found(_result()))
+    assert g["verdict"] == "fail" and any("TTFT p95 80.0 ms > 50.0 ms" in b for b in g["breaches"])
+    g = bench.gates(cfg, _result(errors=1), _found(_result()))
+    assert g["verdict"] == "fail" and any("error rate 25.0% > 0.0%" in b for b in g["breaches"])
+    g = bench.gates(cfg, _result(tps=50.0), _found(_result()))
+    assert g["verdict"] == "fail"
+    assert "chat at concurrency 1: output tokens/s 50.0 vs 100.0 in the previous bundle (-50%, allowed 25%)" in \
+        g["regressions"]
+    failed = [c for c in g["checks"] if not c["pass"]]
+    assert failed and all(c["check"] == "regression: output tokens/s" and c["change_pct"] == -50.0 for c in failed)
+    # on CPU regressions are reported, not gated, unless asked
+    g = bench.gates(_cfg(), _result(tps=50.0), _found(_result()))
+    assert g["verdict"] == "pass" and g["regressions"] and not g["regressions_gated"]
+
+
+@pytest.mark.parametrize("status", ["unreachable", "corrupt"])
+def test_an_unreadable_baseline_is_no_baseline_never_pass(status):
+    baseline = {"status": status, "source": "s3://b/p", "version": None, "detail": "ConnectionError: refused"}
+    g = bench.gates(_cfg("bench.gates.regression_on_cpu=true"), _result(), baseline)
+    assert g["verdict"] == "no-baseline" and g["compared_with_previous_levels"] == 0
+    assert g["baseline"]["status"] == status
+    assert "nothing compared" in bench.baseline_line(g) and "ConnectionError: refused" in bench.baseline_line(g)
+    # nothing published yet is an empty baseline: pass
+    none = {"status": "none", "source": "x", "version": None, "detail": "no bundle published yet"}
+    assert bench.gates(_cfg("bench.gates.regression_on_cpu=true"), _result(), none)["verdict"] == "pass"
+    # a breach still fails
+    assert bench.gates(_cfg("bench.gates.regression_on_cpu=true"), _result(errors=1), baseline)["verdict"] == "fail"
+
+
+def _ctx(tmp_path: Path, dest: str, *extra: str) -> SimpleNamespace:
+    cfg = copy.deepcopy(_cfg(*extra))
+    cfg.publish.dest = dest
+    (tmp_path / "bundles").mkdir(parents=True, exist_ok=True)
+    return SimpleNamespace(cfg=cfg, stage=bench.STAGE, paths={"bundles": tmp_path / "bundles"})
+
+
+def _publish(ctx, doc, version: str = "v000000000001", raw: bytes | None = None) -> Path:
+    from pipeline.fleet import _published_base
+
+    _, base = _published_base(ctx.cfg)
+    d = Path(base) / version
+    d.mkdir(parents=True)
+    (d / "bundle.json").write_bytes(raw if raw is not None else json.dumps(doc).encode())
+    (Path(base) / "latest").write_text(version)
+    return d
+
+
+def test_previous_bench_found_none_corrupt_unreachable(tmp_path):
+    dest = tmp_path / "published"
+    ctx = _ctx(tmp_path, str(dest))
+    assert bench.previous_bench(ctx)["status"] == "none"
+    _publish(ctx, {"bench": _found(_result())["bench"]})
+    got = bench.previous_bench(ctx)
+    assert got["status"] == "found" and got["version"] == "v000000000001"
+    assert got["bench"]["workloads"]["chat"][0]["output_tokens_per_s"] == 100.0
+
+    ctx = _ctx(tmp_path / "c", str(tmp_path / "c" / "published"))
+    _publish(ctx, None, raw=b"{ not json")
+    got = bench.previous_bench(ctx)
+    assert got["status"] == "corrupt" and "not JSON" in got["detail"]
+    ctx = _ctx(tmp_path / "d", str(tmp_path / "d" / "published"))
+    _publish(ctx, {"bench": {"workloads": "oops"}})
+    assert bench.previous_bench(ctx)["status"] == "corrupt"
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    got = bench.previous_bench(_ctx(tmp_path / "e", str(blocker / "published")))
+    assert got["status"] == "unreachable" and got["detail"].startswith(f"publish.dest={blocker / 'published'}")
+    got = bench.previous_bench(_ctx(tmp_path / "f", "nosuchproto://bucket/prefix"))
+    assert got["status"] == "unreachable" and "nosuchproto://bucket/prefix" in got["detail"]
+    assert bench.previous_bench(_ctx(tmp_path / "g", str(dest), "bench.gates.regression_pct=null"))["status"] == \
+        "disabled"
+
+
+def test_bench_md_shows_the_verdict_baseline_and_counting():
+    r = {"model": "tensorrt_llm", "layout": "llmapi", "launcher": "local", "server_start_s": 1.0, "answers": [],
+         "workloads": {"chat": {"prompt_words": 24, "max_tokens": 16, "levels": _result()["workloads"]["chat"]["levels"]}}}
+    r["gates"] = bench.gates(_cfg("bench.gates.regression_on_cpu=true"), r,
+                             {"status": "corrupt", "source": "x", "version": None, "detail": "bundle.json is not JSON"})
+    md = bench.markdown("m", r)
+    assert "Gate: **no-baseline**" in md and "Regression baseline: **unreadable**: bundle.json is not JSON" in md
+    assert "Entry point `tensorrt_llm` (llmapi layout)" in md
+    assert "re-tokenized with the model's tokenizer" in md and "(request latency - TTFT) / (output tokens - 1)" in md

@@ -1,0 +1,108 @@
+"""Bundle manifest pieces that need no build: the bench gate read from bench.json, ``verify --container`` against the
+recorded container pairs, and one-line errors of object-store clients."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline import bundle, upstream
+from pipeline.errors import StageFailed, UserError
+from pipeline.stages import publish
+
+GATES = {"verdict": "pass", "breaches": [], "regressions": ["chat at concurrency 1: TTFT p95 30.0 vs 10.0 (+200%)"],
+         "regressions_gated": False, "compared_with_previous_levels": 2,
+         "baseline": {"status": "found", "source": "memory://x", "version": "v1", "detail": None}}
+
+
+def _bench_json(tmp_path, gates) -> object:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"workloads": {}, **({"gates": gates} if gates is not None else {})}))
+    return path
+
+
+def test_the_bench_verdict_and_its_regressions_are_read_from_bench_json(tmp_path):
+    got = publish.bench_verdict(_bench_json(tmp_path, GATES))
+    assert got["verdict"] == "pass" and got["regressions"] == GATES["regressions"]
+    assert got["regressions_gated"] is False and got["compared_with_previous_levels"] == 2
+    gates = {"accuracy": "pass", "export_check": "pass", "bench": got["verdict"], "bench_detail": got}
+    bundle.Gates.model_validate(gates)
+    assert publish.gates_passed(gates)
+    no_baseline = publish.bench_verdict(_bench_json(tmp_path, {**GATES, "verdict": "no-baseline"}))
+    assert no_baseline["verdict"] == "no-baseline"
+    assert not publish.gates_passed({**gates, "bench": "no-baseline"})  # latest does not move on no-baseline
+
+
+@pytest.mark.parametrize("gates, expected", [
+    (None, "no bench gate verdict (gates.verdict=None"),
+    ({**GATES, "verdict": None}, "no bench gate verdict (gates.verdict=None"),
+    ({**GATES, "verdict": "ok"}, "gates.verdict='ok', expected one of pass, fail, no-baseline"),
+    ({k: v for k, v in GATES.items() if k != "regressions"}, "gates.regressions is missing"),
+])
+def test_a_bench_json_without_a_verdict_fails_publish_instead_of_passing(tmp_path, gates, expected):
+    with pytest.raises(StageFailed, match="re-run bench") as exc:
+        publish.bench_verdict(_bench_json(tmp_path, gates))
+    assert expected in str(exc.value)
+
+
+def test_the_bundle_schema_refuses_an_unknown_bench_verdict():
+    with pytest.raises(ValueError):
+        bundle.Gates.model_validate({"accuracy": "pass", "export_check": "pass", "bench": "maybe",
+                                     "bench_detail": {**GATES, "verdict": "maybe"}})
+
+
+def _want(image: str) -> dict:
+    pair = upstream.container_pairs()[image]
+    return {"tensorrt_llm": pair["trtllm"], "tensorrt": pair["tensorrt"], "container": image}
+
+
+def test_verify_container_compares_the_images_versions_from_the_recorded_pairs():
+    pairs = upstream.container_pairs()
+    images = sorted(pairs)
+    assert len({pairs[i]["trtllm"] for i in images}) >= 2
+    built_for = images[0]
+    other = next(i for i in images if pairs[i]["trtllm"] != pairs[built_for]["trtllm"])
+    name, ok, msg = bundle.container_check(_want(built_for), built_for)
+    assert ok is True and pairs[built_for]["trtllm"] in msg
+    # negative controls: another image's TRT-LLM, and a TensorRT that differs under the same TRT-LLM
+    name, ok, msg = bundle.container_check(_want(built_for), other)
+    assert ok is False and f"TensorRT-LLM {pairs[built_for]['trtllm']} ≠ {pairs[other]['trtllm']}" in msg
+    want = {**_want(built_for), "tensorrt": "9.0.0"}
+    name, ok, msg = bundle.container_check(want, built_for)
+    assert ok is False and f"TensorRT 9.0.0 ≠ {pairs[built_for]['tensorrt']}" in msg
+    # the same image under a different tag string is not enough: versions decide, not tags
+    want = {**_want(built_for), "container": "registry.example/mirror/tritonserver:custom"}
+    assert bundle.container_check(want, built_for)[1] is True
+    # TensorRT recorded with fewer components matches its full version
+    short = ".".join(pairs[built_for]["tensorrt"].split(".")[:3])
+    assert bundle.container_check({**_want(built_for), "tensorrt": short}, built_for)[1] is True
+
+
+def test_verify_container_with_an_unknown_image_names_the_recorded_ones():
+    with pytest.raises(UserError) as exc:
+        bundle.container_check(_want(sorted(upstream.container_pairs())[0]), "nvcr.io/nvidia/tritonserver:24.01-py3")
+    line = str(exc.value)
+    assert "\n" not in line and "nvcr.io/nvidia/tritonserver:24.01-py3: not a recorded serving image" in line
+    assert all(image in line for image in upstream.container_pairs())
+
+
+def test_a_bundle_without_trtllm_versions_maps_its_recorded_container():
+    image = sorted(upstream.container_pairs())[0]
+    assert bundle.container_check({"container": image}, image)[1] is True
+    name, ok, msg = bundle.container_check({"container": None}, image)
+    assert ok is False and "records no TensorRT-LLM version" in msg
+
+
+def test_object_store_errors_become_one_line_without_credentials():
+    class ClientError(Exception):  # the shape of botocore's error, as s3fs lets it through
+        pass
+
+    ClientError.__module__ = "botocore.exceptions"
+    err = bundle.store_error("publish.dest=s3://AKID:SECRET@bucket/x", "publishing v1",
+                             ClientError("An error occurred (InvalidAccessKeyId) when calling PutObject"))
+    assert isinstance(err, UserError) and "\n" not in str(err)
+    assert "SECRET" not in str(err) and "s3://***@bucket/x" in str(err)
+    assert "check the credentials in the environment" in str(err)
+    missing = bundle.store_error("publish.dest=gs://b", "publishing v1", FileNotFoundError("The bucket does not exist"))
+    assert "check that the bucket exists" in str(missing)
+    assert bundle.store_error("x", "y", KeyError("a programming error")) is None  # not a store error: re-raised

@@ -1,0 +1,39 @@
+"""The quant × KV × SM × runtime compatibility rules against the support matrix, written out independently."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import compat
+
+TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 100, "gb200": 100,
+           "rtx-pro-6000": 120}
+# The support matrix (FACTS §2), written out independently of pipeline/compat.py.
+SERVES = {
+    "fp8": {89, 90, 100, 120}, "nvfp4": {100, 120}, "int4_awq": {80, 86, 89, 90}, "w4a8_awq": {89, 90},
+    "int8_sq": {80, 86, 89, 90}, "none": {80, 86, 89, 90, 100, 120},
+}
+KV_SERVES = {"none": {80, 86, 89, 90, 100, 120}, "fp8": {80, 86, 89, 90, 100, 120}, "nvfp4": {100, 120}}
+
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("quant", list(SERVES))
+@pytest.mark.parametrize("kv", list(KV_SERVES))
+@pytest.mark.parametrize("runtime", ["trtllm_engine", "trtllm_llmapi"])
+def test_compatibility_table(target, quant, kv, runtime):
+    sm = TARGETS[target]
+    found = compat.problems(quant, kv, target, sm, "cuda", runtime)
+    ok_quant = sm in SERVES[quant] and not (runtime == "trtllm_llmapi" and quant == "int8_sq")
+    ok_kv = sm in KV_SERVES[kv]
+    assert (not found) == (ok_quant and ok_kv), found
+    for p in found:
+        assert "use" in p  # every refusal says what would work
+
+
+def test_refusal_wording_and_cpu_targets():
+    assert compat.problems("nvfp4", "fp8", "h100", 90, "cuda", "trtllm_engine") == [
+        "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq"]
+    assert "quant.kv_cache=nvfp4 needs Blackwell" in compat.problems("fp8", "nvfp4", "h200", 90, "cuda",
+                                                                      "trtllm_llmapi")[0]
+    assert "needs a GPU target" in compat.problems("fp8", "fp8", "cpu", 0, "cpu", "trtllm_engine")[0]
+    assert compat.problems("nvfp4", "nvfp4", "cpu", 0, "cpu", "reference") == []  # dequantized on CPU

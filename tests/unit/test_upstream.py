@@ -1,0 +1,158 @@
+"""The recorded upstream interface (``pipeline/upstream``): container pairs, the loader, the config.pbtxt template
+parser that refreshes and verifies the record (negative controls on small hand-written configs), and, where
+TensorRT-LLM is installed, the recorded build surface against the live package."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import upstream
+from pipeline.errors import UserError
+from pipeline.upstream import refresh
+from pipeline.upstream.pbtxt import parse_template
+from tests.helpers.requires import requires_trtllm
+
+# Hand-written in the shape of upstream's postprocessing template (two inputs, one output, two parameters)
+POSTPROCESSING = """
+name: "postprocessing"
+backend: "python"
+max_batch_size: ${triton_max_batch_size}
+dynamic_batching {}
+input [
+  { name: "TOKENS_BATCH" data_type: TYPE_INT32 dims: [ -1, -1 ] },
+  { name: "SEQUENCE_LENGTH" data_type: TYPE_INT32 dims: [ -1 ] }
+]
+output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+parameters { key: "tokenizer_dir" value: { string_value: "${tokenizer_dir}" } }
+parameters { key: "skip_special_tokens" value: { string_value: "${skip_special_tokens}" } }
+instance_group [ { count: ${postprocessing_instance_count} kind: KIND_CPU } ]
+"""
+
+
+def test_container_pairs_follow_the_backends_dockerfile_pins():
+    pairs = upstream.container_pairs()
+    assert pairs["nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"] == {
+        "trtllm": "1.2.1", "tensorrt": "10.14.1.48", "triton": "2.64.0"}
+    assert pairs["nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"]["trtllm"] == "1.1.0"
+    assert upstream.container_for("1.2.1") == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    assert upstream.trtllm_for("nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3") == "1.1.0"
+    assert upstream.trtllm_for("example.com/unknown:1") is None
+    assert upstream.container_source("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")["commit"] == "8addf2f"
+    with pytest.raises(UserError, match="no serving container recorded for TensorRT-LLM 9.9.9"):
+        upstream.container_for("9.9.9")
+
+
+def test_the_default_serving_image_pairs_with_the_default_trtllm_version():
+    from pipeline import config
+
+    cfg = config.compose(["model=tiny-qwen3", "runtime=trtllm_engine"])
+    assert upstream.container_for(cfg.runtime.trtllm_version) == cfg.runtime.container == cfg.serve.image
+
+
+def test_lines_and_layouts():
+    assert upstream.line_for("1.2.1") == upstream.line_for(None) == upstream.line_for("1.1.0") == "1.2.1"
+    assert upstream.line_for("1.3.0rc2") == "main"
+    ifb = upstream.interface("1.2.1", "inflight_batcher_llm")
+    assert set(ifb) == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
+    assert set(upstream.interface("main", "llmapi")) == {"tensorrt_llm"}
+    with pytest.raises(UserError, match="has no inflight_batcher_llm layout upstream"):
+        upstream.interface("main", "inflight_batcher_llm")
+    with pytest.raises(UserError, match="no recorded upstream interface"):
+        upstream.record("0.9")
+    for model in ifb.values():
+        assert model["source"]["repo"] == "NVIDIA/TensorRT-LLM" and len(model["source"]["commit"]) == 40
+
+
+def test_record_holds_what_nvidias_clients_send_and_the_backend_requires():
+    ens = upstream.tensor_names("1.2.1", "inflight_batcher_llm", "ensemble")
+    assert {"exclude_input_in_output", "beam_width", "stop_words", "bad_words", "stream"} <= set(ens)
+    assert "batch_index" in upstream.tensor_names("1.2.1", "inflight_batcher_llm", "ensemble", "outputs")
+    pre = upstream.tensor_names("1.2.1", "inflight_batcher_llm", "preprocessing")
+    assert {"REQUEST_OUTPUT_LEN", "BAD_WORDS_DICT", "STOP_WORDS_DICT"} <= set(pre)
+    reads = upstream.reads("1.2.1", "inflight_batcher_llm")
+    assert set(reads["tensorrt_llm"]["required"]) == {"gpt_model_path", "tokenizer_dir",
+                                                      "xgrammar_tokenizer_info_path", "guided_decoding_backend"}
+    assert "engine_dir" not in upstream.interface("1.2.1", "inflight_batcher_llm")["tensorrt_llm"]["parameters"]
+    llm = upstream.interface("1.2.1", "llmapi")["tensorrt_llm"]
+    assert "max_batch_size" not in llm or llm["max_batch_size"] == 0  # from model.yaml's triton_config
+    assert upstream.reads("1.2.1", "llmapi")["tensorrt_llm"]["model_yaml"]["required"][0] == "model"
+
+
+def test_template_parser_keeps_placeholders_where_the_record_keeps_them():
+    rec = parse_template(POSTPROCESSING)
+    assert rec["max_batch_size"] == "${triton_max_batch_size}"
+    assert rec["instance_group"] == {"count": "${postprocessing_instance_count}", "kind": "KIND_CPU"}
+    assert [t["name"] for t in rec["inputs"]] == ["TOKENS_BATCH", "SEQUENCE_LENGTH"]
+    assert rec["inputs"][0] == {"name": "TOKENS_BATCH", "data_type": "TYPE_INT32", "dims": [-1, -1],
+                                "optional": False}
+    assert rec["parameters"] == {"skip_special_tokens": "${skip_special_tokens}", "tokenizer_dir": "${tokenizer_dir}"}
+    typed = parse_template('name: "m" output [ { name: "logits" data_type: ${logits_datatype} dims: [ -1 ] } ]')
+    assert typed["outputs"][0]["data_type"] == "${logits_datatype}"
+
+
+def test_template_parser_refuses_what_is_not_a_model_config():
+    with pytest.raises(UserError, match="not a Triton model config"):
+        parse_template('name: "m" input [ { name: "x" data_type: TYPE_NOPE dims: [ 1 ] } ]')
+    with pytest.raises(UserError, match="not a Triton model config"):
+        parse_template('name: "m" no_such_field: 1')
+
+
+def test_hand_written_config_matches_the_record_and_each_planted_difference_is_named():
+    recorded = upstream.interface("1.2.1", "inflight_batcher_llm")["postprocessing"]
+    assert refresh.diff_model("postprocessing", recorded, parse_template(POSTPROCESSING)) == []
+    dropped = POSTPROCESSING.replace('  { name: "SEQUENCE_LENGTH" data_type: TYPE_INT32 dims: [ -1 ] }\n', "") \
+        .replace("dims: [ -1, -1 ] },", "dims: [ -1, -1 ] }")
+    assert refresh.diff_model("postprocessing", recorded, parse_template(dropped)) == [
+        "postprocessing: recorded input 'SEQUENCE_LENGTH' is not upstream"]
+    retyped = POSTPROCESSING.replace('"TOKENS_BATCH" data_type: TYPE_INT32', '"TOKENS_BATCH" data_type: TYPE_INT64')
+    assert refresh.diff_model("postprocessing", recorded, parse_template(retyped)) == [
+        "postprocessing: input 'TOKENS_BATCH' data_type recorded 'TYPE_INT32', upstream 'TYPE_INT64'"]
+    extra = POSTPROCESSING.replace('output [', 'parameters { key: "new_key" value: { string_value: "" } }\noutput [')
+    assert refresh.diff_model("postprocessing", recorded, parse_template(extra)) == [
+        "postprocessing: upstream parameter 'new_key' is not recorded"]
+
+
+def test_verify_a_checkout_reports_missing_models_and_differences(tmp_path):
+    layout = tmp_path / "all_models" / "inflight_batcher_llm"
+    (layout / "postprocessing").mkdir(parents=True)
+    (layout / "postprocessing" / "config.pbtxt").write_text(
+        POSTPROCESSING.replace("TYPE_STRING", "TYPE_INT8"))
+    out = refresh.verify_checkout(tmp_path, "1.2.1", ["inflight_batcher_llm"])
+    assert "inflight_batcher_llm/postprocessing: output 'OUTPUT' data_type recorded 'TYPE_STRING', upstream " \
+           "'TYPE_INT8'" in out
+    assert any(f.startswith("inflight_batcher_llm/tensorrt_llm: recorded, but the checkout has no") for f in out)
+    with pytest.raises(UserError, match="no llmapi/"):
+        refresh.verify_checkout(tmp_path, "1.2.1", ["llmapi"])
+
+
+def test_refresh_rewrites_the_layout_from_a_checkout(tmp_path, monkeypatch):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(upstream.DATA, data, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    monkeypatch.setattr(upstream, "DATA", data)
+    upstream._load.cache_clear()
+    try:
+        ckpt = tmp_path / "ckpt" / "triton_backend" / "all_models" / "llmapi" / "tensorrt_llm"
+        ckpt.mkdir(parents=True)
+        ckpt.joinpath("config.pbtxt").write_text(
+            'name: "tensorrt_llm"\nbackend: "python"\ninput [ { name: "text_input" data_type: TYPE_STRING '
+            'dims: [ -1 ] } ]\noutput [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]\n')
+        refresh.refresh_checkout(tmp_path / "ckpt", "main", "llmapi", "f" * 40)
+        upstream._load.cache_clear()
+        got = upstream.interface("main", "llmapi")["tensorrt_llm"]
+        assert [t["name"] for t in got["inputs"]] == ["text_input"] and got["source"]["commit"] == "f" * 40
+        assert upstream.reads("main", "llmapi")["tensorrt_llm"]["model_yaml"]  # hand-recorded parts are kept
+    finally:
+        upstream._load.cache_clear()
+
+
+def test_verify_command_exit_status(tmp_path):
+    assert refresh.main(["verify"]) == 2
+    (tmp_path / "llmapi" / "tensorrt_llm").mkdir(parents=True)
+    (tmp_path / "llmapi" / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "python"\n')
+    assert refresh.main(["verify", "--checkout", str(tmp_path), "--line", "main"]) == 1
+
+
+@requires_trtllm
+def test_recorded_build_surface_matches_the_installed_tensorrt_llm():
+    assert refresh.verify_installed("1.2.1") == []
