@@ -1,1 +1,0 @@
-"""Quantization checks that do not need ModelOpt: the export proof (``proof``)."""
