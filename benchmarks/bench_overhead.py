@@ -63,11 +63,14 @@ def main() -> None:
         with server.running(repo.parent, host="127.0.0.1", server_bin=None, work_dir=Path(tmp) / "w",
                             timeout_s=120) as s:
             prompts = ["hello"] * args.requests
-            client.run_level(s.grpc_url, "echo", prompts, list(range(200)), 8, args.tokens, 30)  # warm-up
+            echo = client.entry_point(s.grpc_url, "echo", "inflight_batcher_llm")
+            client.run_level(s.grpc_url, echo, prompts, list(range(200)), 8, args.tokens, 30)  # warm-up
             for conc in (int(c) for c in args.concurrency.split(",")):
                 n = args.requests if conc > 1 else min(args.requests, 1000)
                 t0 = time.perf_counter()
-                records, wall = client.run_level(s.grpc_url, "echo", prompts, list(range(n)), conc, args.tokens, 30)
+                records, wall = client.run_level(s.grpc_url, echo, prompts, list(range(n)), conc, args.tokens, 30)
+                for r in records:  # the echo model streams one one-character token per response
+                    r.output_tokens = len(r.chunk_times)
                 summ = client.summarize(records, wall)
                 rows.append((conc, n, summ))
                 print(f"c={conc}: {summ['request_throughput']['avg']:.0f} req/s, p50 "

@@ -138,8 +138,9 @@ def record(doc: dict) -> Path:
     raw = RESULTS / f"fresh_install-{doc['date']}-{doc['commit'][:7]}.json"
     raw.write_text(json.dumps(doc, indent=2) + "\n")
     text = DOC.read_text() if DOC.is_file() else HEAD
-    body = text[len(HEAD):] if text.startswith(HEAD) else "\n" + text
-    DOC.write_text(HEAD + "\n" + section(doc, raw.name).strip() + "\n\n" + body.lstrip("\n"))
+    first = text.find("\n## ")  # newest first: before the first section, after the page's title and intro
+    head, body = (text, "") if first < 0 else (text[:first], text[first:])
+    DOC.write_text(head.rstrip("\n") + "\n\n\n" + section(doc, raw.name).strip() + "\n\n\n" + body.lstrip("\n"))
     return raw
 
 

@@ -382,7 +382,8 @@ def cmd_serve(args: list[str]) -> int:
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _stop)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}  # SIGINT too: a
+    # background job starts with it ignored
     work = Path(tempfile.mkdtemp(prefix="pipeline-serve-"))
     try:
         with server.launched(cfg.serve, repo, work) as s:
@@ -405,7 +406,8 @@ def cmd_serve(args: list[str]) -> int:
     except server.ServerError as exc:
         raise UserError(f"the server did not start: {exc}") from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _flag(args: list[str], name: str, value: bool = False) -> tuple[Any, list[str]]:

@@ -47,6 +47,11 @@ def route_library_logs() -> None:
         tlog.enable_propagation()
 
 
+def _live() -> dict:
+    # stdout stays where the caller put it (while a stage runs: the run log) instead of being drawn above the display
+    return {"console": console, "transient": True, "redirect_stdout": False}
+
+
 def _columns(bar: bool) -> list:
     cols = [SpinnerColumn(), TextColumn("{task.description}")]
     if bar:
@@ -61,7 +66,7 @@ def stage(name: str) -> Iterator[None]:
     if not console.is_terminal or _stage is not None:
         yield
         return
-    with Progress(*_columns(True), console=console, transient=True) as prog:
+    with Progress(*_columns(True), **_live()) as prog:
         _stage = (prog, prog.add_task(name, total=None), name)
         try:
             yield
@@ -81,7 +86,7 @@ def status(text: str) -> Iterator[None]:
             prog.update(task, description=name)
         return
     if console.is_terminal:
-        with Progress(*_columns(False), console=console, transient=True) as prog:
+        with Progress(*_columns(False), **_live()) as prog:
             prog.add_task(text, total=None)
             yield
         return
@@ -110,7 +115,7 @@ def progress(text: str, total: int) -> Iterator[_Bar]:
             prog.remove_task(task)
         return
     if console.is_terminal:
-        with Progress(*_columns(True), console=console, transient=True) as prog:
+        with Progress(*_columns(True), **_live()) as prog:
             yield _Bar(prog, prog.add_task(text, total=total))
         return
     yield _Bar(None, None)

@@ -121,3 +121,70 @@ def test_format_calibrates_on_gpu_and_the_export_reloads_faithfully(qwen3_small,
     vs_base, vs_fq = quality.compare(base, fq, ev), quality.compare(fq, ex, ev)
     assert vs_fq["kl_mean"] <= 1.5 * vs_base["kl_mean"] + 0.01, (vs_base, vs_fq)
     assert vs_fq["top1_agreement"] >= vs_base["top1_agreement"] - 0.05, (vs_base, vs_fq)
+
+
+# ---------------------------------------------------------------------------------- the pipeline's stages on CUDA
+def test_synthetic_weights_are_the_same_bits_on_cuda_as_on_cpu():
+    """Counter-based generation: the GPU path (chunked) reproduces the CPU path bit for bit; another seed or tensor
+    name gives other values (negative controls)."""
+    from pipeline import synthetic
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for name, shape in (("model.embed_tokens.weight", (4099, 64)), ("model.layers.0.mlp.up_proj.weight", (96, 1000))):
+            key = synthetic.tensor_key(7, name)
+            cpu = synthetic.noise(key, shape, 0.02, dtype, "cpu")
+            gpu = synthetic.noise(key, shape, 0.02, dtype, "cuda", chunk=12345).cpu()
+            assert torch.equal(cpu.view(torch.uint8) if dtype != torch.float32 else cpu.view(torch.int32),
+                               gpu.view(torch.uint8) if dtype != torch.float32 else gpu.view(torch.int32))
+            other = synthetic.noise(synthetic.tensor_key(8, name), shape, 0.02, dtype, "cuda").cpu()
+            assert not torch.equal(cpu, other)
+            assert abs(cpu.float().std().item() - 0.02) < 0.002
+
+
+def _cli(*args, root):
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_env
+
+    root.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "pipeline", *args, f"paths.root={root}"], cwd=root,
+                          env=cli_env(root), capture_output=True, text=True, timeout=1200)
+
+
+def _manifest(root, stage):
+    (path,) = root.glob(f".store/*-{stage}-*/manifest.json")
+    return json.loads(path.read_text())
+
+
+def test_the_quantize_stage_runs_on_cuda_and_sizes_its_batch_there(tmp_path):
+    """The pipeline's own quantize stage (target=auto: this GPU): the model is placed on the GPU (device_map), the
+    calibration batch comes from ModelOpt's get_max_batch_size, and the export proof passes."""
+    from pipeline import config
+
+    target = config.detect_target()
+    proc = _cli("build", "model=tiny-qwen3", "quant=fp8", "quant.gate=warn", "quant.calib.num_samples=16",
+                "until=quantize", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = _manifest(tmp_path, "quantize")
+    assert m["config"]["target"]["name"] == target != "cpu"
+    res = m["result"]
+    assert res["device"] == "cuda"
+    assert isinstance(res["batch_size"], int) and 1 <= res["batch_size"] <= 16
+    assert res["accuracy"]["export_check"] == "pass"
+    assert _manifest(tmp_path, "fetch")["result"]["generated_on"] == "cuda"
+
+
+def test_the_reference_runtime_is_built_and_served_on_cuda(tmp_path):
+    """build -> package -> bench on this GPU: the reference runtime loads on CUDA, Triton serves it (the bundled
+    server, or NVIDIA's on PATH), and every bench request succeeds."""
+    proc = _cli("build", "model=tiny-qwen3", "quant=fp8", "quant.gate=warn", "bench.concurrency=[1,2]",
+                "bench.requests_per_level=4", "bench.warmup_requests=1", "bench.chat.max_tokens=8",
+                "bench.rag.prompt_words=120", "bench.rag.max_tokens=4", "until=bench", root=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _manifest(tmp_path, "build")["result"]["device"] == "cuda"
+    bench = _manifest(tmp_path, "bench")["result"]
+    levels = [lv for w in bench["workloads"].values() for lv in w["levels"]]
+    assert levels and all(lv["error_count"] == 0 and lv["request_count"] >= 1 for lv in levels)
+    repo_cfg = next((tmp_path / "triton_repo").rglob("tensorrt_llm/config.pbtxt")).read_text()
+    assert 'key: "device" value: { string_value: "cuda" }' in repo_cfg  # the served model runs on the GPU

@@ -56,6 +56,7 @@ def test_bundled_server_is_found_without_configuration(monkeypatch):
     assert bundled and binary.name == "tritonserver" and binary.is_file()
 
 
+@pytest.mark.serial  # counts every tritonserver on the machine: another test's server would count as a leftover
 def test_server_that_cannot_start_reports_its_log_and_is_gone(tmp_path):
     """A repository with a broken model: the server exits, the error carries the log tail, no process survives."""
     import psutil

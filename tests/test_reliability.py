@@ -293,27 +293,31 @@ def test_kill_9_at_seeded_random_points_leaves_nothing_partial(tmp_path):
     rng = random.Random(1234)
     root = tmp_path / "killed"
     root.mkdir()
-    cmd = [sys.executable, "-m", "pipeline", "build", *TINY, f"paths.root={root}"]
+    args = ["build", *TINY, f"paths.root={root}"]
+    cmd = [sys.executable, "-m", "pipeline", *args]
     kills = []
     for stage in STAGE_NAMES:
         for _ in range(5):
-            proc = subprocess.Popen(cmd + [f"force=[{stage}]"], cwd=root, env=cli_env(root),
+            # publish's upload takes ~0.1 s: the hook slows each uploaded file so that the kill lands inside it
+            run = [sys.executable, "-c", SLOW_UPLOAD, *args] if stage == "publish" else cmd
+            proc = subprocess.Popen(run + [f"force=[{stage}]"], cwd=root, env=cli_env(root),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             deadline = time.time() + 120
-            while time.time() < deadline and proc.poll() is None and _running_stage(root) != stage:
+            while time.time() < deadline and proc.poll() is None and (
+                    not _uploading(root, proc.pid) if stage == "publish" else _running_stage(root) != stage):
                 time.sleep(0.05)
-            # fetch, quantize and bench run for seconds on tiny-qwen3; build, package and publish for ~0.1 s
-            delay = rng.uniform(0.0, 1.5 if stage in ("fetch", "quantize", "bench") else 0.05)
+            # fetch, quantize, bench and the slowed upload run for seconds on tiny-qwen3; build and package ~0.1 s
+            delay = rng.uniform(0.0, 1.5 if stage in ("fetch", "quantize", "bench", "publish") else 0.05)
             time.sleep(delay)
-            running = _running_stage(root) if proc.poll() is None else "finished before the kill"
+            running = "finished before the kill" if proc.poll() is not None else \
+                "publish" if stage == "publish" and _uploading(root, proc.pid) else _running_stage(root)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             proc.wait()
-            partial = _partial_outputs(root)
-            time.sleep(0.5)
-            assert not _tritonservers_under(root), "a tritonserver outlived the killed build"
+            partial = _partial_outputs(root) + _partial_published(root)
+            assert not _gone_within(root, 5.0), "a server or stub outlived the killed build"
             kills.append({"stage": stage, "delay_s": round(delay, 2), "running": running,
                           "partial_final_outputs": len(partial)})
             assert not partial, partial
@@ -323,7 +327,143 @@ def test_kill_9_at_seeded_random_points_leaves_nothing_partial(tmp_path):
     stable = {k: v for k, v in ref_sums.items() if not k.startswith(("bench", "publish"))}
     assert {k: v for k, v in _checksums(root).items() if k in stable} == stable
     assert sum(k["running"] == k["stage"] for k in kills) >= 0.5 * len(kills)  # most kills landed inside the stage
+    assert [k["running"] for k in kills if k["stage"] == "publish"] == ["publish"] * 5  # every one inside the upload
+    assert not _partial_published(root)
+    assert not [p for p in (root / "published").rglob("*") if p.name.endswith(".lock")], "a lock in the published tree"
     _record(kills)
+
+
+# A test hook, not part of the pipeline: the build runs with every published file's upload 0.2 s slower.
+SLOW_UPLOAD = ("import time\n"
+               "import pipeline.bundle as b\n"
+               "put = b._put\n"
+               "def slow(*a, **k):\n"
+               "    time.sleep(0.2)\n"
+               "    return put(*a, **k)\n"
+               "b._put = slow\n"
+               "from pipeline.cli import main\n"
+               "main()\n")
+
+
+def _uploading(root: Path, pid: int) -> bool:
+    """Whether process ``pid`` is uploading a version into the published tree (its ``.v<version>.tmp-<pid>-*``)."""
+    return any(root.glob(f"published/*/*/*/*/.v*.tmp-{pid}-*"))
+
+
+def _partial_published(root: Path) -> list[str]:
+    """Published versions visible to readers (no leading dot) that are not complete and intact."""
+    from pipeline import bundle
+
+    bad = []
+    for version in root.glob("published/*/*/*/*/v*"):
+        if not (version / "bundle.json").is_file():
+            bad.append(f"{version}: no bundle.json")
+        elif not {n: ok for n, ok, _ in bundle.verify(str(version))}["checksums"]:
+            bad.append(f"{version}: checksums")
+    return bad
+
+
+def _processes_under(root: Path) -> list[str]:
+    """Live processes whose command line names ``root`` (servers, supervisors, python-backend stubs, builds)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            line = " ".join(p.info["cmdline"] or [])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(root) in line:
+                out.append(f"{p.pid}: {line}")
+    return out
+
+
+def _gone_within(root: Path, seconds: float) -> list[str]:
+    """The processes under ``root`` still alive after ``seconds`` (empty as soon as none is)."""
+    deadline = time.time() + seconds
+    while True:
+        left = _processes_under(root)
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _kill_leftovers(root: Path) -> None:
+    """A failing test must not leak its processes into the rest of the session."""
+    for line in _processes_under(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+
+
+FAKE_SERVER = ("import subprocess, sys, time\n"
+               "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+               "signal.SIG_IGN); time.sleep(300)', sys.argv[1] + '/stub'])\n"
+               "time.sleep(300)\n")
+
+
+@pytest.mark.parametrize("supervised", [True, False], ids=["supervised", "unsupervised (negative control)"])
+def test_a_killed_pipeline_takes_its_servers_stubs_with_it(tmp_path, supervised):
+    """A stand-in server (a python process) whose child ignores SIGTERM, like Triton's python-backend stubs, started
+    by a stand-in pipeline that is then SIGKILLed. Under the supervisor nothing survives; started directly, the
+    stub is re-parented to init and survives: the check detects the leak it exists for."""
+    root = tmp_path / "fake"
+    root.mkdir()
+    server = [sys.executable, "-c", FAKE_SERVER, str(root)]
+    launch = "supervised(cmd)" if supervised else "cmd"
+    pipeline_code = ("import subprocess, sys, time\n"
+                     "from pipeline.triton.server import supervised\n"
+                     f"cmd = {server!r}\n"
+                     f"subprocess.Popen({launch}, stdin=subprocess.PIPE, start_new_session=True)\n"
+                     "time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", pipeline_code, str(root)], cwd=REPO)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and not any("/stub" in line for line in _processes_under(root)):
+            time.sleep(0.1)
+        assert any("/stub" in line for line in _processes_under(root)), "the stand-in stub never started"
+        parent.kill()  # SIGKILL: no cleanup code of the pipeline runs
+        parent.wait()
+        left = _gone_within(root, 3.0)
+        if supervised:
+            assert not left, left
+        else:
+            assert any("/stub" in line for line in left), left
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            parent.kill()
+        _kill_leftovers(root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["server start", "mid-bench"])
+def test_kill_9_of_the_pipeline_leaves_no_server_or_stub(tiny_build, tmp_path, when):
+    """SIGKILL the pipeline while the server's python-backend stubs are loading (the pipeline process alone), and
+    while it measures (its whole process group): within 5 s no process names the build's directory."""
+    root = tmp_path / when.replace(" ", "-")
+    shutil.copytree(tiny_build, root)
+    args = [sys.executable, "-m", "pipeline", "build", *TINY, "force=[bench]", "until=bench", "bench.concurrency=[1]",
+            "bench.requests_per_level=400", "bench.workloads=[chat]", f"paths.root={root}"]
+    proc = subprocess.Popen(args, cwd=root, env=cli_env(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        if when == "server start":
+            deadline = time.time() + 240
+            while time.time() < deadline and not any("triton_python_backend_stub" in line
+                                                     for line in _processes_under(root)):
+                time.sleep(0.1)
+            stubs = [line for line in _processes_under(root) if "triton_python_backend_stub" in line]
+            assert stubs, "no python-backend stub started"
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            _ready_server_under(root, timeout_s=240)
+            time.sleep(3)  # answer checks done, load running
+            assert proc.poll() is None, "the bench ended before the kill"
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        left = _gone_within(root, 5.0)
+        assert not left, left
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(root)
 
 
 def _running_stage(root: Path) -> str:
@@ -383,14 +523,18 @@ def _record_section(title: str, body: list[str]) -> None:
 
 def _record(kills: list[dict]) -> None:
     lines = ["SIGKILL of a tiny-qwen3 build (its whole process group), 5 times per stage: the stage is forced to "
-             "run and killed a seeded random delay (seed 1234) after its temp output appears.", "",
+             "run and killed a seeded random delay (seed 1234) after its temp output appears. For publish, the delay "
+             "starts when the upload's temp version appears in the published tree, and a test hook makes each "
+             "uploaded file 0.2 s slower so that the kill lands inside the upload (required for all 5). After each "
+             "kill, no process naming the build's directory (server, supervisor, python-backend stub) may be alive "
+             "5 s later, and every published version visible to readers must be complete and intact.", "",
              "| kill | stage forced | delay after its temp output appeared (s) | stage running at the kill | "
              "partial final outputs afterwards |", "|---|---|---|---|---|"]
     for i, k in enumerate(kills, 1):
         lines.append(f"| {i} | {k['stage']} | {k['delay_s']} | {k['running']} | {k['partial_final_outputs']} |")
     lines += ["", "After the kills, a rerun completed with the same stage fingerprints as a clean build and "
                   "byte-identical checkpoint, engine and repository files (bench timings and bundle metadata "
-                  "excluded)."]
+                  "excluded), and the published tree held no lock file."]
     _record_section("kill -9 during builds", lines)
 
 

@@ -236,8 +236,7 @@ def test_engine_rules_rank_files_batch_size_and_version(tiny_build, tmp_path):
     repo = engine_repo(tmp_path / "c", tiny_build, version="1.2.0")
     assert any("built by TensorRT-LLM 1.2.0, serving container has 1.2.1" in f
                for f in lint.lint(repo, trtllm_version="1.2.1"))
-    _edit(repo / "tensorrt_llm" / "config.pbtxt", 'key: "decoupled_mode"' if False else "decoupled: true",
-          "decoupled: false")
+    _edit(repo / "tensorrt_llm" / "config.pbtxt", "decoupled: true", "decoupled: false")
     assert any("not decoupled" in f for f in lint.lint(repo))
 
 
@@ -304,7 +303,7 @@ def test_requests_jsonl_has_one_line_per_request_sent(tiny_build):
     doc = json.loads((out / "bench.json").read_text())
     lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     fields = {"phase", "workload", "concurrency", "prompt_index", "time_to_first_token_ms", "inter_token_latency_ms",
-              "inter_token_latencies_ms", "request_latency_ms", "output_tokens", "error"}
+              "inter_chunk_latencies_ms", "request_latency_ms", "output_tokens", "responses", "error"}
     assert all(set(r) == fields for r in lines)
     measured = [r for r in lines if r["phase"] == "measure"]
     for wname, w in doc["workloads"].items():
@@ -316,9 +315,13 @@ def test_requests_jsonl_has_one_line_per_request_sent(tiny_build):
     assert len(lines) == len(measured) + len(doc["workloads"]) + len(doc["answers"])
     for r in lines:
         assert r["error"] is None and r["request_latency_ms"] > 0
-        assert len(r["inter_token_latencies_ms"]) == max(0, r["output_tokens"] - 1)
+        # every response that carried text is a chunk; the stream may end with an empty final response
+        assert 0 < len(r["inter_chunk_latencies_ms"]) + 1 <= r["responses"]
         if r["output_tokens"]:
             assert 0 < r["time_to_first_token_ms"] <= r["request_latency_ms"]
+        if r["output_tokens"] >= 2:  # aiperf's inter-token latency, from the re-tokenized count
+            expected = (r["request_latency_ms"] - r["time_to_first_token_ms"]) / (r["output_tokens"] - 1)
+            assert r["inter_token_latency_ms"] == pytest.approx(expected, abs=0.01)
     assert sum(r["output_tokens"] for r in measured) == sum(
         round(lv["output_sequence_length"]["avg"] * lv["request_count"]) for w in doc["workloads"].values()
         for lv in w["levels"])
@@ -377,15 +380,36 @@ def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path, 
         assert "Slower than the previous bundle (reported only" in (out / "bench.md").read_text()
 
 
-def test_external_launcher_uses_a_running_server(tiny_build, tmp_path):
+def test_external_launcher_uses_a_running_server_of_this_package_only(tiny_build, tmp_path):
+    """serve.launcher=external measures a server only once its models and configs match the packaged repository's:
+    the same server is refused, in one line, for a package of the llmapi layout, and a planted difference in one
+    tensor of one model is named."""
+    from pipeline.stages.bench import packaged_configs
+    from pipeline.triton import client
+
     root = _copy(tiny_build, tmp_path / "e")
     repo = next(root.glob("triton_repo/*-package-*/manifest.json")).parent
     with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
         proc = run_cli("build", *TINY, "force=[bench]", "until=bench", "serve.launcher=external",
                        f"serve.url={s.grpc_url}", root=root)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    assert statuses(root)["bench"] == "ran"
-    out = next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
+        assert statuses(root)["bench"] == "ran"
+        out = next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
+
+        packaged = packaged_configs(repo)
+        assert client.server_model_mismatches(s.grpc_url, packaged) == []
+        inp = next(i for i in packaged["ensemble"].input if i.name == "max_tokens")
+        inp.dims[:] = [7]
+        assert client.server_model_mismatches(s.grpc_url, packaged) == [
+            "model 'ensemble': input 'max_tokens' is TYPE_INT32 dims [1], packaged TYPE_INT32 dims [7]"]
+
+        bad = run_cli("build", *TINY, "serve.layout=llmapi", "until=bench", "serve.launcher=external",
+                      f"serve.url={s.grpc_url}", root=root)
+        assert bad.returncode == 2, bad.stderr[-2000:]
+        line = bad.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: the server at {s.grpc_url} does not serve this package's repository: "
+                               f"model 'tensorrt_llm': "), line
+        assert "point serve.url at a server of" in line and "Traceback" not in bad.stderr
     assert json.loads((out / "bench.json").read_text())["launcher"] == "external"
 
 

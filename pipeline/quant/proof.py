@@ -166,10 +166,11 @@ def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None
     proof = Proof()
     bad = proof.problems
     q = quant_config(ckpt)
-    if q is None:
-        return Proof([f"{ckpt.name}: no hf_quant_config.json (not a ModelOpt unified checkpoint)"])
-    algo, kv_algo = q.get("quant_algo"), q.get("kv_cache_quant_algo")
     want_algo, want_kv = ALGO.get(fmt), KV_ALGO.get(kv)
+    if q is None:  # ModelOpt writes hf_quant_config.json only for a model with something quantized
+        return Proof([f"nothing was quantized: the export has no hf_quant_config.json, so it is not a ModelOpt "
+                      f"quantized checkpoint ({want_algo or 'no weight quantization'}, KV {want_kv} requested)"])
+    algo, kv_algo = q.get("quant_algo"), q.get("kv_cache_quant_algo")
     if algo != want_algo:
         bad.append(f"hf_quant_config.json: quant_algo {algo!r}, but quant.format={fmt} exports {want_algo!r}")
     if kv_algo != want_kv:

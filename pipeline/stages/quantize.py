@@ -201,7 +201,6 @@ def run(ctx: Context) -> dict[str, Any]:
     import modelopt
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
-    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
     device = _device()
     dtype = getattr(torch, ctx.cfg.model.dtype.value)
@@ -257,17 +256,7 @@ def run(ctx: Context) -> dict[str, Any]:
     mtq.quantize(model, mcfg, forward_loop)
     timings["calibrate_s"] = time.perf_counter() - t0
     fallbacks = use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
-    nothing = nothing_quantized_problem(model, fmt, kv)
-    if nothing:
-        raise StageFailed(nothing)
-    # ModelOpt's export-time fusion of layers that share an input (export_hf_checkpoint applies it too, idempotently):
-    # done first, so that the fake-quant model evaluated and recorded below is the network that gets exported
-    with torch.no_grad():
-        requantize_resmooth_fused_llm_layers(model)
-    ref = proof.record(model)  # quantization errors from the original weights
-    rounded = round_fp8_weights_as_exported(model)
-    if rounded:
-        proof.resketch(model, ref)
+    ref, rounded = prepare_reference(model, fmt, kv)
 
     t0 = time.perf_counter()
     with progress("fake-quant logits (held-out)", n_eval_batches) as bar:
@@ -338,6 +327,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "modelopt_version": modelopt.__version__,
         "device": device,
         "cpu_nvfp4_fallback_quantizers": fallbacks,
+        "fp8_layers_rounded_as_exported": rounded,
         "batch_size": bs,
         "bytes_per_param": _bytes_per_param(ckpt),
         "notes": notes,
@@ -371,7 +361,27 @@ def run(ctx: Context) -> dict[str, Any]:
     return result
 
 
-@torch_no_grad
+def prepare_reference(model, fmt: str, kv: str):
+    """After calibration: fail when nothing was quantized; apply the steps ModelOpt's export applies anyway (fusion
+    of layers that share an input, and the FP8 weight rounding), so that the fake-quant model is the exported
+    network; and record the export proof's reference. Returns (proof.Reference, FP8 layers rounded)."""
+    import torch
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+    from pipeline.quant import proof
+
+    nothing = nothing_quantized_problem(model, fmt, kv)
+    if nothing:
+        raise StageFailed(nothing)
+    with torch.no_grad():  # idempotent: export_hf_checkpoint runs it again and finds nothing left to do
+        requantize_resmooth_fused_llm_layers(model)
+    ref = proof.record(model)  # quantization errors from the original weights
+    rounded = round_fp8_weights_as_exported(model)
+    if rounded:
+        proof.resketch(model, ref)
+    return ref, rounded
+
+
 def round_fp8_weights_as_exported(model) -> int:
     """Store each FP8 layer's weight the way ModelOpt's export will (``unified_export_hf._export_quantized_weight``:
     scale = amax / 448, then ``quant_utils.to_quantized_weight``, which divides in the weight's dtype before the e4m3
@@ -388,10 +398,11 @@ def round_fp8_weights_as_exported(model) -> int:
         if get_quantization_format(mod) != QUANTIZATION_FP8:
             continue
         wq = mod.weight_quantizer
-        amax = wq.amax.float()
-        scale = torch.tensor(amax.item() / wq.maxbound) if amax.numel() == 1 else amax / wq.maxbound
-        codes = to_quantized_weight(mod.weight.data, scale.to(mod.weight.device), QUANTIZATION_FP8)
-        mod.weight.data.copy_((codes.float() * scale.to(mod.weight.device)).to(mod.weight.dtype))
+        amax = wq._amax.float()  # the export's arithmetic, to the bit
+        scale = torch.tensor(amax.item() / wq.maxbound) if amax.dim() == 1 else (amax / wq.maxbound).clone()
+        with torch.no_grad():
+            codes = to_quantized_weight(mod.weight.data, scale.to(mod.weight.device), QUANTIZATION_FP8)
+            mod.weight.data.copy_((codes.float() * scale.to(mod.weight.device)).to(mod.weight.dtype))
         n += 1
     return n
 

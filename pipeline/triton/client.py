@@ -204,9 +204,14 @@ class StreamWorker:
             self.client.close()
 
 
-def run_level(url: str, entry: EntryPoint, prompts: list[str], order: list[int], concurrency: int, max_tokens: int,
-              timeout_s: float, on_done: Callable[[], None] | None = None) -> tuple[list[RequestRecord], float]:
-    """Send ``order`` (indices into prompts) with ``concurrency`` workers. Returns the records and the wall time."""
+def run_level(url: str, entry: EntryPoint | str, prompts: list[str], order: list[int], concurrency: int,
+              max_tokens: int, timeout_s: float,
+              on_done: Callable[[], None] | None = None) -> tuple[list[RequestRecord], float]:
+    """Send ``order`` (indices into prompts) with ``concurrency`` workers (``entry``: an :class:`EntryPoint`, or the
+    name of a model with the ``inflight_batcher_llm`` tensors, read from the server). Returns the records and the
+    wall time."""
+    if isinstance(entry, str):
+        entry = entry_point(url, entry, "inflight_batcher_llm")
     todo: queue.Queue = queue.Queue()
     for i in order:
         todo.put(i)

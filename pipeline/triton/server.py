@@ -1,8 +1,10 @@
 """Start and stop a real ``tritonserver`` on loopback with free ports.
 
 Binary lookup, in order: ``serve.server_bin``; ``tritonserver`` on PATH (NVIDIA's Triton containers); the binary
-bundled in ``nvidia-pytriton`` (CPU machines). For the bundled one, a backend directory is assembled with the python
-backend plus the stub for the running Python, and ``LD_LIBRARY_PATH`` gets the bundled libraries and libpython.
+bundled in ``nvidia-pytriton`` (the ``cpu-server`` extra, for CPU machines), whose python stub needs numpy<2
+(:func:`stub_site` provides it beside a numpy 2 environment). For the bundled one, a backend directory is assembled
+with the python backend plus the stub for the running Python, and ``LD_LIBRARY_PATH`` gets the bundled libraries and
+libpython.
 The server runs from a neutral working directory (a folder named ``triton`` in the cwd shadows OpenAI's ``triton``
 package inside the python-backend stub) in its own process group, and is stopped on every exit path.
 """
@@ -86,13 +88,53 @@ def find_server(server_bin: str | None) -> tuple[Path, bool]:
             raise UserError(f"serve.server_bin={server_bin}: not an executable file; fix the path or unset it")
         return p.resolve(), False
     on_path = shutil.which("tritonserver")
-    if on_path:
+    if on_path:  # NVIDIA's Triton containers
         return Path(on_path), False
     root = _pytriton_root()
     if root and (root / "bin" / "tritonserver").is_file():
+        problem = bundled_numpy_problem(_dist_version("numpy"), _dist_version("numpy", stub_site()))
+        if problem:
+            raise UserError(problem)
         return root / "bin" / "tritonserver", True
-    raise UserError("no tritonserver found: set serve.server_bin, put tritonserver on PATH, "
-                    "or pip install nvidia-pytriton (bundles a CPU-capable server)")
+    raise UserError("no tritonserver found: set serve.server_bin, put tritonserver on PATH (NVIDIA's Triton "
+                    "containers), or install the bundled CPU server: pip install -e '.[cpu-server]'")
+
+
+def stub_site() -> Path:
+    """numpy<2 for the bundled server's python stub where this environment has numpy 2 (``make stub-site``): the
+    server puts it first on the stub's import path."""
+    return Path(sys.prefix) / "triton-stub-site"
+
+
+def _dist_version(name: str, path: Path | None = None) -> str | None:
+    from importlib import metadata
+
+    if path is None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+    if not path.is_dir():
+        return None
+    dist = next(iter(metadata.distributions(name=name, path=[str(path)])), None)
+    return dist.version if dist is not None else None
+
+
+def bundled_numpy_problem(numpy_version: str | None, stub_numpy: str | None) -> str | None:
+    """Why the bundled Triton 2.51 python backend (nvidia-pytriton 0.7) cannot serve here, or None. Its stub misreads
+    every BYTES tensor under numpy 2 (``deserialize_bytes_tensor``: "unpack_from requires a buffer of at least ...
+    bytes"), so each request would fail; numpy<2 first on the stub's import path avoids it."""
+    from packaging.version import Version
+
+    def major(v: str | None) -> int:
+        return Version(v).major if v else 0
+
+    if major(numpy_version) < 2 or (stub_numpy and major(stub_numpy) < 2):
+        return None
+    return (f"serve.launcher=local found only the bundled tritonserver (nvidia-pytriton 0.7, Triton 2.51), whose "
+            f"python backend cannot read text tensors under numpy {numpy_version}: put NVIDIA's tritonserver on PATH "
+            f"(their Triton containers) or set serve.server_bin, or give its python stub numpy<2 with "
+            f"`make stub-site` (offline: make install-offline EXTRAS=cpu-server)")
 
 
 def _bundled_backends(cache: Path) -> Path:
@@ -225,6 +267,8 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
         libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
         cmd.append(f"--backend-directory={_bundled_backends(work_dir)}")
+        if stub_site().is_dir():  # numpy<2 for the python stub (see bundled_numpy_problem)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(stub_site()), env.get("PYTHONPATH", "")) if p)
     last_err = None
     for _attempt in range(3):  # a free port can be taken between probing and binding
         http_port, grpc_port = free_ports(host)

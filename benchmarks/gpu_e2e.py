@@ -1,0 +1,272 @@
+"""The whole pipeline on one CUDA machine, stage by stage, at real model shapes (synthetic weights).
+
+    python benchmarks/gpu_e2e.py --shape 4b --run fp8:h200 --run nvfp4:b200 --root /data/e2e --out results.json
+    python benchmarks/gpu_e2e.py --table benchmarks/results/gpu_e2e-*.json   # markdown rows for docs/benchmarks.md
+
+Each run is ``python -m pipeline build`` for a seeded random Qwen3 model of the given shape (``--shape 4b`` is
+Qwen3-4B's, ``32b`` Qwen3-32B's; the vocabulary is the synthetic tokenizer's), quantized to FORMAT for TARGET
+(``nvfp4:b200`` calibrates NVFP4 here, on Hopper, for Blackwell), built with the reference runtime on CUDA, packaged,
+benched on a real Triton server and published. Each stage runs in its own process (``until=STAGE``; earlier stages
+are cached), so that every stage gets its own numbers:
+
+- ``stage_s``: the stage's wall time as the pipeline records it (``stage_wall_s``), and the process's wall time;
+- ``torch_peak_gib``: ``torch.cuda.max_memory_allocated()`` of the pipeline's process at its exit (the bench stage's
+  model runs inside Triton's python stub, another process: nvidia-smi sees it, torch's counter does not);
+- ``nvidia_smi_peak_gib``: the most GPU memory in use, sampled by ``nvidia-smi -lms 250`` while the stage ran (all
+  processes, minus what was in use before);
+- ``host_peak_rss_gib``: the pipeline's own peak RSS of the stage (process and children).
+
+A run that does not reach ``--until`` is recorded with its error and the rest continue. Exit status 1 when any run
+failed. ``--until quantize`` measures the quantize stage alone.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = ["fetch", "quantize", "build", "package", "bench", "publish"]
+GIB = 2**30
+
+SHAPES = {  # Qwen3-4B / Qwen3-32B config.json values (the vocabulary is the synthetic tokenizer's)
+    "4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True, "params_b": 4.0},
+    "32b": {"hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False, "params_b": 32.8},
+}
+BENCH = ["bench.concurrency=[1,4]", "bench.requests_per_level=8", "bench.warmup_requests=2",
+         "bench.chat.max_tokens=32", "bench.rag.prompt_words=300", "bench.rag.max_tokens=8"]
+
+# Runs the pipeline's CLI and, at exit, records the process's torch CUDA peak (to the file GPU_E2E_TORCH_PEAK names).
+WRAPPER = """
+import atexit, json, os, runpy, sys
+def _dump():
+    out = {"max_memory_allocated": 0, "max_memory_reserved": 0}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out = {"max_memory_allocated": torch.cuda.max_memory_allocated(),
+               "max_memory_reserved": torch.cuda.max_memory_reserved()}
+    with open(os.environ["GPU_E2E_TORCH_PEAK"], "w") as f:
+        json.dump(out, f)
+atexit.register(_dump)
+sys.argv = ["pipeline", *sys.argv[1:]]
+runpy.run_module("pipeline", run_name="__main__", alter_sys=True)
+"""
+
+
+def overrides(shape: str, fmt: str, target: str) -> list[str]:
+    s = SHAPES[shape]
+    cfg = {k: v for k, v in s.items() if k != "params_b"}
+    out = ["model=tiny-qwen3", f"model.name=qwen3-{shape}-synthetic", "model.synthetic.tokenizer_vocab=65536",
+           "model.synthetic.config.initializer_range=0.02", "model.synthetic.config.max_position_embeddings=40960"]
+    out += [f"model.synthetic.config.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in cfg.items()]
+    out += [f"model.shape.params_b={s['params_b']}", f"model.shape.num_layers={s['num_hidden_layers']}",
+            f"model.shape.hidden_size={s['hidden_size']}", f"model.shape.intermediate_size={s['intermediate_size']}",
+            f"model.shape.num_heads={s['num_attention_heads']}", f"model.shape.num_kv_heads={s['num_key_value_heads']}",
+            f"model.shape.head_dim={s['head_dim']}", "model.shape.vocab_size=65536",
+            f"model.shape.tie_word_embeddings={str(s['tie_word_embeddings']).lower()}"]
+    # a random model's logits move more under quantization than real models' gates allow: report, do not fail
+    # the synthetic tokenizer packs the shipped corpus into fewer rows than calib.num_samples asks for
+    return out + [f"quant={fmt}", "quant.gate=warn", "quant.calib.allow_short=true", f"target={target}", "runtime=reference", *BENCH]
+
+
+class SmiSampler:
+    """Peak GPU memory in use (MiB, summed over the visible GPUs) from ``nvidia-smi -lms``, while the block runs."""
+
+    def __init__(self, interval_ms: int = 250):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        cmd = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", f"-lms={interval_ms}"]
+        if visible:
+            cmd.insert(1, f"--id={visible}")
+        self.cmd, self.peak_mib, self.samples, self.baseline_mib = cmd, 0.0, 0, None
+
+    def _read(self) -> None:
+        current: dict[str, float] = {}
+        for line in self.proc.stdout:
+            try:
+                idx, used = [x.strip() for x in line.split(",")]
+                current[idx] = float(used)
+            except ValueError:
+                continue
+            total = sum(current.values())
+            self.samples += 1
+            if self.baseline_mib is None:
+                self.baseline_mib = total
+            self.peak_mib = max(self.peak_mib, total)
+
+    def __enter__(self) -> "SmiSampler":
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(0.5)
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.t.join(5)
+
+
+def run_stage(args_: list[str], root: Path, stage: str, log_dir: Path) -> dict:
+    peak_file = root / f".torch-peak-{stage}.json"
+    peak_file.unlink(missing_ok=True)
+    env = {**os.environ, "GPU_E2E_TORCH_PEAK": str(peak_file), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    cmd = [sys.executable, "-c", WRAPPER, "build", "--json", *args_, f"until={stage}", f"paths.root={root}"]
+    t0 = time.perf_counter()
+    with SmiSampler() as smi:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (log_dir / f"{stage}.stderr.log").write_text(proc.stderr)
+    out = {"stage": stage, "returncode": proc.returncode, "process_s": round(wall, 1),
+           "nvidia_smi_peak_gib": round(smi.peak_mib / 1024, 2),
+           "nvidia_smi_before_gib": round((smi.baseline_mib or 0) / 1024, 2),
+           "nvidia_smi_samples": smi.samples}
+    if peak_file.is_file():
+        peak = json.loads(peak_file.read_text())
+        out["torch_peak_gib"] = round(peak["max_memory_allocated"] / GIB, 2)
+        out["torch_reserved_gib"] = round(peak["max_memory_reserved"] / GIB, 2)
+    if proc.returncode != 0:
+        out["error"] = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1][:2000]
+        out["stderr_tail"] = proc.stderr[-4000:]
+        return out
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    row = next(r for r in summary["stages"] if r["stage"] == stage)
+    out.update(status=row["status"], stage_s=row["stage_wall_s"], host_peak_rss_gib=round(
+        (row["peak_rss_mb"] or 0) / 1024, 2), bytes=row["bytes"])
+    res = row.get("result") or {}
+    if stage == "fetch":
+        out["fetch"] = {k: res.get(k) for k in ("params", "generated_on")}
+    elif stage == "quantize":
+        out["quantize"] = {k: res.get(k) for k in ("device", "batch_size", "timings", "quant_algo", "bytes_per_param",
+                                                   "memory", "gpu_memory")}
+        acc = res.get("accuracy") or {}
+        out["quantize"]["export_check"] = acc.get("export_check")
+        out["quantize"]["gate"] = acc.get("gate")
+    elif stage == "build":
+        out["build"] = {k: res.get(k) for k in ("device", "gpu_name", "check")}
+    elif stage == "bench":
+        out["bench"] = _bench_summary(res, summary)
+    elif stage == "publish":
+        out["published"] = summary.get("published")
+    return out
+
+
+def _bench_summary(res: dict, summary: dict) -> dict:
+    """Per level: requests, errors, latency percentiles and throughput (the bench stage's own summary rows)."""
+    from pipeline.stages.bench import summary_row
+
+    levels = [{"workload": w, **summary_row(lv)} for w, r in (res.get("workloads") or {}).items()
+              for lv in r.get("levels", [])]
+    return {"requests": sum(lv["request_count"] for lv in levels), "errors": sum(lv["error_count"] for lv in levels),
+            "server_start_s": res.get("server_start_s"), "gate": (res.get("gates") or {}).get("verdict"),
+            "levels": levels}
+
+
+def gpu_info() -> dict:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            return {"name": p.name, "sm": p.major * 10 + p.minor, "memory_gib": round(p.total_memory / GIB, 1),
+                    "count": torch.cuda.device_count(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    except Exception as exc:  # recorded, not fatal: the runs say what failed
+        return {"error": str(exc)}
+    return {"name": None}
+
+
+def commit() -> str | None:
+    """HEAD, with ``+dirty`` when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def table(paths: list[Path]) -> str:
+    """Markdown rows (newest first) from result files."""
+    rows = []
+    for p in paths:
+        doc = json.loads(p.read_text())
+        for run in doc["runs"]:
+            st = {s["stage"]: s for s in run["stages"]}
+            q = st.get("quantize", {})
+
+            def cell(stage: str) -> str:
+                s = st.get(stage)
+                if s is None:
+                    return "—"
+                if s.get("returncode"):
+                    return "failed"
+                return f"{s.get('stage_s') or 0:.1f}"
+
+            b = (st.get("bench") or {}).get("bench") or {}
+            errors = b.get("errors", "—")
+            rows.append((doc["date"], f"| {doc['date'][:16]} | {doc.get('commit') or '?'} | {doc['gpu'].get('name')} | "
+                         f"{run['shape']} | {run['format']}→{run['target']} | {cell('fetch')} | {cell('quantize')} | "
+                         f"{cell('build')} | {cell('package')} | {cell('bench')} | {cell('publish')} | "
+                         f"{q.get('torch_peak_gib', '—')} / {q.get('nvidia_smi_peak_gib', '—')} | "
+                         f"{max((s.get('host_peak_rss_gib') or 0) for s in run['stages']):.1f} | {errors} |"))
+    head = ("| date (UTC) | commit | GPU | shape | format→target | fetch s | quantize s | build s | package s | "
+            "bench s | publish s | quantize peak GiB (torch / nvidia-smi) | host peak RSS GiB | bench errors |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    return head + "\n" + "\n".join(r for _, r in sorted(rows, reverse=True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable; default 4b")
+    ap.add_argument("--run", action="append", help="FORMAT:TARGET, repeatable; default fp8:h200")
+    ap.add_argument("--until", default="publish", choices=STAGES)
+    ap.add_argument("--root", type=Path, help="working directory for the pipeline's outputs")
+    ap.add_argument("--out", type=Path, help="raw JSON results")
+    ap.add_argument("--table", nargs="+", type=Path, help="print markdown rows from result files and exit")
+    a = ap.parse_args()
+    if a.table:
+        print(table(a.table))
+        return
+    if not a.root or not a.out:
+        ap.error("--root and --out are required")
+    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+           "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
+           "gpu": gpu_info(), "until": a.until, "runs": []}
+    failed = False
+    for shape in a.shape or ["4b"]:
+        for spec in a.run or ["fp8:h200"]:
+            fmt, _, target = spec.partition(":")
+            root = a.root / f"{shape}-{fmt}-{target}"
+            log_dir = root / "logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            run = {"shape": shape, "format": fmt, "target": target, "overrides": overrides(shape, fmt, target),
+                   "stages": []}
+            doc["runs"].append(run)
+            for stage in STAGES[:STAGES.index(a.until) + 1]:
+                print(f"[gpu_e2e] {shape} {fmt}->{target}: {stage} ...", flush=True)
+                r = run_stage(run["overrides"], root, stage, log_dir)
+                run["stages"].append(r)
+                print(f"[gpu_e2e]   {json.dumps({k: v for k, v in r.items() if k != 'stderr_tail'})}", flush=True)
+                a.out.write_text(json.dumps(doc, indent=2, default=str))  # what ran so far survives a kill
+                if r["returncode"]:
+                    failed = True
+                    print(r.get("stderr_tail", ""), flush=True)
+                    break
+    a.out.write_text(json.dumps(doc, indent=2, default=str))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""The reference runtime behind upstream's interfaces, in a real Triton server: packaged ``model=tiny-qwen3``
+repositories of both layouts (inflight_batcher_llm and llmapi), decoupled and not.
+
+The expected tokens come from the reference runtime run in this process on the same packaged checkpoint
+(``pipeline.runtime.reference.generate``, one prompt at a time), so a batched server must reproduce them exactly.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+BASE = ["model=tiny-qwen3", "quant=none", "quant.gate=warn", "until=package"]
+LABEL = "tiny-qwen3.none-kvfp8.cpu.reference"
+ENGINE = "tensorrt_llm/1/engine"
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("reference-serving")
+
+
+def _package(root: Path, *overrides: str) -> Path:
+    """The first repository comes from the real CLI (fetch -> quantize -> build -> package); the other layouts are
+    rendered in-process around the same build output, as the package stage does."""
+    import json
+    import shutil
+
+    from pipeline import config
+    from pipeline.stages.package import render_repository
+
+    first = root / "packaged.json"
+    if not first.is_file():
+        proc = run_cli("build", *BASE, *overrides, root=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        stages = json.loads((root / "reports" / f"{LABEL}.json").read_text())["stages"]
+        repo = Path(next(s["output"] for s in stages if s["stage"] == "package"))
+        first.write_text(json.dumps({"repo": str(repo), "overrides": list(overrides)}))
+        return repo
+    made = json.loads(first.read_text())
+    if made["overrides"] == list(overrides):
+        return Path(made["repo"])
+    repo = root / ("repo-" + "-".join(o.split("=")[1] for o in overrides))
+    if not repo.is_dir():
+        (repo / ENGINE).parent.mkdir(parents=True)
+        shutil.copytree(Path(made["repo"]) / ENGINE, repo / ENGINE, copy_function=os.link)
+        render_repository(config.compose([o for o in BASE if not o.startswith("until=")] + list(overrides)), repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def served(build_root, tmp_path_factory):
+    """One server at a time per (layout, decoupled): ``served(layout, decoupled)`` -> (grpc url, repository)."""
+    from pipeline.triton import server
+
+    state = {"key": None, "cm": None, "value": None}
+
+    def get(layout: str, decoupled: bool):
+        key = (layout, decoupled)
+        if state["key"] != key:
+            if state["cm"] is not None:
+                state["cm"].__exit__(None, None, None)
+            repo = _package(build_root, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}")
+            cm = server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path_factory.mktemp("triton"),
+                                timeout_s=300)
+            srv = cm.__enter__()
+            state.update(key=key, cm=cm, value=(srv.grpc_url, repo))
+        return state["value"]
+
+    yield get
+    if state["cm"] is not None:
+        state["cm"].__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def reference(build_root, served):
+    """The packaged checkpoint loaded in this process: greedy tokens one prompt at a time, and its tokenizer."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.runtime import reference as rt
+
+    _url, repo = served("inflight_batcher_llm", True)
+    model = rt.load(repo / ENGINE, dtype=torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(repo / ENGINE)
+    eos = {model.generation_config.eos_token_id} - {None}
+
+    def greedy(ids: list[int], n: int) -> list[int]:
+        out = list(rt.generate(model, ids, n, eos))
+        return out[:-1] if out and out[-1] in eos else out  # TensorRT-LLM's output stops before the end id
+
+    return greedy, tok
+
+
+def _t(name, arr):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def _llm_inputs(ids: list[int], n: int, **extra) -> list:
+    inputs = [_t("input_ids", np.array([ids], np.int32)), _t("input_lengths", np.array([[len(ids)]], np.int32)),
+              _t("request_output_len", np.array([[n]], np.int32))]
+    for name, value in extra.items():
+        dtype = {bool: np.bool_, float: np.float32, int: np.int32}[type(value)]
+        inputs.append(_t(name, np.array([[value]], dtype)))
+    return inputs
+
+
+def _stream(url: str, model: str, requests: list[list], timeout: float = 120.0) -> list[list]:
+    """Send every request on one gRPC stream at once; -> each request's responses (or its error), in order."""
+    import tritonclient.grpc as grpcclient
+
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+    results: dict[str, list] = {str(i): [] for i in range(len(requests))}
+    open_ = set(results)
+    try:
+        for i, inputs in enumerate(requests):
+            client.async_stream_infer(model, inputs, request_id=str(i), enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout
+        while open_:
+            t, result, error = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            if error is not None:
+                raise AssertionError(f"stream error: {error}")
+            resp = result.get_response()
+            results[resp.id].append((t, result))
+            if resp.parameters["triton_final_response"].bool_param:
+                open_.discard(resp.id)
+    finally:
+        client.stop_stream()
+        client.close()
+    return [results[str(i)] for i in range(len(requests))]
+
+
+PROMPTS = ["The capital of France is", "Write a haiku about the sea", "1, 2, 3, 4,", "Tell me a story about a cat"]
+
+
+def test_concurrent_streaming_requests_get_their_own_greedy_tokens(served, reference):
+    greedy, tok = reference
+    url, _ = served("inflight_batcher_llm", True)
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    responses = _stream(url, "tensorrt_llm", [_llm_inputs(x, 12, streaming=True) for x in ids])
+    for prompt_ids, resp in zip(ids, responses):
+        tokens = []
+        for _t_, r in resp:
+            out = r.as_numpy("output_ids")
+            if out is not None and out.size:
+                assert out.shape == (1, 1, 1)  # one token per streamed response
+                tokens += out.reshape(-1).tolist()
+        assert tokens == greedy(prompt_ids, 12)
+    # They ran concurrently: each request streamed a token before another one's last token.
+    firsts = [resp[0][0] for resp in responses]
+    lasts = [resp[-1][0] for resp in responses]
+    assert max(firsts) < min(lasts)
+
+
+def test_unsupported_features_are_refused_by_name(served, reference):
+    greedy, tok = reference
+    url, _ = served("inflight_batcher_llm", True)
+    ids = tok(PROMPTS[0])["input_ids"]
+    import tritonclient.grpc as grpcclient
+
+    for extra, name in ((dict(beam_width=2), "beam_width"), (dict(lora_task_id=3), "LoRA")):
+        q: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(url)
+        client.start_stream(callback=lambda result, error: q.put(error))
+        try:
+            inputs = _llm_inputs(ids, 4)
+            for k, v in extra.items():
+                inputs.append(_t(k, np.array([[v]], np.uint64 if k == "lora_task_id" else np.int32)))
+            client.async_stream_infer("tensorrt_llm", inputs, request_id="x")
+            err = q.get(timeout=60)
+        finally:
+            client.stop_stream()
+            client.close()
+        assert err is not None and name in str(err), err
+    # Negative control: beam_width 1 is what the reference does, and is served.
+    [resp] = _stream(url, "tensorrt_llm", [_llm_inputs(ids, 4, beam_width=1)])
+    assert resp[-1][1].as_numpy("output_ids").reshape(-1).tolist() == greedy(ids, 4)
+
+
+def test_stop_words_and_log_probs_in_upstream_format(served, reference):
+    greedy, tok = reference
+    url, _ = served("inflight_batcher_llm", True)
+    ids = tok(PROMPTS[2])["input_ids"]
+    ref = greedy(ids, 10)
+    stop = ref[2:4]
+    words = np.array([[[*stop, 0], [len(stop), -1, -1]]], np.int32)  # flat ids, cumulative offsets, -1 padding
+    inputs = _llm_inputs(ids, 10, return_log_probs=True) + [_t("stop_words_list", words)]
+    [resp] = _stream(url, "tensorrt_llm", [inputs])
+    result = resp[-1][1]
+    assert result.as_numpy("output_ids").reshape(-1).tolist() == ref[:4]  # up to and with the stop word
+    lp = result.as_numpy("output_log_probs")
+    assert lp.shape == (1, 1, 4) and (lp <= 0).all()
+    assert result.as_numpy("cum_log_probs")[0, 0] == pytest.approx(float(lp.sum()), abs=1e-4)
+    # Negative control: a stop word that never completes leaves the output whole.
+    words = np.array([[[ref[0], 3], [2, -1]]], np.int32)
+    [resp] = _stream(url, "tensorrt_llm", [_llm_inputs(ids, 10) + [_t("stop_words_list", words)]])
+    assert resp[-1][1].as_numpy("output_ids").reshape(-1).tolist() == ref
+
+
+def test_ensemble_returns_the_text(served, reference):
+    greedy, tok = reference
+    url, _ = served("inflight_batcher_llm", True)
+    inputs = [_t("text_input", np.array([[PROMPTS[0].encode()]], dtype=object)),
+              _t("max_tokens", np.array([[8]], np.int32)), _t("stream", np.array([[False]], np.bool_))]
+    [resp] = _stream(url, "ensemble", [inputs])
+    got = "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for _t_, r in resp
+                  if r.as_numpy("text_output") is not None and r.as_numpy("text_output").size)
+    assert got == tok.decode(greedy(tok(PROMPTS[0])["input_ids"], 8), skip_special_tokens=True)
+
+
+def test_unary_batch_of_prompts_on_a_non_decoupled_model(served, reference):
+    import tritonclient.grpc as grpcclient
+
+    greedy, tok = reference
+    url, _ = served("inflight_batcher_llm", False)
+    ids = [tok(p)["input_ids"] for p in PROMPTS[:2]]
+    width = max(map(len, ids))
+    batch = np.zeros((2, width), np.int32)
+    for i, x in enumerate(ids):
+        batch[i, :len(x)] = x
+    inputs = [_t("input_ids", batch), _t("input_lengths", np.array([[len(x)] for x in ids], np.int32)),
+              _t("request_output_len", np.array([[6], [6]], np.int32))]
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        result = client.infer("tensorrt_llm", inputs)
+        out, lengths = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
+        assert result.as_numpy("batch_index").reshape(-1).tolist() == [0, 1]
+        for i, x in enumerate(ids):
+            assert out[i, 0, :lengths[i, 0]].tolist() == greedy(x, 6)  # exclude_input_in_output: true
+        # Negative control: streaming on a non-decoupled model is refused, naming the reason.
+        with pytest.raises(Exception, match="decoupled"):
+            client.infer("tensorrt_llm", _llm_inputs(ids[0], 4, streaming=True))
+    finally:
+        client.close()
+
+
+def test_llmapi_unary_request_with_1d_tensors(served, reference):
+    """As upstream's llmapi_client.py: text_input and sampling_param_max_tokens as 1-D tensors, a unary call."""
+    import tritonclient.grpc as grpcclient
+
+    greedy, tok = reference
+    url, repo = served("llmapi", False)
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        cfg = client.get_model_config("tensorrt_llm", as_json=True)["config"]
+        assert int(cfg.get("max_batch_size", 0) or 0) == 0  # from model.yaml's triton_config
+        inputs = [_t("text_input", np.array([PROMPTS[0].encode()], dtype=object)),
+                  _t("sampling_param_max_tokens", np.array([8], np.int32)),
+                  _t("sampling_param_exclude_input_from_output", np.array([True])),
+                  _t("return_finish_reason", np.array([True]))]
+        result = client.infer("tensorrt_llm", inputs)
+        expected = tok.decode(greedy(tok(PROMPTS[0])["input_ids"], 8), skip_special_tokens=True)
+        assert result.as_numpy("text_output")[0].decode() == expected
+        assert result.as_numpy("finish_reason")[0].decode() in ("length", "stop")
+        # Negative control: best_of > 1 is refused by name.
+        with pytest.raises(Exception, match="best_of"):
+            client.infer("tensorrt_llm", inputs + [_t("sampling_param_best_of", np.array([2], np.int32))])
+    finally:
+        client.close()
+
+
+def test_llmapi_streaming_repeats_the_text_so_far(served, reference):
+    greedy, tok = reference
+    url, _ = served("llmapi", True)
+    requests = [[_t("text_input", np.array([p.encode()], dtype=object)),
+                 _t("sampling_param_max_tokens", np.array([8], np.int32)), _t("streaming", np.array([True])),
+                 _t("sampling_param_exclude_input_from_output", np.array([True]))] for p in PROMPTS[:3]]
+    for prompt, resp in zip(PROMPTS, _stream(url, "tensorrt_llm", requests)):
+        texts = [r.as_numpy("text_output")[0].decode() for _t_, r in resp if r.as_numpy("text_output") is not None]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+        assert texts[-1] == tok.decode(greedy(tok(prompt)["input_ids"], 8), skip_special_tokens=True)
