@@ -60,25 +60,24 @@ EXCLUDE ?=
 EXTRAS ?=
 STUB_NUMPY := numpy>=1.24,<2
 
-.PHONY: wheelhouse install-offline stub-site
+.PHONY: wheelhouse install-offline stub-env
 
 wheelhouse:
 	$(PYTHON) tools/wheelhouse.py --dest $(WHEELHOUSE) --python-version $(PYTHON_VERSION) --platform $(PLATFORM) \
 		--exclude "$(EXCLUDE)" --extras "$(EXTRAS)"
 	if echo "$(EXTRAS)" | grep -q cpu-server; then $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
 		--implementation cp --python-version $(PYTHON_VERSION) --platform $(PLATFORM) --platform manylinux2014_x86_64 \
-		--platform manylinux_2_17_x86_64 -d $(WHEELHOUSE)/stub-site '$(STUB_NUMPY)'; fi
+		--platform manylinux_2_17_x86_64 -d $(WHEELHOUSE)/stub-env '$(STUB_NUMPY)'; fi
 
 # Installs into the Python that runs it (a venv, or the TRT-LLM container's Python); the host's own packages stay.
 install-offline:
 	test -f $(WHEELHOUSE)/requirements.txt || { echo "error: $(WHEELHOUSE)/requirements.txt missing; make wheelhouse first"; exit 2; }
 	$(PYTHON) -m pip install --no-index --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
 	$(PYTHON) -m pip install --no-index --find-links $(WHEELHOUSE) --no-build-isolation --no-deps -e '.$(if $(EXTRAS),[$(EXTRAS)])'
-	if [ -d $(WHEELHOUSE)/stub-site ]; then $(MAKE) stub-site PIP_FLAGS="--no-index --find-links $(WHEELHOUSE)/stub-site"; fi
+	if [ -d $(WHEELHOUSE)/stub-env ] && $(PYTHON) -c 'import numpy, sys; sys.exit(numpy.__version__ < "2")'; then \
+		$(MAKE) stub-env FIND_LINKS=$(WHEELHOUSE)/stub-env; fi
 
-# numpy<2 for the python stub of the bundled Triton 2.51 server (nvidia-pytriton), beside a numpy 2 environment: the
-# stub reads it first (pipeline/triton/server.py: stub_site). Not needed where NVIDIA's tritonserver is on PATH.
-stub-site:
-	site="$$($(PYTHON) -c 'import sys; print(sys.prefix)')/triton-stub-site" && \
-	$(PYTHON) -m pip install -q $(PIP_FLAGS) --no-deps --target "$$site" '$(STUB_NUMPY)' && \
-	cp pipeline/triton/stub_site/sitecustomize.py "$$site/"
+# The bundled Triton 2.51 server's python stub needs numpy<2; beside a numpy 2 environment it runs from an environment
+# of its own (pipeline/triton/stubenv.py). Not needed where NVIDIA's tritonserver is on PATH, nor where numpy<2.
+stub-env:
+	$(PYTHON) -m pipeline.triton.stubenv $(if $(FIND_LINKS),--find-links $(FIND_LINKS))

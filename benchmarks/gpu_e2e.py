@@ -232,6 +232,8 @@ def main() -> None:
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable; default 4b")
     ap.add_argument("--run", action="append", help="FORMAT:TARGET, repeatable; default fp8:h200")
     ap.add_argument("--until", default="publish", choices=STAGES)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra pipeline overrides for every run (recorded with the run)")
     ap.add_argument("--root", type=Path, help="working directory for the pipeline's outputs")
     ap.add_argument("--out", type=Path, help="raw JSON results")
     ap.add_argument("--table", nargs="+", type=Path, help="print markdown rows from result files and exit")
@@ -251,8 +253,8 @@ def main() -> None:
             root = a.root / f"{shape}-{fmt}-{target}"
             log_dir = root / "logs"
             log_dir.mkdir(parents=True, exist_ok=True)
-            run = {"shape": shape, "format": fmt, "target": target, "overrides": overrides(shape, fmt, target),
-                   "stages": []}
+            run = {"shape": shape, "format": fmt, "target": target,
+                   "overrides": overrides(shape, fmt, target) + a.set, "extra_overrides": a.set, "stages": []}
             doc["runs"].append(run)
             for stage in STAGES[:STAGES.index(a.until) + 1]:
                 print(f"[gpu_e2e] {shape} {fmt}->{target}: {stage} ...", flush=True)

@@ -93,34 +93,39 @@ def qwen3_small(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fmt,kv", COMBOS, ids=[f"{f}-kv{k}" for f, k in COMBOS])
-def test_format_calibrates_on_gpu_and_the_export_reloads_faithfully(qwen3_small, tmp_path, fmt, kv):
+def test_format_calibrates_on_gpu_and_the_export_passes_the_proof(qwen3_small, tmp_path, fmt, kv):
+    """ModelOpt's GPU kernels, the quantize stage's preparation and the whole export proof (structure, layers,
+    numbers with the format's bounds from conf/quant), plus its built-in control: the unquantized weights fail."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from pipeline import quality
-    from pipeline.stages.quantize import calibrated_scales, deployed_scale_problems, quant_config
+    from pipeline import config, quality
+    from pipeline.quant import proof
+    from pipeline.stages.quantize import prepare_reference, quant_config
 
     src, cal, ev = qwen3_small
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
     base = quality.logits(model, ev)
     mtq.quantize(model, quant_config(fmt, kv), lambda m: [m(input_ids=cal[i:i + 4].cuda()) for i in range(0, 16, 4)])
+    ref, _ = prepare_reference(model, fmt, kv)
     fq = quality.logits(model, ev)
-    calibrated = calibrated_scales(model)
     export_hf_checkpoint(model, export_dir=str(tmp_path))
-    q = json.loads((tmp_path / "hf_quant_config.json").read_text())["quantization"]
-    expected = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "nvfp4": "NVFP4", "w4a8_awq": "W4A8_AWQ",
-                "int8_sq": "W8A8_SQ_PER_CHANNEL"}[fmt]
-    assert q["quant_algo"] == expected
-    assert q["kv_cache_quant_algo"] == (None if kv == "none" else kv.upper())
-    deployed = reference.load(tmp_path, torch.bfloat16, "cuda")
-    assert sum(k == "kv" for k, _ in calibrated.values()) == (0 if kv == "none" else 2 * 4)
-    assert sum(k == "input" for k, _ in calibrated.values()) == (0 if fmt == "int4_awq" else 7 * 4)
-    assert deployed_scale_problems(calibrated, deployed) == []  # every activation / KV scale reached the model
-    ex = quality.logits(deployed, ev)
-    vs_base, vs_fq = quality.compare(base, fq, ev), quality.compare(fq, ex, ev)
-    assert vs_fq["kl_mean"] <= 1.5 * vs_base["kl_mean"] + 0.01, (vs_base, vs_fq)
-    assert vs_fq["top1_agreement"] >= vs_base["top1_agreement"] - 0.05, (vs_base, vs_fq)
+    del model
+    assert sum(k == "kv" for k, _ in ref.scales.values()) == (0 if kv == "none" else 2 * 4)
+    assert sum(k == "input" for k, _ in ref.scales.values()) == (0 if fmt == "int4_awq" else 7 * 4)
+    bounds = config.compose([f"quant={fmt}"]).quant.eval
+    structure = proof.check_structure(tmp_path, fmt, kv)
+    layers = proof.check_layers(tmp_path, ref, bounds.export_weight_ratio, "cuda")
+    assert structure.problems == [] and structure.details["quantized_linears"] == 7 * 4, structure
+    assert layers.problems == [], layers  # every layer and every activation / KV scale as calibrated
+    ex = quality.logits(reference.load(tmp_path, torch.bfloat16, "cuda"), ev)
+    vs_base = quality.compare(base, fq, ev)
+    numbers = proof.check_numbers(vs_base, quality.compare(fq, ex, ev), bounds.export_kl_abs, bounds.export_kl_frac)
+    unquantized = proof.check_numbers(vs_base, quality.compare(fq, base, ev), bounds.export_kl_abs,
+                                      bounds.export_kl_frac)
+    assert numbers.ok, numbers.problems
+    assert not unquantized.ok, unquantized.details
 
 
 # ---------------------------------------------------------------------------------- the pipeline's stages on CUDA

@@ -37,6 +37,10 @@ def test_build_published_an_immutable_versioned_bundle(tiny_build):
     assert doc["quant"]["quant_algo"] == "FP8" and doc["quant"]["calibration_sha256"]
     assert doc["gates"]["accuracy"] == "warn"  # tiny-qwen3 runs with quant.gate=warn ...
     assert not (v.parent / "latest").exists()  # ... so latest does not move
+    bench_gates = json.loads((v / "reports" / "bench.json").read_text())["gates"]  # the bench stage's own verdict
+    assert doc["gates"]["bench"] == bench_gates["verdict"]
+    assert doc["gates"]["bench_detail"]["regressions"] == bench_gates["regressions"]
+    assert doc["gates"]["bench_detail"]["breaches"] == bench_gates["breaches"]
     local = _local_bundle(tiny_build)
     assert all(not (p.stat().st_mode & stat.S_IWUSR) for p in local.rglob("*") if p.is_file())
 
@@ -74,20 +78,30 @@ def test_verify_passes_then_names_the_file_after_one_byte_is_flipped(tiny_build,
 
 
 def test_verify_checks_sm_and_runtime_versions(tiny_build, tmp_path):
+    from pipeline import upstream
+
+    pairs = upstream.container_pairs()
+    image = sorted(pairs)[0]
+    other_image = next(i for i in sorted(pairs) if pairs[i]["trtllm"] != pairs[image]["trtllm"])
     v = tmp_path / "gpu-bundle"
     shutil.copytree(_published_version(tiny_build), v)
     doc = json.loads((v / "bundle.json").read_text())
     doc["target"].update(name="h100", device="cuda", sm=90)
     doc["runtime"]["name"] = "trtllm_engine"
-    doc["runtime_versions"].update(tensorrt_llm="1.2.1", container="nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3")
+    doc["runtime_versions"].update(tensorrt_llm=pairs[image]["trtllm"], tensorrt=pairs[image]["tensorrt"],
+                                   container=image)
     (v / "bundle.json").chmod(0o644)
     (v / "bundle.json").write_text(json.dumps(doc))
     checks = {n: (ok, m) for n, ok, m in bundle.verify(str(v))}
     assert checks["gpu"][0] is False and "this machine has no GPU" in checks["gpu"][1]
     assert checks["runtime"][0] is False and "none installed here" in checks["runtime"][1]
-    same = {n: ok for n, ok, _ in bundle.verify(str(v), container=doc["runtime_versions"]["container"])}
-    other = {n: ok for n, ok, _ in bundle.verify(str(v), container="nvcr.io/nvidia/tritonserver:24.01-trtllm")}
-    assert same["runtime"] is True and other["runtime"] is False
+    same = {n: (ok, m) for n, ok, m in bundle.verify(str(v), container=image)}
+    other = {n: (ok, m) for n, ok, m in bundle.verify(str(v), container=other_image)}
+    assert same["runtime"][0] is True, same["runtime"]
+    assert other["runtime"][0] is False and f"TensorRT-LLM {pairs[image]['trtllm']} ≠" in other["runtime"][1]
+    proc = run_cli("verify", str(v), "--container", "nvcr.io/nvidia/tritonserver:24.01-trtllm", root=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "not a recorded serving image; recorded: " in proc.stderr and image in proc.stderr
 
 
 def test_diff_shows_what_changed(tiny_build, tmp_path):
@@ -341,6 +355,42 @@ def test_gc_keeps_outputs_referenced_at_publish_dest_and_young_ones(tiny_build, 
     assert not orphans["old"].exists() and orphans["young"].exists()
     for kept in outputs:
         assert kept.exists(), kept  # a month old, but referenced by the bundle under publish.dest
+
+
+def _stray_published_files(published: Path) -> list[str]:
+    """Files in a published tree that are not part of a bundle: each version holds bundle.json, its signature and
+    the files bundle.json lists; a model/quant/target/runtime folder holds its versions and ``latest``."""
+    stray = []
+    for p in published.rglob("*"):
+        if p.is_dir():
+            continue
+        rel = p.relative_to(published).parts
+        if len(rel) == 5 and rel[-1] == "latest":
+            continue
+        version = published.joinpath(*rel[:5])
+        inside = "/".join(rel[5:])
+        if len(rel) > 5 and (version / "bundle.json").is_file():
+            listed = {f["path"] for f in json.loads((version / "bundle.json").read_text())["files"]}
+            if inside in listed | {"bundle.json", bundle.SIGNATURE}:
+                continue
+        stray.append("/".join(rel))
+    return stray
+
+
+def test_the_published_tree_holds_only_bundle_files_and_the_lock_lives_in_the_store(tiny_build, tmp_path):
+    published = tiny_build / "published"
+    assert any(published.rglob("bundle.json"))
+    assert _stray_published_files(published) == []
+    assert list((tiny_build / ".store" / "locks").glob("publish-v*.lock")), "the publish lock is in the store"
+    # negative control: a lock file and a temp file planted in a copy are reported
+    copy = tmp_path / "published"
+    shutil.copytree(published, copy)
+    version = next(copy.glob("*/*/*/*/v*/bundle.json")).parent
+    (version.parent / f".{version.name}.lock").write_text("")
+    (version / "checkpoint" / ".x.tmp").write_text("")
+    assert sorted(_stray_published_files(copy)) == sorted([
+        str((version.parent / f".{version.name}.lock").relative_to(copy)),
+        str((version / "checkpoint" / ".x.tmp").relative_to(copy))])
 
 
 def test_committed_bundle_schema_is_current():

@@ -129,7 +129,7 @@ def test_the_gate_measures_the_deployed_export_not_the_fake_quant_model(root):
 
     out = _quantize(root, "nvfp4", "fp8")
     acc = json.loads((out / "accuracy.json").read_text())["accuracy"]
-    src = next(root.glob(".store/tiny-qwen3-fetch-*"))
+    src = next(p for p in root.glob(".store/tiny-qwen3-fetch-*") if p.is_dir())
     cfg = config.compose([*TINY, "quant=nvfp4"])
     rows = calib.pack(AutoTokenizer.from_pretrained(src), calib.load("builtin").heldout, cfg.quant.eval.seq_len,
                       cfg.quant.eval.num_samples)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,22 @@ def test_a_signed_bundle_verifies_with_its_public_key(signed, tmp_path):
     proc = run_cli("verify", str(local), "--public-key", str(pub), "--require-signature", root=tmp_path / "cwd")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS signature: bundle.sig verifies bundle.json" in proc.stdout
+
+
+def _standard_tool(local: Path, pub: Path) -> subprocess.CompletedProcess:
+    """OpenSSF model_signing's own command line, as ops would run it on a synced bundle."""
+    return subprocess.run([sys.executable, "-m", "model_signing", "verify", "key", str(local / "bundle.json"),
+                           "--signature", str(local / bundle.SIGNATURE), "--public_key", str(pub)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_standard_model_signing_tool_verifies_the_signature(signed):
+    local, pub, other = signed
+    ok = _standard_tool(local, pub)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert _standard_tool(local, other).returncode != 0  # negative control: another key
+    rewrite_manifest(local / "bundle.json", lambda doc: doc.update(version="v999999999999"))
+    assert _standard_tool(local, pub).returncode != 0  # negative control: an edited bundle.json
 
 
 def test_a_file_tampered_and_rehashed_in_bundle_json_fails_the_signature(signed):

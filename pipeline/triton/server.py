@@ -2,15 +2,16 @@
 
 Binary lookup, in order: ``serve.server_bin``; ``tritonserver`` on PATH (NVIDIA's Triton containers); the binary
 bundled in ``nvidia-pytriton`` (the ``cpu-server`` extra, for CPU machines), whose python stub needs numpy<2
-(:func:`stub_site` provides it beside a numpy 2 environment). For the bundled one, a backend directory is assembled
-with the python backend plus the stub for the running Python, and ``LD_LIBRARY_PATH`` gets the bundled libraries and
-libpython.
+(:mod:`pipeline.triton.stubenv` provides it beside a numpy 2 environment). For the bundled one, a backend directory
+is assembled with the python backend plus the stub for the running Python, and ``LD_LIBRARY_PATH`` gets the bundled
+libraries and libpython.
 The server runs from a neutral working directory (a folder named ``triton`` in the cwd shadows OpenAI's ``triton``
 package inside the python-backend stub) in its own process group, and is stopped on every exit path.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.errors import UserError
+from pipeline.triton import stubenv
 
 
 class ServerError(Exception):
@@ -92,18 +94,12 @@ def find_server(server_bin: str | None) -> tuple[Path, bool]:
         return Path(on_path), False
     root = _pytriton_root()
     if root and (root / "bin" / "tritonserver").is_file():
-        problem = bundled_numpy_problem(_dist_version("numpy"), _dist_version("numpy", stub_site()))
+        problem = bundled_numpy_problem(_dist_version("numpy"), _dist_version("numpy", stubenv.site_packages()))
         if problem:
             raise UserError(problem)
         return root / "bin" / "tritonserver", True
     raise UserError("no tritonserver found: set serve.server_bin, put tritonserver on PATH (NVIDIA's Triton "
                     "containers), or install the bundled CPU server: pip install -e '.[cpu-server]'")
-
-
-def stub_site() -> Path:
-    """numpy<2 for the bundled server's python stub where this environment has numpy 2 (``make stub-site``): the
-    server puts it first on the stub's import path."""
-    return Path(sys.prefix) / "triton-stub-site"
 
 
 def _dist_version(name: str, path: Path | None = None) -> str | None:
@@ -123,7 +119,7 @@ def _dist_version(name: str, path: Path | None = None) -> str | None:
 def bundled_numpy_problem(numpy_version: str | None, stub_numpy: str | None) -> str | None:
     """Why the bundled Triton 2.51 python backend (nvidia-pytriton 0.7) cannot serve here, or None. Its stub misreads
     every BYTES tensor under numpy 2 (``deserialize_bytes_tensor``: "unpack_from requires a buffer of at least ...
-    bytes"), so each request would fail; numpy<2 first on the stub's import path avoids it."""
+    bytes"), so each request would fail; the stub runs with numpy<2 from :mod:`pipeline.triton.stubenv` instead."""
     from packaging.version import Version
 
     def major(v: str | None) -> int:
@@ -133,8 +129,8 @@ def bundled_numpy_problem(numpy_version: str | None, stub_numpy: str | None) -> 
         return None
     return (f"serve.launcher=local found only the bundled tritonserver (nvidia-pytriton 0.7, Triton 2.51), whose "
             f"python backend cannot read text tensors under numpy {numpy_version}: put NVIDIA's tritonserver on PATH "
-            f"(their Triton containers) or set serve.server_bin, or give its python stub numpy<2 with "
-            f"`make stub-site` (offline: make install-offline EXTRAS=cpu-server)")
+            f"(their Triton containers) or set serve.server_bin, or give its python stub an environment with numpy<2: "
+            f"make stub-env (offline: make install-offline EXTRAS=cpu-server)")
 
 
 def _bundled_backends(cache: Path) -> Path:
@@ -178,9 +174,10 @@ def _die_with_parent() -> None:
 SUPERVISOR = "import sys; from pipeline.triton.server import _supervise; sys.exit(_supervise(sys.argv[1:]))"
 
 
-def supervised(cmd: list[str]) -> list[str]:
-    """``cmd`` run under :func:`_supervise` (start it with ``stdin=PIPE`` and ``start_new_session=True``)."""
-    return [sys.executable, "-c", SUPERVISOR, *cmd]
+def supervised(cmd: list[str], cleanup: list[str] | None = None) -> list[str]:
+    """``cmd`` run under :func:`_supervise` (start it with ``stdin=PIPE`` and ``start_new_session=True``);
+    ``cleanup`` is a command run when the pipeline dies (e.g. ``docker rm -f NAME``)."""
+    return [sys.executable, "-c", SUPERVISOR, json.dumps(cleanup or []), *cmd]
 
 
 def _kill_descendants() -> None:
@@ -212,6 +209,7 @@ def _supervise(cmd: list[str]) -> int:
     """
     import select
 
+    cleanup, cmd = json.loads(cmd[0]), cmd[1:]
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server must not inherit it
@@ -228,6 +226,9 @@ def _supervise(cmd: list[str]) -> int:
         except OSError:
             gone = True
         if gone:  # the pipeline is gone
+            if cleanup:
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(cleanup, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
             _kill_descendants()
             os.killpg(0, signal.SIGKILL)
 
@@ -267,8 +268,8 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
         libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
         cmd.append(f"--backend-directory={_bundled_backends(work_dir)}")
-        if stub_site().is_dir():  # numpy<2 for the python stub (see bundled_numpy_problem)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(stub_site()), env.get("PYTHONPATH", "")) if p)
+        if stubenv.bin_dir().is_dir():  # the stub's python3 comes from PATH: numpy<2 there (pipeline.triton.stubenv)
+            env["PATH"] = f"{stubenv.bin_dir()}{os.pathsep}{env['PATH']}"
     last_err = None
     for _attempt in range(3):  # a free port can be taken between probing and binding
         http_port, grpc_port = free_ports(host)
@@ -417,8 +418,9 @@ def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server
     log_path = Path(tempfile.mkdtemp(prefix="docker-", dir=work_dir)) / "server.log"
     cmd = docker_command(repo.resolve(), image=serve.image, mount=serve.repo_mount, host=serve.host,
                          http_port=http_port, grpc_port=grpc_port, name=name)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "wb") as log:  # the supervisor removes the container if the pipeline dies
+        proc = subprocess.Popen(supervised(cmd, cleanup=["docker", "rm", "-f", name]), stdin=subprocess.PIPE,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(proc, serve.host, http_port, grpc_port, log_path, container=name)
     try:
         deadline = time.monotonic() + serve.startup_timeout_s

@@ -1,0 +1,367 @@
+"""The requests NVIDIA's own clients send, sent with tritonclient to the reference deployment of each layout,
+decoupled and not, in the request mode each client uses. Written down from reading the clients (never copied):
+
+- ``inflight_batcher_llm/client/end_to_end_grpc_client.py`` (tensorrtllm_backend @ c2e65b8): gRPC *stream*
+  (``start_stream``/``async_stream_infer``/``stop_stream``) to ``ensemble`` (or ``--model-name tensorrt_llm_bls``)
+  with ``text_input`` [[prompt]] BYTES, ``max_tokens`` [[n]] INT32, ``stream`` [[S]] BOOL, ``beam_width`` [[1]]
+  INT32, ``temperature`` [[1.0]] FP32, ``exclude_input_in_output`` [[False]] BOOL; requests ``text_output`` and reads
+  ``text_output[0]``; ``--batch-inputs`` stacks prompts into one [batch, 1] request and also requests
+  ``batch_index``, read as ``batch_index[0][0]``.
+- ``inflight_batcher_llm/client/inflight_batcher_llm_client.py``: ``tensorrt_llm`` directly with ``input_ids``
+  [[ids]], ``input_lengths``, ``request_output_len`` [[16]], ``beam_width`` [[1]], ``temperature`` [[1.0]],
+  ``streaming`` [[S]], ``end_id``/``pad_id`` [[id]] INT32, ``runtime_top_k`` [[1]] INT32, ``runtime_top_p`` [[0.0]]
+  FP32; unary gRPC ``async_infer`` without ``-S``, a gRPC stream with it; reads ``output_ids[0][0]`` and
+  ``sequence_length[0][0]``.
+- ``tools/inflight_batcher_llm/end_to_end_test.py`` (HTTP or gRPC, unary ``infer``): ``preprocessing`` with
+  ``QUERY`` [[p]], ``BAD_WORDS_DICT``/``STOP_WORDS_DICT`` [[""]], ``REQUEST_OUTPUT_LEN`` [[n]], reading ``INPUT_ID``,
+  ``REQUEST_INPUT_LEN``, ``REQUEST_OUTPUT_LEN``, ``DECODER_INPUT_ID``, ``OUT_END_ID``, ``OUT_PAD_ID``; then
+  ``tensorrt_llm`` with ``input_ids``, ``decoder_input_ids``, ``input_lengths``, ``request_output_len``, ``end_id``,
+  ``pad_id``; then ``postprocessing`` with ``TOKENS_BATCH``/``SEQUENCE_LENGTH``; then ``ensemble`` with ``text_input``,
+  ``max_tokens``, ``bad_words``/``stop_words`` [[""]]; ``--test-bls`` sends the same to ``tensorrt_llm_bls`` and
+  asserts its ``text_output`` equals the ensemble's. ``--test-llmapi``: ``text_input`` [p] and
+  ``sampling_param_max_tokens`` [n] (1-D), optional ``streaming`` [True] over a gRPC stream and
+  ``return_finish_reason``/``return_stop_reason`` [True], reading ``text_output[0]``, ``finish_reason``,
+  ``stop_reason``.
+- ``triton_backend/tools/llmapi_client.py`` (TensorRT-LLM): unary gRPC ``async_infer`` to ``tensorrt_llm`` with
+  ``text_input`` [p] BYTES and ``sampling_param_max_tokens`` [n] INT32 (1-D), request parameter ``Streaming``;
+  reads ``text_output[0]``.
+
+A decoupled model refuses unary ``ModelInfer``, and streaming asks for a decoupled model: those two refusals are the
+same as upstream's and are asserted as refusals. One repository per layout x decoupled pair is rendered from the
+shared tiny-qwen3 build and served once.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import urllib.request
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import config
+from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline.triton import lint, server
+from tests.conftest import TINY
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+PROMPT = "The capital of France is"
+PAIRS = [("inflight_batcher_llm", True), ("inflight_batcher_llm", False), ("llmapi", True), ("llmapi", False)]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=[f"{lay}-{'decoupled' if d else 'unary'}" for lay, d in PAIRS])
+def deployment(request, tiny_build, tmp_path_factory):
+    """(layout, decoupled, server, repo): the reference runtime's repository of that layout, served."""
+    layout, decoupled = request.param
+    src = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent / ENGINE_REL
+    repo = tmp_path_factory.mktemp(f"{layout}-{decoupled}") / "repo"
+    shutil.copytree(src, repo / ENGINE_REL)
+    cfg = config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
+    render_repository(cfg, repo)
+    assert lint.lint(repo) == []
+    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=repo.parent / "w", timeout_s=300) as s:
+        yield layout, decoupled, s, repo
+
+
+def _need(deployment, layout):
+    if deployment[0] != layout:
+        pytest.skip(f"a {layout} client")
+
+
+def _grpc(s):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(s.grpc_url)
+
+
+def _inputs(module, **arrays):
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, arr in arrays.items():
+        t = module.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def _stream(client, model, inputs, outputs=None, parameters=None):
+    """A gRPC stream as the clients use it: every response (or error) until the server closes the stream."""
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), got))
+    client.async_stream_infer(model, inputs, outputs=outputs, request_id="1", parameters=parameters)
+    client.stop_stream()
+    items = []
+    while not got.empty():
+        items.append(got.get())
+    return items
+
+
+def _errors(items):
+    from tritonclient.utils import InferenceServerException
+
+    return [str(i) for i in items if isinstance(i, InferenceServerException)]
+
+
+def _text(result, name="text_output"):
+    out = result.as_numpy(name)
+    return None if out is None else out.reshape(-1)[0].decode("utf-8", "replace")
+
+
+def e2e_grpc_inputs(prompts, streaming, *, max_tokens=8):
+    import tritonclient.grpc as grpcclient
+
+    n = len(prompts)
+    return _inputs(grpcclient, text_input=np.array([[p] for p in prompts], dtype=object),
+                   max_tokens=np.full((n, 1), max_tokens, dtype=np.int32),
+                   stream=np.full((n, 1), streaming, dtype=bool), beam_width=np.ones((n, 1), dtype=np.int32),
+                   temperature=np.ones((n, 1), dtype=np.float32),
+                   exclude_input_in_output=np.zeros((n, 1), dtype=bool))
+
+
+# ---------------------------------------------------------------------------- end_to_end_grpc_client.py
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_end_to_end_grpc_client(deployment, model, streaming):
+    import tritonclient.grpc as grpcclient
+
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, _ = deployment
+    client = _grpc(s)
+    items = _stream(client, model, e2e_grpc_inputs([PROMPT], streaming),
+                    outputs=[grpcclient.InferRequestedOutput("text_output")])
+    if streaming and not decoupled:  # upstream refuses the same: streaming needs decoupled mode
+        assert _errors(items) and "decoupled" in _errors(items)[0]
+        return
+    assert _errors(items) == []
+    texts = [_text(r) for r in items if r.as_numpy("text_output") is not None]
+    assert texts, "no text_output"
+    if streaming:
+        assert len(texts) > 1 and "".join(texts)  # one response per token
+    else:
+        assert len(texts) == 1 and texts[0].startswith(PROMPT) and len(texts[0]) > len(PROMPT)
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_end_to_end_grpc_client_batch_inputs(deployment, model):
+    import tritonclient.grpc as grpcclient
+
+    _need(deployment, "inflight_batcher_llm")
+    s = deployment[2]
+    prompts = [PROMPT, "Water boils at"]
+    items = _stream(_grpc(s), model, e2e_grpc_inputs(prompts, False),
+                    outputs=[grpcclient.InferRequestedOutput("text_output"),
+                             grpcclient.InferRequestedOutput("batch_index")])
+    assert _errors(items) == []
+    by_index = {}
+    for r in items:  # decoupled: one response per prompt; unary: one response holding both rows
+        texts, index = r.as_numpy("text_output"), r.as_numpy("batch_index")
+        if texts is not None:
+            for row, b in zip(texts.reshape(-1), index.reshape(-1)):
+                by_index[int(b)] = row.decode("utf-8", "replace")
+    assert sorted(by_index) == [0, 1]
+    for i, p in enumerate(prompts):
+        assert by_index[i].startswith(p) and len(by_index[i]) > len(p)
+
+
+# ------------------------------------------------------------------------ inflight_batcher_llm_client.py
+def _ibl_inputs(repo, streaming, beam_width=1):
+    import tritonclient.grpc as grpcclient
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
+    ids = [tok.encode(PROMPT)]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return ids, _inputs(grpcclient, input_ids=np.array(ids, dtype=np.int32),
+                        input_lengths=np.array([[len(ids[0])]], dtype=np.int32),
+                        request_output_len=np.array([[16]], dtype=np.int32),
+                        beam_width=np.array([[beam_width]], dtype=np.int32),
+                        temperature=np.array([[1.0]], dtype=np.float32),
+                        streaming=np.array([[streaming]], dtype=bool),
+                        end_id=np.array([[tok.eos_token_id]], dtype=np.int32),
+                        pad_id=np.array([[pad]], dtype=np.int32),
+                        runtime_top_k=np.array([[1]], dtype=np.int32),
+                        runtime_top_p=np.array([[0.0]], dtype=np.float32))
+
+
+def test_inflight_batcher_llm_client_unary(deployment):
+    from tritonclient.utils import InferenceServerException
+
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, repo = deployment
+    _, inputs = _ibl_inputs(repo, False)
+    got: queue.Queue = queue.Queue()
+    client = _grpc(s)
+    client.async_infer("tensorrt_llm", inputs, callback=partial(lambda q, result, error: q.put(error or result), got),
+                       request_id="1", parameters={"Streaming": False})
+    result = got.get(timeout=120)
+    if decoupled:  # unary ModelInfer cannot reach a decoupled model, upstream's included
+        assert isinstance(result, InferenceServerException) and "decoupled" in str(result)
+        return
+    assert not isinstance(result, InferenceServerException), result
+    out, lengths = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
+    assert out.ndim == 3 and 0 < int(lengths[0][0]) <= out.shape[2]
+    assert len(out[0][0][: int(lengths[0][0])]) > 0
+
+
+def test_inflight_batcher_llm_client_streaming(deployment):
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, repo = deployment
+    _, inputs = _ibl_inputs(repo, True)
+    items = _stream(_grpc(s), "tensorrt_llm", inputs, parameters={"Streaming": True})
+    if not decoupled:
+        assert _errors(items) and "decoupled" in _errors(items)[0]
+        return
+    assert _errors(items) == []
+    tokens = [t for r in items if r.as_numpy("output_ids") is not None and int(r.as_numpy("sequence_length")[0][0]) > 0
+              for t in r.as_numpy("output_ids")[0][0][: int(r.as_numpy("sequence_length")[0][0])]]
+    assert 0 < len(tokens) <= 16
+
+
+def test_beam_search_is_refused_naming_the_feature(deployment):
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, repo = deployment
+    _, inputs = _ibl_inputs(repo, False, beam_width=2)
+    items = _stream(_grpc(s), "tensorrt_llm", inputs)
+    assert _errors(items) and "beam_width" in _errors(items)[0]
+
+
+# --------------------------------------------------------------------------- end_to_end_test.py (ifb)
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_end_to_end_test_calls_each_model(deployment, protocol):
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, _ = deployment
+    if decoupled:
+        pytest.skip("end_to_end_test.py sends unary requests, which a decoupled model refuses (upstream too)")
+    if protocol == "http":
+        import tritonclient.http as mod
+
+        client = mod.InferenceServerClient(s.http_url.removeprefix("http://"))
+    else:
+        import tritonclient.grpc as mod
+
+        client = mod.InferenceServerClient(s.grpc_url)
+    empty = np.array([[""]], dtype=object)
+    pre = client.infer("preprocessing", _inputs(
+        mod, QUERY=np.array([[PROMPT]], dtype=object), BAD_WORDS_DICT=empty, STOP_WORDS_DICT=empty,
+        REQUEST_OUTPUT_LEN=np.array([[8]], dtype=np.int32)))
+    got = {n: pre.as_numpy(n) for n in ("INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "DECODER_INPUT_ID",
+                                        "OUT_END_ID", "OUT_PAD_ID")}
+    assert all(v is not None for v in got.values()), got
+    assert int(got["REQUEST_INPUT_LEN"][0][0]) == got["INPUT_ID"].shape[1]
+    llm = client.infer("tensorrt_llm", _inputs(
+        mod, input_ids=got["INPUT_ID"], decoder_input_ids=got["DECODER_INPUT_ID"],
+        input_lengths=got["REQUEST_INPUT_LEN"], request_output_len=got["REQUEST_OUTPUT_LEN"],
+        end_id=got["OUT_END_ID"], pad_id=got["OUT_PAD_ID"]))
+    post = client.infer("postprocessing", _inputs(
+        mod, TOKENS_BATCH=llm.as_numpy("output_ids").astype(np.int32), SEQUENCE_LENGTH=llm.as_numpy("sequence_length")))
+    assert post.as_numpy("OUTPUT").reshape(-1)[0]
+    words = {"text_input": np.array([[PROMPT]], dtype=object), "max_tokens": np.array([[8]], dtype=np.int32),
+             "bad_words": empty, "stop_words": empty}
+    ensemble = client.infer("ensemble", _inputs(mod, **words)).as_numpy("text_output")
+    bls = client.infer("tensorrt_llm_bls", _inputs(mod, **words)).as_numpy("text_output")
+    assert ensemble.reshape(-1)[0] and (ensemble == bls).all()  # --test-bls asserts the two agree
+
+
+def test_stop_words_end_generation_through_the_generate_endpoint(deployment):
+    """HTTP generate maps JSON keys to the ensemble's inputs: a stop word ends the output (never ignored)."""
+    from transformers import AutoTokenizer
+
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, repo = deployment
+    if decoupled:
+        pytest.skip("the unary generate endpoint needs a non-decoupled ensemble")
+    tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
+
+    def generate(**extra):
+        body = json.dumps({"text_input": PROMPT, "max_tokens": 12, "top_k": 1, **extra}).encode()
+        req = urllib.request.Request(f"{s.http_url}/v2/models/ensemble/generate", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())["text_output"]
+
+    full = generate()
+    ids = tok.encode(full, add_special_tokens=False)
+    k = next((i for i in range(1, len(ids) - 1) if tok.encode(tok.decode([ids[i]]), add_special_tokens=False)
+              == [ids[i]]), None)
+    if k is None:
+        pytest.skip("no generated token round-trips through the tokenizer on its own")
+    stopped = generate(stop_words=[tok.decode([ids[k]])])
+    assert len(stopped) < len(full) and full.startswith(stopped)
+
+
+def test_http_generate_stream(deployment):
+    _need(deployment, "inflight_batcher_llm")
+    _, decoupled, s, _ = deployment
+    if not decoupled:
+        pytest.skip("generate_stream with stream=true needs the decoupled ensemble")
+    body = json.dumps({"text_input": PROMPT, "max_tokens": 6, "stream": True}).encode()
+    req = urllib.request.Request(f"{s.http_url}/v2/models/ensemble/generate_stream", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 1 and all("error" not in e for e in events)
+
+
+# ----------------------------------------------------------------------- llmapi_client.py, --test-llmapi
+def _llmapi_inputs(module, prompt=PROMPT, max_tokens=8, **extra):
+    return _inputs(module, text_input=np.array([prompt], dtype=object),
+                   sampling_param_max_tokens=np.array([max_tokens], dtype=np.int32), **extra)
+
+
+def test_llmapi_client(deployment):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    _need(deployment, "llmapi")
+    _, decoupled, s, _ = deployment
+    got: queue.Queue = queue.Queue()
+    _grpc(s).async_infer("tensorrt_llm", _llmapi_inputs(grpcclient, max_tokens=16), outputs=None, request_id="1",
+                         callback=partial(lambda q, result, error: q.put(error or result), got),
+                         parameters={"Streaming": False})
+    result = got.get(timeout=120)
+    if decoupled:
+        assert isinstance(result, InferenceServerException) and "decoupled" in str(result)
+        return
+    assert not isinstance(result, InferenceServerException), result
+    assert result.as_numpy("text_output").shape == (1,) and _text(result)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_end_to_end_test_llmapi(deployment, protocol):
+    _need(deployment, "llmapi")
+    _, decoupled, s, _ = deployment
+    if decoupled:
+        pytest.skip("--test-llmapi without --streaming sends unary requests")
+    if protocol == "http":
+        import tritonclient.http as mod
+
+        client = mod.InferenceServerClient(s.http_url.removeprefix("http://"))
+        outputs = [mod.InferRequestedOutput(n) for n in ("text_output", "finish_reason", "stop_reason")]
+    else:
+        import tritonclient.grpc as mod
+
+        client = mod.InferenceServerClient(s.grpc_url)
+        outputs = [mod.InferRequestedOutput(n) for n in ("text_output", "finish_reason", "stop_reason")]
+    flags = {"return_finish_reason": np.array([True]), "return_stop_reason": np.array([True])}
+    result = client.infer("tensorrt_llm", _llmapi_inputs(mod, **flags), outputs=outputs, request_id="0")
+    assert _text(result) and result.as_numpy("finish_reason") is not None
+    assert result.as_numpy("stop_reason") is not None
+    plain = client.infer("tensorrt_llm", _llmapi_inputs(mod), outputs=[mod.InferRequestedOutput("text_output")])
+    assert _text(plain)
+
+
+def test_end_to_end_test_llmapi_streaming(deployment):
+    import tritonclient.grpc as grpcclient
+
+    _need(deployment, "llmapi")
+    _, decoupled, s, _ = deployment
+    items = _stream(_grpc(s), "tensorrt_llm", _llmapi_inputs(grpcclient, streaming=np.array([True])),
+                    outputs=[grpcclient.InferRequestedOutput("text_output")])
+    if not decoupled:
+        assert _errors(items) and "decoupled" in _errors(items)[0]
+        return
+    assert _errors(items) == []
+    texts = [_text(r) for r in items if r.as_numpy("text_output") is not None]
+    assert len(texts) > 1 and "".join(texts)
