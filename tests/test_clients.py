@@ -49,26 +49,32 @@ from tests.conftest import TINY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PROMPT = "The capital of France is"
-PAIRS = [("inflight_batcher_llm", True), ("inflight_batcher_llm", False), ("llmapi", True), ("llmapi", False)]
 
 
-@pytest.fixture(scope="module", params=PAIRS, ids=[f"{lay}-{'decoupled' if d else 'unary'}" for lay, d in PAIRS])
-def deployment(request, tiny_build, tmp_path_factory):
-    """(layout, decoupled, server, repo): the reference runtime's repository of that layout, served."""
-    layout, decoupled = request.param
+def _serve(layout, decoupled, tiny_build, tmp_path_factory):
     src = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent / ENGINE_REL
     repo = tmp_path_factory.mktemp(f"{layout}-{decoupled}") / "repo"
     shutil.copytree(src, repo / ENGINE_REL)
     cfg = config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
     render_repository(cfg, repo)
     assert lint.lint(repo) == []
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=repo.parent / "w", timeout_s=300) as s:
-        yield layout, decoupled, s, repo
+    return server.running(repo, host="127.0.0.1", server_bin=None, work_dir=repo.parent / "w", timeout_s=600), repo
 
 
-def _need(deployment, layout):
-    if deployment[0] != layout:
-        pytest.skip(f"a {layout} client")
+@pytest.fixture(scope="module", params=[True, False], ids=["decoupled", "unary"])
+def ifb(request, tiny_build, tmp_path_factory):
+    """(decoupled, server, repo): the reference runtime's inflight_batcher_llm repository, served."""
+    running, repo = _serve("inflight_batcher_llm", request.param, tiny_build, tmp_path_factory)
+    with running as s:
+        yield request.param, s, repo
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["decoupled", "unary"])
+def llmapi(request, tiny_build, tmp_path_factory):
+    """(decoupled, server, repo): the reference runtime's llmapi repository, served."""
+    running, repo = _serve("llmapi", request.param, tiny_build, tmp_path_factory)
+    with running as s:
+        yield request.param, s, repo
 
 
 def _grpc(s):
@@ -125,11 +131,10 @@ def e2e_grpc_inputs(prompts, streaming, *, max_tokens=8):
 # ---------------------------------------------------------------------------- end_to_end_grpc_client.py
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 @pytest.mark.parametrize("streaming", [False, True])
-def test_end_to_end_grpc_client(deployment, model, streaming):
+def test_end_to_end_grpc_client(ifb, model, streaming):
     import tritonclient.grpc as grpcclient
 
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, _ = deployment
+    decoupled, s, _ = ifb
     client = _grpc(s)
     items = _stream(client, model, e2e_grpc_inputs([PROMPT], streaming),
                     outputs=[grpcclient.InferRequestedOutput("text_output")])
@@ -146,11 +151,10 @@ def test_end_to_end_grpc_client(deployment, model, streaming):
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_end_to_end_grpc_client_batch_inputs(deployment, model):
+def test_end_to_end_grpc_client_batch_inputs(ifb, model):
     import tritonclient.grpc as grpcclient
 
-    _need(deployment, "inflight_batcher_llm")
-    s = deployment[2]
+    s = ifb[1]
     prompts = [PROMPT, "Water boils at"]
     items = _stream(_grpc(s), model, e2e_grpc_inputs(prompts, False),
                     outputs=[grpcclient.InferRequestedOutput("text_output"),
@@ -187,11 +191,10 @@ def _ibl_inputs(repo, streaming, beam_width=1):
                         runtime_top_p=np.array([[0.0]], dtype=np.float32))
 
 
-def test_inflight_batcher_llm_client_unary(deployment):
+def test_inflight_batcher_llm_client_unary(ifb):
     from tritonclient.utils import InferenceServerException
 
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, repo = deployment
+    decoupled, s, repo = ifb
     _, inputs = _ibl_inputs(repo, False)
     got: queue.Queue = queue.Queue()
     client = _grpc(s)
@@ -207,9 +210,8 @@ def test_inflight_batcher_llm_client_unary(deployment):
     assert len(out[0][0][: int(lengths[0][0])]) > 0
 
 
-def test_inflight_batcher_llm_client_streaming(deployment):
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, repo = deployment
+def test_inflight_batcher_llm_client_streaming(ifb):
+    decoupled, s, repo = ifb
     _, inputs = _ibl_inputs(repo, True)
     items = _stream(_grpc(s), "tensorrt_llm", inputs, parameters={"Streaming": True})
     if not decoupled:
@@ -221,9 +223,8 @@ def test_inflight_batcher_llm_client_streaming(deployment):
     assert 0 < len(tokens) <= 16
 
 
-def test_beam_search_is_refused_naming_the_feature(deployment):
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, repo = deployment
+def test_beam_search_is_refused_naming_the_feature(ifb):
+    decoupled, s, repo = ifb
     _, inputs = _ibl_inputs(repo, False, beam_width=2)
     items = _stream(_grpc(s), "tensorrt_llm", inputs)
     assert _errors(items) and "beam_width" in _errors(items)[0]
@@ -231,9 +232,8 @@ def test_beam_search_is_refused_naming_the_feature(deployment):
 
 # --------------------------------------------------------------------------- end_to_end_test.py (ifb)
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_end_to_end_test_calls_each_model(deployment, protocol):
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, _ = deployment
+def test_end_to_end_test_calls_each_model(ifb, protocol):
+    decoupled, s, _ = ifb
     if decoupled:
         pytest.skip("end_to_end_test.py sends unary requests, which a decoupled model refuses (upstream too)")
     if protocol == "http":
@@ -266,12 +266,11 @@ def test_end_to_end_test_calls_each_model(deployment, protocol):
     assert ensemble.reshape(-1)[0] and (ensemble == bls).all()  # --test-bls asserts the two agree
 
 
-def test_stop_words_end_generation_through_the_generate_endpoint(deployment):
+def test_stop_words_end_generation_through_the_generate_endpoint(ifb):
     """HTTP generate maps JSON keys to the ensemble's inputs: a stop word ends the output (never ignored)."""
     from transformers import AutoTokenizer
 
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, repo = deployment
+    decoupled, s, repo = ifb
     if decoupled:
         pytest.skip("the unary generate endpoint needs a non-decoupled ensemble")
     tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
@@ -292,9 +291,8 @@ def test_stop_words_end_generation_through_the_generate_endpoint(deployment):
     assert len(stopped) < len(full) and full.startswith(stopped)
 
 
-def test_http_generate_stream(deployment):
-    _need(deployment, "inflight_batcher_llm")
-    _, decoupled, s, _ = deployment
+def test_http_generate_stream(ifb):
+    decoupled, s, _ = ifb
     if not decoupled:
         pytest.skip("generate_stream with stream=true needs the decoupled ensemble")
     body = json.dumps({"text_input": PROMPT, "max_tokens": 6, "stream": True}).encode()
@@ -310,12 +308,11 @@ def _llmapi_inputs(module, prompt=PROMPT, max_tokens=8, **extra):
                    sampling_param_max_tokens=np.array([max_tokens], dtype=np.int32), **extra)
 
 
-def test_llmapi_client(deployment):
+def test_llmapi_client(llmapi):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    _need(deployment, "llmapi")
-    _, decoupled, s, _ = deployment
+    decoupled, s, _ = llmapi
     got: queue.Queue = queue.Queue()
     _grpc(s).async_infer("tensorrt_llm", _llmapi_inputs(grpcclient, max_tokens=16), outputs=None, request_id="1",
                          callback=partial(lambda q, result, error: q.put(error or result), got),
@@ -329,9 +326,8 @@ def test_llmapi_client(deployment):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_end_to_end_test_llmapi(deployment, protocol):
-    _need(deployment, "llmapi")
-    _, decoupled, s, _ = deployment
+def test_end_to_end_test_llmapi(llmapi, protocol):
+    decoupled, s, _ = llmapi
     if decoupled:
         pytest.skip("--test-llmapi without --streaming sends unary requests")
     if protocol == "http":
@@ -352,11 +348,10 @@ def test_end_to_end_test_llmapi(deployment, protocol):
     assert _text(plain)
 
 
-def test_end_to_end_test_llmapi_streaming(deployment):
+def test_end_to_end_test_llmapi_streaming(llmapi):
     import tritonclient.grpc as grpcclient
 
-    _need(deployment, "llmapi")
-    _, decoupled, s, _ = deployment
+    decoupled, s, _ = llmapi
     items = _stream(_grpc(s), "tensorrt_llm", _llmapi_inputs(grpcclient, streaming=np.array([True])),
                     outputs=[grpcclient.InferRequestedOutput("text_output")])
     if not decoupled:

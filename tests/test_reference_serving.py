@@ -1,5 +1,6 @@
-"""The reference runtime behind upstream's interfaces, in a real Triton server: packaged ``model=tiny-qwen3``
-repositories of both layouts (inflight_batcher_llm and llmapi), decoupled and not.
+"""The reference runtime behind upstream's interfaces, in a real Triton server: ``model=tiny-qwen3`` repositories of
+both layouts rendered by the package stage (inflight_batcher_llm decoupled and not, llmapi as upstream's model.yaml
+sets it: not decoupled, 1-D tensors). tests/test_clients.py sends NVIDIA's clients' requests to every layout.
 
 The expected tokens come from the reference runtime run in this process on the same packaged checkpoint
 (``pipeline.runtime.reference.generate``, one prompt at a time), so a batched server must reproduce them exactly.
@@ -14,51 +15,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import TINY
 
 pytestmark = pytest.mark.slow
 
-BASE = ["model=tiny-qwen3", "quant=none", "quant.gate=warn", "until=package"]
-LABEL = "tiny-qwen3.none-kvfp8.cpu.reference"
 ENGINE = "tensorrt_llm/1/engine"
 
 
-@pytest.fixture(scope="module")
-def build_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("reference-serving")
-
-
-def _package(root: Path, *overrides: str) -> Path:
-    """The first repository comes from the real CLI (fetch -> quantize -> build -> package); the other layouts are
-    rendered in-process around the same build output, as the package stage does."""
-    import json
+def _render(tiny_build: Path, dest: Path, layout: str, decoupled: bool) -> Path:
+    """A repository of ``layout`` around the shared tiny-qwen3 build's checkpoint (FP8 weights, FP8 KV cache),
+    rendered by the package stage's own code."""
     import shutil
 
     from pipeline import config
     from pipeline.stages.package import render_repository
 
-    first = root / "packaged.json"
-    if not first.is_file():
-        proc = run_cli("build", *BASE, *overrides, root=root)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        stages = json.loads((root / "reports" / f"{LABEL}.json").read_text())["stages"]
-        repo = Path(next(s["output"] for s in stages if s["stage"] == "package"))
-        first.write_text(json.dumps({"repo": str(repo), "overrides": list(overrides)}))
-        return repo
-    made = json.loads(first.read_text())
-    if made["overrides"] == list(overrides):
-        return Path(made["repo"])
-    repo = root / ("repo-" + "-".join(o.split("=")[1] for o in overrides))
-    if not repo.is_dir():
-        (repo / ENGINE).parent.mkdir(parents=True)
-        shutil.copytree(Path(made["repo"]) / ENGINE, repo / ENGINE, copy_function=os.link)
-        render_repository(config.compose([o for o in BASE if not o.startswith("until=")] + list(overrides)), repo)
+    src = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent / ENGINE
+    repo = dest / "repo"
+    shutil.copytree(src, repo / ENGINE, copy_function=os.link)
+    render_repository(config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"]),
+                      repo)
     return repo
 
 
 @pytest.fixture(scope="module")
-def served(build_root, tmp_path_factory):
-    """One server at a time per (layout, decoupled): ``served(layout, decoupled)`` -> (grpc url, repository)."""
+def served(tiny_build, tmp_path_factory):
+    """One server at a time: ``served(layout, decoupled)`` -> (grpc url, repository)."""
     from pipeline.triton import server
 
     state = {"key": None, "cm": None, "value": None}
@@ -68,9 +50,10 @@ def served(build_root, tmp_path_factory):
         if state["key"] != key:
             if state["cm"] is not None:
                 state["cm"].__exit__(None, None, None)
-            repo = _package(build_root, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}")
-            cm = server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path_factory.mktemp("triton"),
-                                timeout_s=300)
+                state["cm"] = None
+            dest = tmp_path_factory.mktemp(f"{layout}-{decoupled}")
+            repo = _render(tiny_build, dest, layout, decoupled)
+            cm = server.running(repo, host="127.0.0.1", server_bin=None, work_dir=dest / "triton", timeout_s=600)
             srv = cm.__enter__()
             state.update(key=key, cm=cm, value=(srv.grpc_url, repo))
         return state["value"]
@@ -81,7 +64,7 @@ def served(build_root, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(build_root, served):
+def reference(served):
     """The packaged checkpoint loaded in this process: greedy tokens one prompt at a time, and its tokenizer."""
     import torch
     from transformers import AutoTokenizer
@@ -272,15 +255,3 @@ def test_llmapi_unary_request_with_1d_tensors(served, reference):
             client.infer("tensorrt_llm", inputs + [_t("sampling_param_best_of", np.array([2], np.int32))])
     finally:
         client.close()
-
-
-def test_llmapi_streaming_repeats_the_text_so_far(served, reference):
-    greedy, tok = reference
-    url, _ = served("llmapi", True)
-    requests = [[_t("text_input", np.array([p.encode()], dtype=object)),
-                 _t("sampling_param_max_tokens", np.array([8], np.int32)), _t("streaming", np.array([True])),
-                 _t("sampling_param_exclude_input_from_output", np.array([True]))] for p in PROMPTS[:3]]
-    for prompt, resp in zip(PROMPTS, _stream(url, "tensorrt_llm", requests)):
-        texts = [r.as_numpy("text_output")[0].decode() for _t_, r in resp if r.as_numpy("text_output") is not None]
-        assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-        assert texts[-1] == tok.decode(greedy(tok(prompt)["input_ids"], 8), skip_special_tokens=True)
