@@ -67,7 +67,6 @@ def main() -> None:
             client.run_level(s.grpc_url, echo, prompts, list(range(200)), 8, args.tokens, 30)  # warm-up
             for conc in (int(c) for c in args.concurrency.split(",")):
                 n = args.requests if conc > 1 else min(args.requests, 1000)
-                t0 = time.perf_counter()
                 records, wall = client.run_level(s.grpc_url, echo, prompts, list(range(n)), conc, args.tokens, 30)
                 for r in records:  # the echo model streams one one-character token per response
                     r.output_tokens = len(r.chunk_times)
@@ -75,7 +74,7 @@ def main() -> None:
                 rows.append((conc, n, summ))
                 print(f"c={conc}: {summ['request_throughput']['avg']:.0f} req/s, p50 "
                       f"{summ['request_latency']['p50']:.2f} ms, errors {summ['error_count']}", file=sys.stderr)
-    lines = [f"\n## Load-generator ceiling (`benchmarks/bench_overhead.py`)",
+    lines = ["\n## Load-generator ceiling (`benchmarks/bench_overhead.py`)",
              f"{time.strftime('%Y-%m-%d')} · commit {commit()} · {machine()} · trivial decoupled python model, "
              f"{args.tokens} streamed responses per request, real tritonserver (nvidia-pytriton) on loopback; the "
              f"server shares the same 2 cores", "",

@@ -220,6 +220,17 @@ def _bench_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
+def _bench_gate(summary: dict[str, Any]) -> str | None:
+    """The bench stage's gate verdict and regression baseline, one line (None without a bench result)."""
+    from pipeline.stages.bench import baseline_line
+
+    for r in summary["stages"]:
+        g = r["result"].get("gates") if r["stage"] == "bench" else None
+        if g:
+            return f"Bench gate: {g['verdict']} (entry point {r['result'].get('model')}). {baseline_line(g)}"
+    return None
+
+
 def _fmt(v: Any, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -244,6 +255,8 @@ def report_markdown(s: dict[str, Any]) -> str:
             lines.append(f"| {lv['workload']} | {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
                          f"{_fmt(lv['ttft_p50_ms'])} | {_fmt(lv['itl_p50_ms'])} | {_fmt(lv['latency_p95_ms'])} | "
                          f"{_fmt(lv['output_tokens_per_s'])} | {_fmt(lv['requests_per_s'], '.2f')} |")
+    if _bench_gate(s):
+        lines += ["", _bench_gate(s)]
     for r in s["stages"]:
         if r["stage"] == "quantize" and r["result"].get("accuracy"):
             a = r["result"]["accuracy"]
@@ -277,6 +290,8 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
                       _fmt(lv["itl_p50_ms"]), _fmt(lv["latency_p95_ms"]), _fmt(lv["output_tokens_per_s"]),
                       _fmt(lv["requests_per_s"], ".2f"))
         console.print(b)
+    if _bench_gate(s):
+        console.print(_bench_gate(s).replace("**", ""), markup=False)
     p = s.get("published")
     if p:
         console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest "

@@ -80,11 +80,18 @@ def test_llmapi_layout_is_benched_through_its_tensorrt_llm_model(tiny_build, tmp
         "error: bench.model=tensorrt_llm_bls: the llmapi layout has no such entry point (it has: tensorrt_llm); "
         "set bench.model=auto")
 
-    proc = run_cli("build", *TINY, "serve.layout=llmapi", "until=bench", root=root)
+    # with the regression gate on and an unreachable publish.dest: the verdict says no baseline, never "pass"
+    proc = run_cli("build", *TINY, "serve.layout=llmapi", "until=bench", "publish.dest=nosuchproto://bucket/x",
+                   "bench.gates.regression_pct=25", "bench.gates.regression_on_cpu=true", root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = _bench_out(root)
     doc = json.loads((out / "bench.json").read_text())
     assert (doc["model"], doc["layout"], doc["decoupled"]) == ("tensorrt_llm", "llmapi", True)
+    assert doc["gates"]["verdict"] == "no-baseline" and doc["gates"]["baseline"]["status"] == "unreachable"
+    assert "Gate: **no-baseline**" in (out / "bench.md").read_text()
+    summary = (root / "reports" / "tiny-qwen3.fp8-kvfp8.cpu.reference.md").read_text()
+    assert "Bench gate: no-baseline (entry point tensorrt_llm). Regression baseline: **unreachable**: " \
+           "publish.dest=nosuchproto://bucket/x" in summary
     for w in doc["workloads"].values():
         for lv in w["levels"]:
             assert lv["error_count"] == 0 and lv["output_token_throughput"]["avg"] > 0

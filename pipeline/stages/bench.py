@@ -131,7 +131,8 @@ def run(ctx: Context) -> dict[str, Any]:
             mismatches = client.server_model_mismatches(server.grpc_url, packaged)
             if mismatches:
                 more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
-                what = f"the server at {server.grpc_url} does not serve this package's repository: {mismatches[0]}{more}"
+                what = (f"the server at {server.grpc_url} does not serve this package's repository: "
+                        f"{mismatches[0]}{more}")
                 if cfg.serve.launcher.value == "external":
                     raise UserError(f"{what}; point serve.url at a server of {repo}")
                 raise StageFailed(what)
@@ -478,8 +479,9 @@ def baseline_line(g: dict[str, Any]) -> str:
     b = g.get("baseline") or {}
     st = b.get("status")
     if st == "found":
-        return (f"Regression baseline: {b.get('version') or b.get('source')} ({g.get('compared_with_previous_levels', 0)}"
-                f" levels compared{'' if g.get('regressions_gated') else '; reported only'}).")
+        levels = g.get("compared_with_previous_levels", 0)
+        return (f"Regression baseline: {b.get('version') or b.get('source')} ({levels} levels compared"
+                f"{'' if g.get('regressions_gated') else '; reported only'}).")
     if st == "none":
         return "Regression baseline: none (no bundle published yet); nothing compared."
     if st == "disabled":

@@ -27,7 +27,8 @@ TENSORS = {"inflight_batcher_llm": ("text_input", "max_tokens", "stream"),
            "llmapi": ("text_input", "sampling_param_max_tokens", "streaming")}
 # layout -> the optional input that leaves the prompt out of the returned text (sent as true when the model has it:
 # upstream's llmapi model returns the prompt with the text by default, the ensemble does when not streaming)
-EXCLUDE_INPUT = {"inflight_batcher_llm": "exclude_input_in_output", "llmapi": "sampling_param_exclude_input_from_output"}
+EXCLUDE_INPUT = {"inflight_batcher_llm": "exclude_input_in_output",
+                 "llmapi": "sampling_param_exclude_input_from_output"}
 
 
 @dataclass(frozen=True)

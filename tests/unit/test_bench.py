@@ -155,7 +155,8 @@ def test_previous_bench_found_none_corrupt_unreachable(tmp_path):
 
 def test_bench_md_shows_the_verdict_baseline_and_counting():
     r = {"model": "tensorrt_llm", "layout": "llmapi", "launcher": "local", "server_start_s": 1.0, "answers": [],
-         "workloads": {"chat": {"prompt_words": 24, "max_tokens": 16, "levels": _result()["workloads"]["chat"]["levels"]}}}
+         "workloads": {"chat": {"prompt_words": 24, "max_tokens": 16,
+                                "levels": _result()["workloads"]["chat"]["levels"]}}}
     r["gates"] = bench.gates(_cfg("bench.gates.regression_on_cpu=true"), r,
                              {"status": "corrupt", "source": "x", "version": None, "detail": "bundle.json is not JSON"})
     md = bench.markdown("m", r)
@@ -253,7 +254,8 @@ def test_aiperf_export_follows_aiperfs_schema(tmp_path):
     assert '"sampling_param_max_tokens": 16' in doc["input_config"]["endpoint"]["template"]["body"]
     lines = [json.loads(x) for x in (run_dir / "profile_export.jsonl").read_text().splitlines()]
     assert [x["metadata"]["worker_id"] for x in lines] == ["worker_0", "worker_1", "worker_1"]
-    assert lines[2]["error"]["message"] == "StatusCode.UNAVAILABLE" and "output_sequence_length" not in lines[2]["metrics"]
+    assert lines[2]["error"]["message"] == "StatusCode.UNAVAILABLE"
+    assert "output_sequence_length" not in lines[2]["metrics"]
     assert lines[0]["metrics"]["output_sequence_length"]["value"] == recs[0].output_tokens
     assert [json.loads(x)["text"] for x in (run_dir / "prompts.jsonl").read_text().splitlines()] == prompts
 
@@ -269,3 +271,14 @@ def test_aiperf_export_follows_aiperfs_schema(tmp_path):
     assert any("line 0: metadata.request_end_ns missing" in p for p in problems)
     assert any("line 1: metric request_latency" in p for p in problems)
     assert "input_config.phases is required" in problems
+
+
+def test_the_build_summary_carries_the_bench_verdict_and_baseline():
+    from pipeline.cli import _bench_gate
+
+    g = bench.gates(_cfg("bench.gates.regression_on_cpu=true"), _result(),
+                    {"status": "unreachable", "source": "s3://b", "version": None, "detail": "publish.dest=s3://b: x"})
+    line = _bench_gate({"stages": [{"stage": "bench", "result": {"model": "ensemble", "gates": g}}]})
+    assert line == ("Bench gate: no-baseline (entry point ensemble). Regression baseline: **unreachable**: "
+                    "publish.dest=s3://b: x; nothing compared.")
+    assert _bench_gate({"stages": [{"stage": "bench", "result": {}}]}) is None

@@ -77,4 +77,5 @@ def test_request_tensors_follow_the_layout_and_the_model_config():
     assert shapes(EntryPoint("tensorrt_llm", "llmapi", batched=False)) == {
         "text_input": ([1], "BYTES"), "sampling_param_max_tokens": ([1], "INT32"), "streaming": ([1], "BOOL"),
         "sampling_param_exclude_input_from_output": ([1], "BOOL")}
-    assert EntryPoint("tensorrt_llm", "llmapi").cumulative and not EntryPoint("ensemble", "inflight_batcher_llm").cumulative
+    assert EntryPoint("tensorrt_llm", "llmapi").cumulative
+    assert not EntryPoint("ensemble", "inflight_batcher_llm").cumulative

@@ -1,0 +1,36 @@
+"""The scheduled rebuild's GPU job runs TensorRT-LLM entries in the TRT-LLM container recorded for the supported
+TensorRT-LLM version, and installs the project over that container's Python (its tensorrt_llm stays visible)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _build_job() -> dict:
+    return yaml.safe_load((REPO / ".github" / "workflows" / "rebuild.yml").read_text())["jobs"]["build"]
+
+
+def test_trtllm_entries_build_in_the_recorded_container_with_the_gpus():
+    pairs = yaml.safe_load((REPO / "pipeline" / "upstream" / "containers.yaml").read_text())["pairs"]
+    (image,) = [name for name, p in pairs.items() if str(p["trtllm"]) == "1.2.1"]
+    job = _build_job()
+    expr = job["container"]["image"]
+    assert f"startsWith(matrix.runtime, 'trtllm') && '{image}'" in expr
+    assert expr.endswith("|| '') }}")  # other entries: no container, the runner itself
+    assert "--gpus all" in job["container"]["options"]
+    assert job["defaults"]["run"]["shell"] == "bash"  # a container's default shell is sh; the steps use bash
+
+
+def test_the_container_install_keeps_the_containers_tensorrt_llm_and_the_host_install_the_rest():
+    steps = _build_job()["steps"]
+    inside = next(s for s in steps if s.get("name") == "install into the TRT-LLM container")
+    assert inside["if"] == "startsWith(matrix.runtime, 'trtllm')"
+    run = inside["run"]
+    assert "venv --system-site-packages .venv" in run and "import tensorrt_llm" in run
+    assert "make setup" not in run and "torch==" not in run  # no CPU torch pin over the container's CUDA torch
+    assert "cpu-server" not in run  # NVIDIA's tritonserver is on PATH there
+    outside = next(s for s in steps if s.get("run") == "make setup")
+    assert outside["if"] == "${{ !startsWith(matrix.runtime, 'trtllm') }}"
