@@ -4,9 +4,9 @@
     python benchmarks/export_proof_bounds.py --models tiny-qwen3    # one model
     python benchmarks/export_proof_bounds.py --render               # only re-render docs/benchmarks.md from the JSON
 
-For each model × format it runs ``python -m pipeline build until=quantize`` (``quant.gate=warn``, one fresh output
-root per model so that fetch is shared) and reads the stage's ``accuracy.json``, from the store when the stage passed
-and from ``reports/failed/`` when it did not. Per run it records, on the held-out rows:
+For each model × format it runs the real fetch and quantize stages (``build until=quantize``, ``quant.gate=warn``,
+in this process through the runner, one fresh output root per model so that fetch is shared) and reads the stage's
+``accuracy.json``, from the store when the stage passed and from ``reports/failed/`` when it did not. Per run it records, on the held-out rows:
 
 - K = KL(unquantized ‖ fake-quant): what quantization costs (the proof's yardstick);
 - E = KL(fake-quant ‖ deployed export): how far the export, reloaded by the reference dequantizer, is from
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,41 +48,56 @@ def _accuracy(root: Path, model: str, fmt: str, kv: str) -> dict | None:
     return json.loads(found[-1].read_text()) if found else None
 
 
-def run(models: list[str]) -> list[dict]:
-    rows = []
+def _row(model: str, fmt: str, kv: str, extra: list[str], r: dict | None, outcome: str, wall: float) -> dict:
+    row = {"model": model, "format": fmt, "kv_cache": kv, "overrides": extra + CALIB, "outcome": outcome,
+           "wall_s": round(wall, 1)}
+    if r is None:
+        row["error"] = outcome
+        return row
+    a, p = r["accuracy"], r["accuracy"]["export_proof"]
+    row.update({
+        "quant_algo": r["quant_algo"], "kv_cache_quant_algo": r["kv_cache_quant_algo"],
+        "bytes_per_param": r["bytes_per_param"], "calibration": r["calibration"],
+        "K": a["fake_quant_vs_unquantized"]["kl_mean"], "E": a["exported_vs_fake_quant"]["kl_mean"],
+        "U": a["unquantized_vs_fake_quant"]["kl_mean"], "limit": p["numbers"]["kl_max"],
+        "kl_abs": p["numbers"]["kl_abs"], "kl_frac": p["numbers"]["kl_frac"],
+        "export_passes": p["numbers"]["kl"] <= p["numbers"]["kl_max"],
+        "unquantized_fails": p["unquantized_weights"]["fails"],
+        "worst_layer_ratio": p["layers"].get("worst_ratio"), "layer_ratio_max": p["layers"].get("max_ratio"),
+        "structure": p["structure"], "export_check": a["export_check"], "problems": p["problems"][:10],
+        "deployed_vs_unquantized": a["quantized_vs_unquantized"],
+        "fake_quant_vs_unquantized": a["fake_quant_vs_unquantized"], "gate": a["gate"],
+        "timings_s": r["timings_s"]})
+    return row
+
+
+def run(models: list[str], formats: list[str], save) -> None:
+    """The real fetch and quantize stages, in this process (runner.plan / runner.execute: one import of torch and
+    ModelOpt for every run), one fresh output root per model; ``save(row)`` after each run."""
+    from pipeline import config, runner
+    from pipeline.errors import StageFailed, UserError
+    from pipeline.stages import STAGES
+
     for model in models:
         with tempfile.TemporaryDirectory(prefix="proof-bounds-") as tmp:
             root = Path(tmp)
             for fmt, kv, extra in FORMATS:
-                args = ["build", f"model={model}", f"quant={fmt}", f"quant.kv_cache={kv}", "quant.gate=warn",
-                        "until=quantize", f"paths.root={root}", *CALIB, *extra]
+                if fmt not in formats:
+                    continue
+                cfg = config.compose([f"model={model}", f"quant={fmt}", f"quant.kv_cache={kv}", "quant.gate=warn",
+                                      "until=quantize", "target=cpu", "runtime=reference", f"paths.root={root}",
+                                      *CALIB, *extra])
                 t0 = time.perf_counter()
-                proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True,
-                                      text=True)
-                wall = round(time.perf_counter() - t0, 1)
-                r = _accuracy(root, model, fmt, kv)
-                row = {"model": model, "format": fmt, "kv_cache": kv, "overrides": extra + CALIB, "exit": proc.returncode,
-                       "wall_s": wall}
-                if r is None:
-                    row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                else:
-                    a, p = r["accuracy"], r["accuracy"]["export_proof"]
-                    row.update({
-                        "quant_algo": r["quant_algo"], "kv_cache_quant_algo": r["kv_cache_quant_algo"],
-                        "bytes_per_param": r["bytes_per_param"], "calibration": r["calibration"],
-                        "K": a["fake_quant_vs_unquantized"]["kl_mean"], "E": a["exported_vs_fake_quant"]["kl_mean"],
-                        "U": a["unquantized_vs_fake_quant"]["kl_mean"], "limit": p["numbers"]["kl_max"],
-                        "kl_abs": p["numbers"]["kl_abs"], "kl_frac": p["numbers"]["kl_frac"],
-                        "export_passes": p["numbers"]["kl"] <= p["numbers"]["kl_max"],
-                        "unquantized_fails": p["unquantized_weights"]["fails"],
-                        "worst_layer_ratio": p["layers"].get("worst_ratio"), "layer_ratio_max": p["layers"].get("max_ratio"),
-                        "structure": p["structure"], "export_check": a["export_check"], "problems": p["problems"][:10],
-                        "deployed_vs_unquantized": a["quantized_vs_unquantized"],
-                        "fake_quant_vs_unquantized": a["fake_quant_vs_unquantized"], "gate": a["gate"],
-                        "timings_s": r["timings_s"]})
-                rows.append(row)
-                print(f"{model} {fmt}+kv{kv}: exit {proc.returncode} in {wall}s", file=sys.stderr)
-    return rows
+                outcome = "pass"
+                try:
+                    planned = {p.stage.name: p for p in runner.plan(cfg, list(STAGES[:2]))}
+                    for name in ("fetch", "quantize"):
+                        if not planned[name].cached:
+                            runner.execute(cfg, planned[name], planned)
+                except (StageFailed, UserError) as exc:
+                    outcome = f"{type(exc).__name__}: {str(exc)[:500]}"
+                save(_row(model, fmt, kv, extra, _accuracy(root, model, fmt, kv), outcome, time.perf_counter() - t0))
+                print(f"{model} {fmt}+kv{kv}: {outcome[:80]} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
 
 
 def _section(marker: str, body: str) -> None:
@@ -143,15 +157,27 @@ def render(doc: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--formats", nargs="+", default=[f for f, _, _ in FORMATS], choices=[f for f, _, _ in FORMATS])
     ap.add_argument("--render", action="store_true", help="only re-render docs/benchmarks.md from the JSON")
     args = ap.parse_args()
     if not args.render:
-        old = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
-        new = run(args.models)
-        keep = [r for r in old if r["model"] not in args.models]
-        doc = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "machine": machine(), "rows": keep + new}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+
+        def save(row: dict) -> None:  # after every run, so that a long sweep keeps what it measured
+            from filelock import FileLock
+
+            with FileLock(str(RESULTS) + ".lock"):
+                _merge(row)
+
+        def _merge(row: dict) -> None:
+            doc = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"rows": []}
+            rows = [r for r in doc["rows"] if (r["model"], r["format"]) != (row["model"], row["format"])]
+            order = {(m, f): i for i, (m, f) in enumerate((m, f) for m in MODELS for f, _, _ in FORMATS)}
+            rows = sorted(rows + [row], key=lambda r: order.get((r["model"], r["format"]), 99))
+            doc = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "machine": machine(), "rows": rows}
+            RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+
+        run(args.models, args.formats, save)
     render(json.loads(RESULTS.read_text()))
     print(DOC)
 

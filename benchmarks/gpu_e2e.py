@@ -75,7 +75,8 @@ def overrides(shape: str, fmt: str, target: str) -> list[str]:
             f"model.shape.tie_word_embeddings={str(s['tie_word_embeddings']).lower()}"]
     # a random model's logits move more under quantization than real models' gates allow: report, do not fail
     # the synthetic tokenizer packs the shipped corpus into fewer rows than calib.num_samples asks for
-    return out + [f"quant={fmt}", "quant.gate=warn", "quant.calib.allow_short=true", f"target={target}", "runtime=reference", *BENCH]
+    return out + [f"quant={fmt}", "quant.gate=warn", "quant.calib.allow_short=true", f"target={target}",
+                  "runtime=reference", *BENCH]
 
 
 class SmiSampler:
@@ -162,13 +163,11 @@ def run_stage(args_: list[str], root: Path, stage: str, log_dir: Path) -> dict:
 
 
 def _bench_summary(res: dict, summary: dict) -> dict:
-    """Per level: requests, errors, latency percentiles and throughput (the bench stage's own summary rows)."""
-    from pipeline.stages.bench import summary_row
-
-    levels = [{"workload": w, **summary_row(lv)} for w, r in (res.get("workloads") or {}).items()
-              for lv in r.get("levels", [])]
-    return {"requests": sum(lv["request_count"] for lv in levels), "errors": sum(lv["error_count"] for lv in levels),
-            "server_start_s": res.get("server_start_s"), "gate": (res.get("gates") or {}).get("verdict"),
+    """Per level: requests, errors, latency percentiles and throughput (the bench stage's summary rows, by
+    workload)."""
+    levels = [{"workload": w, **row} for w, rows in (res.get("workloads") or {}).items() for row in rows]
+    return {"requests": sum(lv.get("request_count", 0) for lv in levels),
+            "errors": sum(lv.get("error_count", 0) for lv in levels), "gate": (res.get("gates") or {}).get("verdict"),
             "levels": levels}
 
 
@@ -220,10 +219,11 @@ def table(paths: list[Path]) -> str:
                          f"{run['shape']} | {run['format']}→{run['target']} | {cell('fetch')} | {cell('quantize')} | "
                          f"{cell('build')} | {cell('package')} | {cell('bench')} | {cell('publish')} | "
                          f"{q.get('torch_peak_gib', '—')} / {q.get('nvidia_smi_peak_gib', '—')} | "
-                         f"{max((s.get('host_peak_rss_gib') or 0) for s in run['stages']):.1f} | {errors} |"))
+                         f"{max((s.get('host_peak_rss_gib') or 0) for s in run['stages']):.1f} | {errors} | "
+                         f"{' '.join(run.get('extra_overrides') or []) or '—'} |"))
     head = ("| date (UTC) | commit | GPU | shape | format→target | fetch s | quantize s | build s | package s | "
-            "bench s | publish s | quantize peak GiB (torch / nvidia-smi) | host peak RSS GiB | bench errors |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "bench s | publish s | quantize peak GiB (torch / nvidia-smi) | host peak RSS GiB | bench errors | "
+            "extra overrides |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     return head + "\n" + "\n".join(r for _, r in sorted(rows, reverse=True))
 
 

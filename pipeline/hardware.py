@@ -1,7 +1,8 @@
 """What this machine has, and what ``target=auto`` / ``runtime=auto`` resolve to here.
 
 - ``target=auto``: the shipped target (``conf/target/*.yaml``) whose SM matches GPU 0 as NVML reports it: the one
-  with NVML's name for it, else the nearest in memory; ``cpu`` when NVML finds no NVIDIA GPU (no driver, or ``nvidia-ml-py`` missing).
+  with NVML's name for it, else the nearest in memory; ``cpu`` when NVML finds no NVIDIA GPU (no driver, or
+  ``nvidia-ml-py`` missing).
 - ``runtime=auto``: on a GPU target, the TensorRT-LLM runtime the installed TensorRT-LLM supports (the engine backend
   before 1.2; the LLM API, PyTorch backend, from 1.2 on, the only one left after 1.2.x); ``reference`` on a CPU
   target or where TensorRT-LLM is not installed.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Iterable
+from typing import Iterable
 
 AUTO = "auto"
 LLMAPI_FROM = (1, 2)  # TensorRT-LLM's LLM API (PyTorch backend) serves ModelOpt checkpoints from 1.2.0
@@ -54,8 +55,8 @@ def target_for(gpu: dict | None, targets: dict[str, dict]) -> str:
 
     if gpu is None:
         return "cpu"
-    candidates = [(str(t.get("gpu_name", "")) != gpu["name"], abs(float(t.get("memory_gb", 0)) - float(gpu["memory_gb"])),
-                   name)
+    candidates = [(str(t.get("gpu_name", "")) != gpu["name"],
+                   abs(float(t.get("memory_gb", 0)) - float(gpu["memory_gb"])), name)
                   for name, t in targets.items()
                   if name not in (AUTO, "cpu") and int(t.get("sm", 0)) == int(gpu["sm"])]
     if not candidates:
@@ -174,9 +175,3 @@ def resolve_overrides(overrides: Iterable[str], *, say: bool = False) -> list[st
         out.append(r_override)
     return out
 
-
-def summary() -> dict[str, Any]:
-    """What this machine offers, for reports: GPU (or None) and the installed TensorRT-LLM."""
-    from pipeline import config
-
-    return {"gpu": config.local_gpu(), "trtllm": trtllm_version()}

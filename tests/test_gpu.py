@@ -135,7 +135,8 @@ def test_synthetic_weights_are_the_same_bits_on_cuda_as_on_cpu():
     from pipeline import synthetic
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for name, shape in (("model.embed_tokens.weight", (4099, 64)), ("model.layers.0.mlp.up_proj.weight", (96, 1000))):
+        for name, shape in (("model.embed_tokens.weight", (4099, 64)),
+                            ("model.layers.0.mlp.up_proj.weight", (96, 1000))):
             key = synthetic.tensor_key(7, name)
             cpu = synthetic.noise(key, shape, 0.02, dtype, "cpu")
             gpu = synthetic.noise(key, shape, 0.02, dtype, "cuda", chunk=12345).cpu()

@@ -172,7 +172,7 @@ def test_rebuild_plan_step_outputs_only_include_and_summarises_the_excluded(tmp_
     lines = out.read_text().splitlines()
     assert lines[0] == "matrix<<EOF" and lines[-1] == "EOF"
     matrix = json.loads("\n".join(lines[1:-1]))
-    assert list(matrix) == ["include"] and len(matrix["include"]) == 6  # 9 combinations, 3 impossible
+    assert list(matrix) == ["include"] and len(matrix["include"]) == 12  # 18 combinations, 6 impossible
     assert all(e["overrides"][-1] == f"publish.dest={tmp_path / 'published'}" for e in matrix["include"])
     assert "- model=qwen32b quant=nvfp4 target=h100 runtime=trtllm_llmapi: nvfp4 needs Blackwell" in summary.read_text()
     assert "excluded model=qwen32b quant=int4_awq target=b200" in proc.stderr
@@ -206,8 +206,8 @@ def test_rebuild_build_job_judges_its_entry_on_its_runner_and_skips_a_published_
 def test_matrix_outdated_defers_gpu_entries_to_their_runner(tmp_path):
     proc = run_cli("matrix", "default", "--outdated", f"publish.dest={tmp_path / 'p'}", root=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert len(json.loads(proc.stdout)["include"]) == 6
-    assert proc.stderr.count("deferred model=qwen32b") == 6 and "judged on its runner" in proc.stderr
+    assert len(json.loads(proc.stdout)["include"]) == 12
+    assert proc.stderr.count("deferred model=qwen32b") == 12 and "judged on its runner" in proc.stderr
 
 
 def test_outdated_lists_changed_entries_only(tiny_build, tmp_path):

@@ -72,3 +72,100 @@ def test_server_that_cannot_start_reports_its_log_and_is_gone(tmp_path):
     assert "no_such_backend" in str(err.value)
     leftover = [p for p in psutil.process_iter(["name"]) if p.pid not in before and p.info["name"] == "tritonserver"]
     assert leftover == []
+
+
+# ------------------------------------------------------------------------------------ python -m pipeline serve
+def test_serve_finds_the_repository_of_a_bundle_and_refuses_anything_else(tmp_path):
+    from pipeline.cli import serve_target
+
+    repo = tmp_path / "b" / "v1" / "triton_repo"
+    (repo / "ensemble").mkdir(parents=True)
+    (repo / "ensemble" / "config.pbtxt").write_text('name: "ensemble"\n')
+    (tmp_path / "b" / "v1" / "bundle.json").write_text("{}")
+    (tmp_path / "b" / "latest").write_text("v1\n")
+    assert serve_target(str(tmp_path / "b")) == serve_target(str(tmp_path / "b" / "v1")) == repo
+    assert serve_target(str(repo)) == repo
+    with pytest.raises(UserError, match="neither a model repository"):
+        serve_target(str(tmp_path / "b" / "v1" / "triton_repo" / "ensemble"))
+    with pytest.raises(UserError, match="no such directory"):
+        serve_target(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.slow
+def test_serve_stands_up_a_packaged_repository_until_interrupted(tiny_build, tmp_path):
+    """The CLI prints the addresses and the ready models; the server answers; SIGINT stops it and every process it
+    started."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    import psutil
+
+    from tests.conftest import cli_env
+
+    repo = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(repo)], cwd=tmp_path,
+                            env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("stop with"):
+                break
+        assert lines and lines[-1].startswith("stop with"), (lines, proc.stderr.read())
+        http = next(x.split()[1] for x in lines if x.startswith("HTTP"))
+        grpc = next(x.split()[1] for x in lines if x.startswith("gRPC"))
+        ready = next(x for x in lines if x.startswith("ready")).split(" ", 1)[1].split(", ")
+        assert set(ready) == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
+        assert "entry points: ensemble, tensorrt_llm_bls" in lines[0]
+        with urllib.request.urlopen(f"{http}/v2/models/ensemble/ready", timeout=10) as r:
+            assert r.status == 200
+        assert grpc.startswith("127.0.0.1:")
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert any(p.name() == "tritonserver" for p in started)
+        body = json.dumps({"text_input": "The capital of France is", "max_tokens": 4, "stream": True}).encode()
+        req = urllib.request.Request(f"{http}/v2/models/ensemble/generate_stream", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert b"text_output" in r.read()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert "stopped" in proc.stdout.read()
+        gone, alive = psutil.wait_procs(started, timeout=30)
+        assert alive == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_of_a_non_repository_is_one_line(tmp_path):
+    from tests.conftest import run_cli
+
+    proc = run_cli("serve", str(tmp_path), root=tmp_path / "cwd")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"error: {tmp_path}: neither a model repository (*/config.pbtxt) nor a bundle "
+                                   f"(triton_repo/)")
+
+
+def test_docker_starts_a_multi_rank_engine_like_upstreams_launcher(tmp_path):
+    """TP x PP = 2: mpirun with one tritonserver per rank (rank 1 loads only tensorrt_llm), each with its own
+    python-backend shared-memory prefix; a one-rank engine keeps the plain tritonserver command."""
+    import json
+
+    repo = tmp_path / "repo"
+    eng = repo / "tensorrt_llm" / "1" / "engine"
+    eng.mkdir(parents=True)
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "tensorrtllm"\n')
+    (eng / "config.json").write_text(json.dumps({"pretrained_config": {"mapping": {"world_size": 2}}}))
+    cmd = server.docker_command(repo, image="img", mount="/models", host="127.0.0.1", http_port=1, grpc_port=2,
+                                name="n")
+    tail = cmd[cmd.index("img") + 1:]
+    assert tail[:2] == ["mpirun", "--allow-run-as-root"] and tail.count("tritonserver") == 2
+    ranks = " ".join(tail).split(" : ")
+    assert "--load-model=tensorrt_llm" not in ranks[0] and "--load-model=tensorrt_llm" in ranks[1]
+    assert "shm-region-prefix-name=prefix0_" in ranks[0] and "shm-region-prefix-name=prefix1_" in ranks[1]
+    (eng / "config.json").write_text(json.dumps({"pretrained_config": {"mapping": {"world_size": 1}}}))
+    one = server.docker_command(repo, image="img", mount="/models", host="127.0.0.1", http_port=1, grpc_port=2,
+                                name="n")
+    assert one[one.index("img") + 1] == "tritonserver" and "mpirun" not in one

@@ -174,6 +174,70 @@ def test_publish_uploads_the_signature_before_bundle_json_and_restores_a_lost_on
     assert _checks(version, public_key=str(pub), require_signature=True)["signature"][0] is True
 
 
+def _ca(d: Path, name: str):
+    """A self-signed CA (PEM) and its key."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    path = d / f"{name}.crt.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path, cert, key
+
+
+def _leaf(d: Path, ca_cert, ca_key) -> tuple[Path, Path]:
+    """A signing certificate (digital signature) issued by the CA, and its private key (PEM files)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import NameOID
+
+    priv, _ = _keypair(d, "leaf")
+    key = serialization.load_pem_private_key(priv.read_bytes(), password=None)
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "publisher")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=7))
+            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    path = d / "leaf.crt.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return priv, path
+
+
+def test_certificate_signing_verifies_against_its_ca_only(tmp_path):
+    d = tmp_path / "pki"
+    d.mkdir()
+    ca_path, ca_cert, ca_key = _ca(d, "release-ca")
+    other_ca, _, _ = _ca(d, "other-ca")
+    priv, leaf = _leaf(d, ca_cert, ca_key)
+    local = make_bundle(tmp_path)
+    bundle.sign(local, _sign_cfg(tmp_path, "publish.sign.method=certificate", f"publish.sign.private_key={priv}",
+                                 f"publish.sign.signing_certificate={leaf}",
+                                 f"publish.sign.certificate_chain=[{ca_path}]"))
+    ok = _checks(local, certificate_chain=[str(ca_path)], require_signature=True)["signature"]
+    assert ok == (True, f"bundle.sig verifies bundle.json with the certificate chain {ca_path.name}")
+    bad = _checks(local, certificate_chain=[str(other_ca)])["signature"]  # negative control: an untrusted CA
+    assert bad[0] is False and "does not verify bundle.json with the certificate chain other-ca.crt.pem" in bad[1]
+
+
 @pytest.mark.slow
 def test_a_build_with_publish_sign_publishes_a_signed_bundle(tiny_build, tmp_path):
     """Only publish re-runs (its fingerprint covers publish.sign): the published version carries bundle.sig."""

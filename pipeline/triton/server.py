@@ -58,9 +58,26 @@ class Server:
             return "(no server log)"
 
     def alive(self) -> bool:
+        """Whether the server process runs: for a supervised one, the supervisor's child (a server that died is a
+        zombie until the supervisor reaps it, and is not alive)."""
         if self.proc is None:
             return _grpc_ready(self.grpc_url)
-        return self.proc.poll() is None
+        if self.proc.poll() is not None:
+            return False
+        import psutil
+
+        try:
+            if self._server_pid is None:  # the supervisor's first child is the server (stubs are the server's)
+                children = psutil.Process(self.proc.pid).children()
+                if not children:
+                    return True  # not started yet
+                self._server_pid = children[0].pid
+            server = psutil.Process(self._server_pid)
+            return server.ppid() == self.proc.pid and server.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:  # the server is gone
+            return False
+
+    _server_pid = None  # the supervised server's pid, once seen (class default; set per instance)
 
     def responsive(self, within_s: float = 5.0) -> bool:
         """Whether the server answers a readiness probe within ``within_s`` (a hung process does not)."""

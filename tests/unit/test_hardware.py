@@ -36,7 +36,8 @@ def test_nvml_reading_is_turned_into_sm_and_memory(monkeypatch):
     fake = types.SimpleNamespace(
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
         nvmlDeviceGetHandleByIndex=lambda i: "h0", nvmlDeviceGetCudaComputeCapability=lambda h: (10, 0),
-        nvmlDeviceGetName=lambda h: b"NVIDIA B200", nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=192e9))
+        nvmlDeviceGetName=lambda h: b"NVIDIA B200",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=192e9))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert hardware.local_gpu() == {"name": "NVIDIA B200", "sm": 100, "memory_gb": 192.0, "count": 2}
 
@@ -82,7 +83,8 @@ def test_swept_auto_is_resolved_in_place_and_prints_what_it_became(monkeypatch, 
     out = hardware.resolve_overrides(["quant=fp8,nvfp4", "target=auto,h100"], say=True)
     assert out == ["quant=fp8,nvfp4", "target=b200,h100", "runtime=trtllm_engine"]
     err = capsys.readouterr().err
-    assert "target=auto -> b200 (NVIDIA B200, sm100" in err and "runtime=auto -> trtllm_engine (TensorRT-LLM 1.1.0)" in err
+    assert "target=auto -> b200 (NVIDIA B200, sm100" in err
+    assert "runtime=auto -> trtllm_engine (TensorRT-LLM 1.1.0)" in err
     # a sweep that includes the CPU target keeps the reference runtime for all of it
     assert hardware.resolve_overrides(["target=auto,cpu"])[-1] == "runtime=reference"
 
