@@ -297,12 +297,16 @@ def test_kill_9_at_seeded_random_points_leaves_nothing_partial(tmp_path):
     cmd = [sys.executable, "-m", "pipeline", *args]
     kills = []
     for stage in STAGE_NAMES:
+        if stage == "publish":  # the stages before it complete first, so each publish kill waits for its upload only
+            done = subprocess.run(cmd + ["until=bench"], cwd=root, env=cli_env(root), capture_output=True, text=True,
+                                  timeout=900)
+            assert done.returncode == 0, done.stderr[-2000:]
         for _ in range(5):
             # publish's upload takes ~0.1 s: the hook slows each uploaded file so that the kill lands inside it
             run = [sys.executable, "-c", SLOW_UPLOAD, *args] if stage == "publish" else cmd
             proc = subprocess.Popen(run + [f"force=[{stage}]"], cwd=root, env=cli_env(root),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            deadline = time.time() + 120
+            deadline = time.time() + 600  # upstream stages left incomplete by earlier kills run first
             while time.time() < deadline and proc.poll() is None and (
                     not _uploading(root, proc.pid) if stage == "publish" else _running_stage(root) != stage):
                 time.sleep(0.05)

@@ -81,3 +81,4 @@ def test_without_a_stub_env_the_stub_runs_from_this_environment(tmp_path, monkey
     monkeypatch.setattr(stubenv, "path", lambda: tmp_path / "no-stub-env")
     seen = _serve_probe(tmp_path, monkeypatch)
     assert Path(seen["prefix"]).resolve() == Path(sys.prefix).resolve()
+    assert seen["shim"] is ("long" in vars(__import__("numpy")))  # the start-up module did not run here

@@ -11,11 +11,14 @@ from pipeline.errors import UserError
 PROBLEMS = ("build.max_batch_size=0 is out of range", "build.pp_size=0 is out of range")
 
 
-def _small_tree(tmp_path, monkeypatch, *, broken: bool) -> list[str]:
-    """A copy of conf/ cut to 1 model × 6 quants × 1 target × 1 runtime (``build`` broken twice when asked); returns
-    each combination as validate names it."""
+def _small_tree(tmp_path, monkeypatch, *, broken: bool, quants: tuple[str, ...] = ()) -> list[str]:
+    """A copy of conf/ cut to 1 model × 6 quants (or ``quants``) × 1 target × 1 runtime (``build`` broken twice when
+    asked); returns each combination as validate names it."""
     conf = tmp_path / "conf"
     shutil.copytree(config.CONF_DIR, conf)
+    for p in (conf / "quant").glob("*.yaml"):
+        if quants and p.stem not in quants:
+            p.unlink()
     for group, keep in (("model", "tiny-qwen3"), ("target", "cpu"), ("runtime", "reference")):
         for p in (conf / group).glob("*.yaml"):
             if p.stem != keep:
@@ -60,7 +63,7 @@ def test_validate_reports_every_problem(tmp_path, monkeypatch, capsys):
 
 def test_validate_passes_a_sound_tree(tmp_path, monkeypatch, capsys):
     """The negative control of the test above: the same small tree unbroken exits 0 and reports no problem."""
-    names = _small_tree(tmp_path, monkeypatch, broken=False)
+    names = _small_tree(tmp_path, monkeypatch, broken=False, quants=("fp8", "none"))
     assert cli.cmd_validate(as_json=False) == 0
     err = _text(capsys.readouterr().err)
     assert "✗" not in err and not any(p in err for p in PROBLEMS)

@@ -79,6 +79,26 @@ def _strings(request, name):
     return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in t.as_numpy().reshape(-1)]
 
 
+class _Sender:
+    """A request's response sender shared by threads: calls are serialized, and none reaches the server after the
+    final response (the server frees the request then; even ``is_cancelled`` would touch freed memory)."""
+
+    def __init__(self, sender):
+        self._sender, self._lock, self.closed = sender, threading.Lock(), False
+
+    def send(self, response=None, flags=0):
+        with self._lock:
+            if self.closed:
+                return
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.closed = True
+            self._sender.send(response, flags=flags)
+
+    def is_cancelled(self):
+        with self._lock:
+            return not self.closed and self._sender.is_cancelled()
+
+
 class _Job:
     def __init__(self, request, sender, user_id, prompt_ids, prompt_text, params, arrival_ns):
         self.request, self.sender, self.user_id = request, sender, user_id
@@ -114,7 +134,6 @@ class TritonPythonModel:
 
         cfg = json.loads(args["model_config"])
         self.cfg = cfg
-        self.inputs = {i["name"] for i in cfg.get("input", [])}
         self.outputs = {o["name"] for o in cfg.get("output", [])}
         doc, yaml_path = _model_yaml()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
@@ -156,7 +175,7 @@ class TritonPythonModel:
     def execute(self, requests):
         now = time.time_ns()
         for request in requests:
-            sender = request.get_response_sender()
+            sender = _Sender(request.get_response_sender())
             user_id = request.request_id()
             try:
                 if _value(request, "stop", False):

@@ -58,9 +58,6 @@ UNSUPPORTED = {
     "lookahead_ngram_size": "lookahead decoding (lookahead_ngram_size)",
     "lookahead_verification_set_size": "lookahead decoding (lookahead_verification_set_size)",
 }
-PERF_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-                "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-                "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 NP_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_BF16": np.float32, "TYPE_INT32": np.int32,
             "TYPE_INT64": np.int64, "TYPE_UINT8": np.uint8, "TYPE_BOOL": np.bool_}
 
@@ -124,6 +121,26 @@ def _i32(values):
     return np.array(values, dtype=np.int32)
 
 
+class _Sender:
+    """A request's response sender shared by threads: calls are serialized, and none reaches the server after the
+    final response (the server frees the request then; even ``is_cancelled`` would touch freed memory)."""
+
+    def __init__(self, sender):
+        self._sender, self._lock, self.closed = sender, threading.Lock(), False
+
+    def send(self, response=None, flags=0):
+        with self._lock:
+            if self.closed:
+                return
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.closed = True
+            self._sender.send(response, flags=flags)
+
+    def is_cancelled(self):
+        with self._lock:
+            return not self.closed and self._sender.is_cancelled()
+
+
 class _Job:
     """One Triton request: its prompts' sequences, the engine's events for them, and how to answer."""
 
@@ -154,7 +171,6 @@ class TritonPythonModel:
 
         cfg = json.loads(args["model_config"])
         self.cfg = cfg
-        self.inputs = {i["name"] for i in cfg.get("input", [])}
         self.outputs = {o["name"]: o["data_type"] for o in cfg.get("output", [])}
         # engine_dir: the checkpoint, relative to the repository root (gpt_model_path is where the C++ backend would
         # find an engine inside the serving container).
@@ -194,7 +210,7 @@ class TritonPythonModel:
     def execute(self, requests):
         now = time.time_ns()
         for request in requests:
-            sender = request.get_response_sender()
+            sender = _Sender(request.get_response_sender())
             user_id = request.request_id()
             try:
                 stop = _array(request, "stop")
