@@ -143,7 +143,7 @@ class EvalConfig:
     # fake-quant weight. Both are set per format (conf/quant/*.yaml) so that the unquantized weights fail
     # (benchmarks/export_proof_bounds.py measures the margins).
     export_kl_abs: float = rng(0.002, 0.0, 100.0)
-    export_kl_frac: float = rng(0.3, 0.0, 1.0)
+    export_kl_frac: float = rng(0.5, 0.0, 1.0)
     export_weight_ratio: float = rng(0.4, 0.0, 1.0)
 
 
