@@ -129,7 +129,8 @@ def render(doc: dict) -> None:
              "The quantize stage on CPU, per model and format (FP8 KV cache; 16×128 calibration tokens, held-out rows "
              "of the shipped corpus). K = KL(unquantized ‖ fake-quant); E = KL(fake-quant ‖ deployed export, reloaded "
              "by the reference dequantizer); U = KL(fake-quant ‖ unquantized weights). The proof requires E ≤ limit = "
-             "kl_abs + kl_frac × K (per format, `conf/quant/*.yaml`), so the unquantized weights must score U > limit; "
+             "kl_abs + kl_frac × K (per format, `conf/quant/*.yaml`; limits and verdicts evaluated from the raw K, E and U "
+             "with the bounds those files hold now), so the unquantized weights must score U > limit; "
              "each exported layer must lie within `export_weight_ratio` × its quantization error of the fake-quant "
              "weight (the unquantized weights sit at 1.0). SmolLM2-135M-Instruct's baseline is its Q4_1 GGUF, "
              "dequantized to bf16.", "",
@@ -178,7 +179,7 @@ def main() -> None:
         def save(row: dict) -> None:  # after every run, so that a long sweep keeps what it measured
             from filelock import FileLock
 
-            with FileLock(str(RESULTS) + ".lock"):
+            with FileLock(str(Path(tempfile.gettempdir()) / "export_proof_bounds.json.lock")):
                 _merge(row)
 
         def _merge(row: dict) -> None:

@@ -142,16 +142,6 @@ def local_gpu() -> dict | None:
     return hardware.local_gpu()
 
 
-def _read_yaml(path: Path) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(path)) or {}
-
-
-def resolve_auto_target(override: str) -> str:
-    if override.replace(" ", "") == "target=auto":
-        return f"target={detect_target()}"
-    return override
-
-
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     """Expand multirun sweep overrides (``quant=fp8,none``) into one override list per job, as BasicSweeper does."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper

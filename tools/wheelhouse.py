@@ -24,7 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -143,7 +142,6 @@ def main() -> None:
     ap.add_argument("--exclude", default="", help="space/comma separated: packages the host already has")
     ap.add_argument("--extras", default="", help="project extras, e.g. cpu-server")
     a = ap.parse_args()
-    Marker("python_version >= '3'")  # packaging is importable (pip vendors its own; this one must exist too)
     exclude = {canonicalize_name(n) for n in re.split(r"[\s,]+", a.exclude) if n}
     extras = [e for e in re.split(r"[\s,]+", a.extras) if e]
     a.dest.mkdir(parents=True, exist_ok=True)
