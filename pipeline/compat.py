@@ -64,7 +64,10 @@ def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: st
     alt = alternatives(sm, runtime)
     if sm not in QUANT_SM[quant].sms:
         use = " or ".join(alt[:2]) if alt else "no quantized format"
-        out.append(f"{quant} needs {QUANT_SM[quant].needs}; for {target} use {use}")
+        hint = ""
+        if quant == "nvfp4" and sm >= 89:  # NVFP4 calibrates on sm89+ (ModelOpt's kernel); only serving needs Blackwell
+            hint = ", or target=b200 to calibrate here for Blackwell"
+        out.append(f"{quant} needs {QUANT_SM[quant].needs}; for {target} use {use}{hint}")
     elif quant not in RUNTIME_QUANT[runtime]:
         others = [r for r in RUNTIME_QUANT if r != "reference" and quant in RUNTIME_QUANT[r]]
         out.append(f"{quant} is not served by runtime {runtime}; use runtime={others[0] if others else 'reference'}"

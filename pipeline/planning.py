@@ -49,9 +49,18 @@ def capacity_problems(cfg: DictConfig) -> list[str]:
 
 
 def local_sm_problems(cfg: DictConfig) -> list[str]:
-    """Engines are tied to one compute capability: a GPU runtime builds only for the local GPU's SM."""
+    """Engines are tied to one compute capability: a TRT-LLM runtime builds only for the local GPU's SM.
+
+    The reference runtime is plain PyTorch: it builds and serves on any CUDA GPU (e.g. NVFP4 calibrated and checked on
+    Hopper for a Blackwell target); the host GPU it ran on is recorded in every manifest.
+    """
     if cfg.target.device.value != "cuda":
         return []
+    if cfg.runtime.name.value == "reference":
+        gpu = local_gpu()
+        return [] if gpu is not None else [
+            f"target {cfg.target.name} with runtime=reference needs a CUDA GPU on this machine, and it has none; "
+            f"use target=cpu, or run on a GPU host"]
     gpu = local_gpu()
     fanout = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={cfg.target.name} "
               f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")

@@ -128,7 +128,7 @@ def test_matrix_drops_impossible_entries_with_the_reason(tmp_path):
     assert ("nvfp4", "b200") in got and ("fp8", "h100") in got
     assert ("nvfp4", "h100") not in got and ("int4_awq", "b200") not in got
     assert ("excluded model=qwen32b quant=nvfp4 target=h100 runtime=trtllm_llmapi: nvfp4 needs Blackwell "
-            "(sm100/sm120); for h100 use fp8 or int4_awq") in proc.stderr.splitlines()
+            "(sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell") in proc.stderr.splitlines()
     runners = {e["target"]: e["runner"] for e in doc["include"]}
     assert runners["h100"] == ["self-hosted", "sm90"] and runners["b200"] == ["self-hosted", "sm100"]
     bad = run_cli("matrix", "nope", root=tmp_path)

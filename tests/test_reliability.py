@@ -104,7 +104,7 @@ BAD = [
     (["plan", "model.source=gguf://no_such_pkg/x.gguf"], "package 'no_such_pkg' is not installed"),
     (["plan", "quant.calib.dataset=/nope/calib.jsonl"], "file /nope/calib.jsonl not found"),
     (["plan", "quant.calib.dataset=calib.csv"], "give 'builtin', a local .txt/.jsonl file"),
-    (["plan", "quant=nvfp4", "target=h100"], "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq"),
+    (["plan", "quant=nvfp4", "target=h100"], "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell"),
     (["plan", "quant=w4a8_awq", "quant.block_size=64", "target=b200"], "w4a8_awq needs Ada or Hopper"),
     (["plan", "quant=fp8", "target=a100"], "fp8 needs Ada, Hopper or Blackwell"),
     (["plan", "quant.kv_cache=nvfp4", "target=h200"], "quant.kv_cache=nvfp4 needs Blackwell"),

@@ -19,7 +19,7 @@ def test_plan_refuses_nvfp4_on_h100_within_seconds_and_writes_nothing(tmp_path):
     proc = run_cli("plan", "model=qwen32b", "quant=nvfp4", "target=h100", root=tmp_path)
     assert time.perf_counter() - t0 < 10
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq"
+    assert proc.stderr.strip() == "error: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell"
     assert not any(tmp_path.rglob("*"))
 
 
@@ -137,7 +137,7 @@ def test_slurm_sweep_from_a_gpu_less_machine_submits_every_possible_job(tmp_path
     cli.main([verb, "-m", "model=qwen32b", "target=h100,b200", "quant=fp8,nvfp4", "runtime=trtllm_engine",
               "hydra/launcher=pipeline_slurm", f"paths.root={tmp_path}"])
     err = capsys.readouterr().err
-    assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq" \
+    assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell" \
         in err.splitlines()
     events = SlurmStandIn.events
     submits = [e for e in events if e[0] == "submit"]
