@@ -412,11 +412,30 @@ def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *
 
     final = Path(target)
     store.clean_partials(final)
+    _clean_stale_uploads(final.parent)
     tmp = store.new_tmp_dir(final)
     for rel in [f["path"] for f in files] + extra:
         _put(fs, local / rel, str(tmp / rel), local_dest=True)
     _put(fs, local / "bundle.json", str(tmp / "bundle.json"), local_dest=True)
     store.commit_dir(tmp, final)
+
+
+STALE_UPLOAD_S = 24 * 3600
+
+
+def _clean_stale_uploads(base: Path, max_age_s: float = STALE_UPLOAD_S) -> None:
+    """Remove the temp directories of other versions' uploads (``.v<version>.tmp-*``) left by a publisher killed a
+    day or more ago, so that the published tree holds only bundles (a killed upload of this version is removed at
+    once, under its lock)."""
+    import time
+
+    cutoff = time.time() - max_age_s
+    for p in base.glob(".v*.tmp-*"):
+        try:
+            if p.is_dir() and p.stat().st_mtime < cutoff:
+                shutil.rmtree(p, ignore_errors=True)
+        except FileNotFoundError:  # another publisher removed it
+            continue
 
 
 def _publish_version(fs, local: Path, target: str, manifest: dict[str, Any], *,

@@ -106,3 +106,22 @@ def test_object_store_errors_become_one_line_without_credentials():
     missing = bundle.store_error("publish.dest=gs://b", "publishing v1", FileNotFoundError("The bucket does not exist"))
     assert "check that the bucket exists" in str(missing)
     assert bundle.store_error("x", "y", KeyError("a programming error")) is None  # not a store error: re-raised
+
+
+def test_a_killed_upload_of_another_version_is_removed_from_the_published_tree_after_a_day(tmp_path):
+    import os
+    import time
+
+    from tests.helpers.bundles import make_bundle
+
+    local = make_bundle(tmp_path / "src")
+    doc = json.loads((local / "bundle.json").read_text())
+    base = tmp_path / "published" / bundle.prefix(doc)
+    old, fresh = base / ".v00000000000a.tmp-999999-abcdef", base / ".v00000000000b.tmp-999998-abcdef"
+    for d in (old, fresh):
+        (d / "checkpoint").mkdir(parents=True)
+    day_ago = time.time() - bundle.STALE_UPLOAD_S - 60
+    os.utime(old, (day_ago, day_ago))
+    bundle.publish(local, str(tmp_path / "published"), move_latest=False, lock_dir=tmp_path / "locks")
+    assert not old.exists() and fresh.exists()  # a recent one may be another publisher's upload in progress
+    assert (base / doc["version"] / "bundle.json").is_file()
