@@ -150,19 +150,22 @@ class PeakRSS:
     def __init__(self, interval: float = 0.2):
         self.interval, self.peak, self._stop = interval, 0, threading.Event()
 
-    def _sample(self) -> None:
+    def _once(self) -> None:
         import psutil
 
-        me = psutil.Process()
-        while not self._stop.is_set():
-            try:
-                rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
-                self.peak = max(self.peak, rss)
-            except Exception:
-                pass
-            self._stop.wait(self.interval)
+        try:
+            me = psutil.Process()
+            rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+            self.peak = max(self.peak, rss)
+        except psutil.Error:  # a child exited between listing and reading it
+            pass
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._once()
 
     def __enter__(self) -> "PeakRSS":
+        self._once()  # a block shorter than one interval still gets a sample
         self._t = threading.Thread(target=self._sample, daemon=True)
         self._t.start()
         return self
@@ -170,6 +173,7 @@ class PeakRSS:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._t.join()
+        self._once()
 
 
 def host_info() -> dict[str, Any]:
