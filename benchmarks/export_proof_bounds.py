@@ -112,11 +112,11 @@ def _section(marker: str, body: str) -> None:
     DOC.write_text(text)
 
 
-def _bounds(fmt: str) -> tuple[float, float]:
+def _bounds(fmt: str) -> tuple[float, float, float]:
     from pipeline import config
 
     e = config.compose([f"quant={fmt}", "target=cpu", "runtime=reference"]).quant.eval
-    return float(e.export_kl_abs), float(e.export_kl_frac)
+    return float(e.export_kl_abs), float(e.export_kl_frac), float(e.export_weight_ratio)
 
 
 def render(doc: dict) -> None:
@@ -140,11 +140,11 @@ def render(doc: dict) -> None:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['format']} | error: {r['error']} | | | | | | | |")
             continue
-        kl_abs, kl_frac = bounds[r["format"]]
+        kl_abs, kl_frac, ratio_max = bounds[r["format"]]
         limit = kl_abs + kl_frac * r["K"]
         lines.append(f"| {r['model']} | {r['format']} | {r['K']:.5f} | {r['E']:.5f} | {limit:.5f} "
                      f"({kl_abs:g} + {kl_frac:g} × K) | {r['U']:.5f} | {'yes' if r['E'] <= limit else 'NO'} | "
-                     f"{'yes' if r['U'] > limit else 'NO'} | {r['worst_layer_ratio']} ({r['layer_ratio_max']}) | "
+                     f"{'yes' if r['U'] > limit else 'NO'} | {r['worst_layer_ratio']} ({ratio_max:g}) | "
                      f"{r['export_check']} |")
     _section("export_proof_bounds", "\n".join(lines))
     acc = [r for r in rows if r["model"] == "smollm2-135m" and "error" not in r]
