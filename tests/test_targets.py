@@ -11,7 +11,7 @@ import pytest
 from pipeline import config
 from pipeline.runtime import trtllm
 from tests.conftest import TINY, run_cli
-from tests.helpers.requires import requires_gpu, requires_trtllm
+from tests.helpers.requires import requires_gpu
 
 
 def test_plan_refuses_nvfp4_on_h100_within_seconds_and_writes_nothing(tmp_path):
@@ -48,16 +48,6 @@ def test_trtllm_runtime_refused_clearly_without_tensorrt_llm(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "needs its GPU" in proc.stderr and "TensorRT-LLM, which is not installed here" in proc.stderr
     assert not any(tmp_path.rglob("*.safetensors"))
-
-
-@requires_trtllm
-@requires_gpu
-@pytest.mark.parametrize("runtime", ["trtllm_engine", "trtllm_llmapi"])
-def test_trtllm_runtime_builds_loads_and_generates_on_this_gpu(tmp_path, runtime):
-    """On a TRT-LLM container with a GPU: the engine build (or the LLM-API load) and its generate check pass."""
-    proc = run_cli("build", "model=tiny-qwen3", "quant.gate=warn", "target=auto", f"runtime={runtime}",
-                   "until=build", root=tmp_path)
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_multirun_with_submitit_local_shares_one_quantize(tmp_path):

@@ -10,7 +10,8 @@ Layout::
     bundle.json            what it is (model, quant, target, runtime, fingerprints, results) + every file's sha256
     checkpoint/            the exported (quantized) unified HF checkpoint
     triton_repo/           the model repository, ready for tritonserver --model-repository
-    reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json, bench.png
+    reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json, bench.png,
+                           requests.jsonl, aiperf/<workload>/concurrency_<N>/ (aiperf's export)
     manifests/<stage>.json the manifest of every stage that produced it
     bundle.sig             with publish.sign: an OpenSSF model_signing signature over bundle.json
 
@@ -100,6 +101,8 @@ def run(ctx: Context) -> dict[str, Any]:
 
     take("quantize", "checkpoint", "checkpoint")
     take("package", "", "triton_repo")
+    if (ctx.inputs["bench"] / "aiperf").is_dir():  # aiperf's own export of every level, for ops' aiperf tooling
+        take("bench", "aiperf", "reports/aiperf")
     for stage, names in REPORTS.items():
         for name in names:
             if (ctx.inputs[stage] / name).is_file():
