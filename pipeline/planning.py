@@ -56,17 +56,14 @@ def local_sm_problems(cfg: DictConfig) -> list[str]:
     """
     if cfg.target.device.value != "cuda":
         return []
-    if cfg.runtime.name.value == "reference":
-        gpu = local_gpu()
-        return [] if gpu is not None else [
-            f"target {cfg.target.name} with runtime=reference needs a CUDA GPU on this machine, and it has none; "
-            f"use target=cpu, or run on a GPU host"]
     gpu = local_gpu()
     fanout = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={cfg.target.name} "
               f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")
     if gpu is None:
         return [f"target {cfg.target.name} (sm{cfg.target.sm}) needs its GPU to build, and this machine has none; "
                 f"{fanout}"]
+    if cfg.runtime.name.value == "reference":
+        return []
     if gpu["sm"] != int(cfg.target.sm):
         return [f"target {cfg.target.name} is sm{cfg.target.sm} but this machine's GPU is {gpu['name']} "
                 f"(sm{gpu['sm']}): engines run only on the SM they were built on; {fanout}"]

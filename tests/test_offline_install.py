@@ -21,7 +21,7 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 HOST_HAS = {"torch": "2.13.0", "transformers": "5.24.0", "accelerate": "1.13.0", "nvidia-modelopt": "0.47.0",
             "matplotlib": "3.10.0", "tritonclient": "2.73.0", "numpy": "1.26.4", "gguf": "0.19.0"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 
 @pytest.fixture(scope="module")

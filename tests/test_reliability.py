@@ -101,7 +101,7 @@ BAD = [
     (["plan", "model.name=/abs/path"], "is not a safe name"),
     (["plan", "model.source=/does/not/exist"], "no such directory"),
     (["plan", "model.source=hf://justaname"], "expected hf://org/name@revision"),
-    (["plan", "model.source=gguf://no_such_pkg/x.gguf"], "package 'no_such_pkg' is not installed"),
+    (["plan", "model.source=gguf://no_such_pkg/x.gguf"], "package 'no-such-pkg' is not installed"),
     (["plan", "quant.calib.dataset=/nope/calib.jsonl"], "file /nope/calib.jsonl not found"),
     (["plan", "quant.calib.dataset=calib.csv"], "give 'builtin', a local .txt/.jsonl file"),
     (["plan", "quant=nvfp4", "target=h100"], "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell"),

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.triton import server, stubenv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 MODEL = '''
 import json, os, sys

@@ -256,16 +256,12 @@ def run(ctx: Context) -> dict[str, Any]:
     mtq.quantize(model, mcfg, forward_loop)
     timings["calibrate_s"] = time.perf_counter() - t0
     fallbacks = use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
-    ref, rounded = prepare_reference(model, fmt, kv)
-
-    t0 = time.perf_counter()
-    with progress("fake-quant logits (held-out)", n_eval_batches) as bar:
-        fq = quality.logits(model, ev_rows, bs, bar.advance)
-    timings["quant_eval_s"] = time.perf_counter() - t0
-
     t0 = time.perf_counter()
     trt = trtllm_checkpoint_spec(ctx.cfg)
-    if trt is not None:  # before the HF export, which replaces the model's weights in place
+    # Before the HF export, which replaces the model's weights in place, and before the proof's reference is
+    # recorded: the legacy export adjusts the quantizers of layers it fuses (q/k/v, gate/up), and the unified
+    # export then writes those adjusted scales.
+    if trt is not None:
         from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
         from pipeline.runtime.trtllm import decoder_type
@@ -275,7 +271,14 @@ def run(ctx: Context) -> dict[str, Any]:
                                            export_dir=str(ctx.out / "trtllm_checkpoint"),
                                            inference_tensor_parallel=trt["tp"], inference_pipeline_parallel=trt["pp"])
         timings["trtllm_export_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+    ref, rounded = prepare_reference(model, fmt, kv)
+
+    t0 = time.perf_counter()
+    with progress("fake-quant logits (held-out)", n_eval_batches) as bar:
+        fq = quality.logits(model, ev_rows, bs, bar.advance)
+    timings["quant_eval_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
     with status("exporting unified HF checkpoint"):
         export_hf_checkpoint(model, export_dir=str(ckpt))  # replaces the model's weights with quantized ones
         _copy_tokenizer(src, ckpt)

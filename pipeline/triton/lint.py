@@ -307,7 +307,10 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
     line = line or upstream.line_for(trtllm_version)
     recorded = upstream.interface(line, lay)
     reads = upstream.reads(line, lay)
-    for model in recorded:
+    # A config that does not parse leaves the layout unknown: its parse error is the finding, not every model the
+    # guessed layout would then miss.
+    unparsed = bool(findings)
+    for model in ([] if unparsed else recorded):
         if model not in configs and not any(f.startswith(f"{model}/") for f in findings):
             if lay == "llmapi" or model in ("preprocessing", "postprocessing", "tensorrt_llm"):
                 findings.append(f"{model}/config.pbtxt: missing; upstream's {lay} layout has a \"{model}\" model")
