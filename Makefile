@@ -41,7 +41,7 @@ XDIST ?= -n 2 --dist loadfile
 test: test-unit test-fast test-slow
 
 test-unit: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "not slow and not serial" tests/unit
+	$(PY) -m pytest -q -m "not slow and not serial" -n 2 tests/unit
 
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow and not serial" --ignore=tests/unit $(XDIST)

@@ -32,5 +32,7 @@ def test_the_container_install_keeps_the_containers_tensorrt_llm_and_the_host_in
     assert "venv --system-site-packages .venv" in run and "import tensorrt_llm" in run
     assert "make setup" not in run and "torch==" not in run  # no CPU torch pin over the container's CUDA torch
     assert "cpu-server" not in run  # NVIDIA's tritonserver is on PATH there
-    outside = next(s for s in steps if s.get("run") == "make setup")
+    assert "'.[hub]'" in run  # hf:// models calibrate on a Hub dataset
+    outside = next(s for s in steps if str(s.get("run", "")).startswith("make setup"))
+    assert "'.[hub]'" in outside["run"]
     assert outside["if"] == "${{ !startsWith(matrix.runtime, 'trtllm') }}"
