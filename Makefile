@@ -31,14 +31,15 @@ setup: $(STAMP)
 build: $(STAMP)
 	$(PY) -m pipeline build
 
-# Three steps; `make test` runs all of them, as CI does. Every test runs in exactly one step.
+# `make test` runs the unit and fast steps (the README's test command, ~10 min on 2 cores); CI (.ci/run) runs it,
+# then `make test-slow` as its second step. Every test runs in exactly one step.
 #   test-unit  tests/unit/: in-process tests of the modules (no server, no model load), under a minute
 #   test-fast  the rest of the default run (`not slow`): the CLI end to end through real ModelOpt and tritonserver,
 #              on two pytest-xdist workers (servers bind free loopback ports; the shared tiny build is built once)
 #   test-slow  the SmolLM2 default build, kill -9 injection, the soak run, server faults, and the `serial` tests
 #              (they inspect every process on the machine): one at a time
 XDIST ?= -n 2 --dist loadfile
-test: test-unit test-fast test-slow
+test: test-unit test-fast
 
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow and not serial" -n 2 tests/unit
