@@ -63,7 +63,7 @@ def fake_nvfp4(x: torch.Tensor, global_amax: torch.Tensor, block: int = NVFP4_BL
     """NVFP4 quantize-dequantize along the last dim: e2m1 values, one e4m3 scale per ``block``, a global fp32 scale.
 
     The same arithmetic as ModelOpt's CUDA/Triton ``fp4_fake_quant_block`` (checked bit for bit on a GPU by
-    tests/test_gpu.py), in plain torch so that it also runs on CPU.
+    tests/gpu/test_gpu.py), in plain torch so that it also runs on CPU.
     """
     shape, dtype = x.shape, x.dtype
     if shape[-1] % block:

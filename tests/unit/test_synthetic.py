@@ -1,5 +1,5 @@
-"""Synthetic weights: seeded, identical whatever the chunking (and device: tests/test_gpu.py compares CPU and CUDA).
-Negative controls: another seed or tensor name gives other values (tests/test_synthetic.py: the checkpoint)."""
+"""Synthetic weights: seeded, identical whatever the chunking (and device: tests/gpu/test_gpu.py compares CPU and CUDA).
+Negative controls: another seed or tensor name gives other values (tests/e2e/test_synthetic.py: the checkpoint)."""
 from __future__ import annotations
 
 import torch

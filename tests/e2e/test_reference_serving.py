@@ -1,6 +1,6 @@
 """The reference runtime behind upstream's interfaces, in a real Triton server: ``model=tiny-qwen3`` repositories of
 both layouts rendered by the package stage (inflight_batcher_llm decoupled and not, llmapi as upstream's model.yaml
-sets it: not decoupled, 1-D tensors). tests/test_clients.py sends NVIDIA's clients' requests to every layout.
+sets it: not decoupled, 1-D tensors). tests/e2e/test_clients.py sends NVIDIA's clients' requests to every layout.
 
 The expected tokens come from the reference runtime run in this process on the same packaged checkpoint
 (``pipeline.runtime.reference.generate``, one prompt at a time). A batch whose sequences have different lengths is

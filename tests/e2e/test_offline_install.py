@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 # what the host "has": left out of the wheelhouse with everything only they need
 HOST_HAS = {"torch": "2.13.0", "transformers": "5.24.0", "accelerate": "1.13.0", "nvidia-modelopt": "0.47.0",

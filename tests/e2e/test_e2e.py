@@ -44,7 +44,7 @@ def test_quantize_exports_fp8_with_fp8_kv_and_passes_the_export_check(tiny_build
     acc = json.loads((out / "accuracy.json").read_text())
     assert acc["accuracy"]["export_check"] == "pass"
     assert acc["calibration"]["sha256"] == hashlib.sha256(
-        (Path(__file__).parents[1] / "pipeline" / "data" / "corpus.txt").read_bytes()).hexdigest()
+        (Path(__file__).parents[2] / "pipeline" / "data" / "corpus.txt").read_bytes()).hexdigest()
     m = json.loads((out / "manifest.json").read_text())
     assert m["result"]["quant_algo"] == "FP8" and m["result"]["exclude_modules"]
 

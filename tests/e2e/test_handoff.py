@@ -17,7 +17,7 @@ from pipeline import bundle
 from pipeline.errors import StageFailed, UserError
 from tests.conftest import TINY, cli_env, report, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LABEL = "tiny-qwen3.fp8-kvfp8.cpu.reference"
 
 

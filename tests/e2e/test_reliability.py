@@ -23,7 +23,7 @@ import pytest
 from pipeline import config
 from tests.conftest import TINY, cli_env, report, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _outputs(root: Path) -> dict[str, Path]:
@@ -517,7 +517,7 @@ def _checksums(root: Path) -> dict[str, str]:
 def _record_section(title: str, body: list[str]) -> None:
     """Replace one ``## title`` section of docs/reliability.md (written by these tests, never by hand)."""
     doc = REPO / "docs" / "reliability.md"
-    head = ["# Reliability figures", "", "Every section is written by a test in `tests/test_reliability.py` when it "
+    head = ["# Reliability figures", "", "Every section is written by a test in `tests/e2e/test_reliability.py` when it "
             "runs; none is edited by hand.", ""]
     text = doc.read_text() if doc.is_file() else "\n".join(head) + "\n"
     sections = {}
