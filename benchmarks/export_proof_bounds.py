@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docfile import replace_block  # noqa: E402
 from rebuild_noop import REPO, commit, machine  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "export_proof_bounds.json"
@@ -100,18 +101,6 @@ def run(models: list[str], formats: list[str], save) -> None:
                 print(f"{model} {fmt}+kv{kv}: {outcome[:80]} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
 
 
-def _section(marker: str, body: str) -> None:
-    begin, end = f"<!-- BEGIN {marker} (generated; do not edit) -->", f"<!-- END {marker} -->"
-    text = DOC.read_text()
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        head, sep, rest = text.partition("\n\n\n")
-        text = f"{head}{sep or chr(10) * 3}{block}\n\n\n{rest}"
-    DOC.write_text(text)
-
-
 def _bounds(fmt: str) -> tuple[float, float, float]:
     from pipeline import config
 
@@ -146,7 +135,7 @@ def render(doc: dict) -> None:
                      f"({kl_abs:g} + {kl_frac:g} × K) | {r['U']:.5f} | {'yes' if r['E'] <= limit else 'NO'} | "
                      f"{'yes' if r['U'] > limit else 'NO'} | {r['worst_layer_ratio']} ({ratio_max:g}) | "
                      f"{r['export_check']} |")
-    _section("export_proof_bounds", "\n".join(lines))
+    replace_block("export_proof_bounds", "\n".join(lines))
     acc = [r for r in rows if r["model"] == "smollm2-135m" and "error" not in r]
     if acc:
         lines = ["## Quantization formats on SmolLM2-135M-Instruct: the deployed export vs the unquantized model "
@@ -164,7 +153,7 @@ def render(doc: dict) -> None:
             lines.append(f"| {r['format']} | {r['quant_algo'] or '-'} | {r['bytes_per_param']} | {d['kl_mean']:.4f} | "
                          f"{d['top1_agreement']:.3f} | {d['ppl_ratio']:.3f} | {r['fake_quant_vs_unquantized']['kl_mean']:.4f} | "
                          f"{r['gate']} | {r['export_check']} | {r['timings_s'].get('calibrate_s', 0):.1f} |")
-        _section("quant_accuracy", "\n".join(lines))
+        replace_block("quant_accuracy", "\n".join(lines))
 
 
 def main() -> None:

@@ -25,10 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _docfile import prepend
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
 RESULTS = REPO / "benchmarks" / "results"
-HEAD = "# Benchmarks\n\nNewest first. Every figure was measured by the script named in its section.\n"
 TARGET_S = 300
 STAMP = Path(".venv") / ".installed"
 DEFAULT_REPORT = Path("reports") / "smollm2-135m.fp8-kvfp8.cpu.reference.json"
@@ -137,10 +138,7 @@ def record(doc: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = RESULTS / f"fresh_install-{doc['date']}-{doc['commit'][:7]}.json"
     raw.write_text(json.dumps(doc, indent=2) + "\n")
-    text = DOC.read_text() if DOC.is_file() else HEAD
-    first = text.find("\n## ")  # newest first: before the first section, after the page's title and intro
-    head, body = (text, "") if first < 0 else (text[:first], text[first:])
-    DOC.write_text(head.rstrip("\n") + "\n\n\n" + section(doc, raw.name).strip() + "\n\n\n" + body.lstrip("\n"))
+    prepend(section(doc, raw.name))
     return raw
 
 

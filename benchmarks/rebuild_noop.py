@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _docfile import prepend
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
 
@@ -37,13 +39,6 @@ def machine() -> str:
 def commit() -> str:
     out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
-
-
-def prepend(section: str) -> None:
-    head = "# Benchmarks\n\nNewest first. Every figure was measured by the script named in its section.\n"
-    body = DOC.read_text()[len(head):] if DOC.is_file() and DOC.read_text().startswith(head) else ""
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(head + "\n" + section.rstrip() + "\n" + body)
 
 
 def main() -> None:

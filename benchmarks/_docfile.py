@@ -1,0 +1,29 @@
+"""docs/benchmarks.md, newest first: every benchmark script records its section through these two functions."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+HEAD = "# Benchmarks\n\nNewest first. Every figure was measured by the script named in its section.\n"
+_FIRST = re.compile(r"^(## |<!-- BEGIN )", re.M)  # a section, or a generated block (which holds sections)
+
+
+def prepend(section: str, doc: Path = DOC) -> None:
+    """Put ``section`` first: after the page's title and intro, before every earlier section or generated block."""
+    text = doc.read_text() if doc.is_file() else HEAD
+    m = _FIRST.search(text)
+    head, body = (text, "") if m is None else (text[: m.start()], text[m.start():])
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(head.rstrip("\n") + "\n\n\n" + section.strip() + "\n\n\n" + body.lstrip("\n"))
+
+
+def replace_block(marker: str, body: str, doc: Path = DOC) -> None:
+    """Rewrite the generated block ``marker`` in place; a new block goes first (as :func:`prepend`)."""
+    begin, end = f"<!-- BEGIN {marker} (generated; do not edit) -->", f"<!-- END {marker} -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    text = doc.read_text() if doc.is_file() else HEAD
+    if begin in text and end in text:
+        doc.write_text(text[: text.index(begin)] + block + text[text.index(end) + len(end):])
+    else:
+        prepend(block, doc)
