@@ -12,11 +12,12 @@ Sources (``model.source``):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
@@ -248,13 +249,29 @@ def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
     return {"kind": "local", "path": str(src)}
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers parses a GGUF file three times (config, tokenizer, weights) and rebuilds gguf-py's tensor-name map
+    for every module; both are pure functions of their arguments, so within this block each is built once (halves
+    the SmolLM2 conversion). transformers imports them from ``gguf`` at call time, which is what is swapped here."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=16)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def _from_gguf(ctx: Context, loc: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = gguf_path(loc)
     dtype = getattr(torch, ctx.cfg.model.dtype.value)
-    with status(f"reading tokenizer from {path.name}"):
+    with _gguf_parsed_once(), status(f"reading tokenizer from {path.name}"):
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     with status(f"converting {path.name} to {ctx.cfg.model.dtype.value} safetensors"):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
