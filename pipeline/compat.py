@@ -1,6 +1,7 @@
 """Which quant × KV format × GPU architecture × runtime combinations can be served, and why not.
 
-From TensorRT-LLM's hardware support matrix (FACTS §2). Every refusal names the reason and what would work.
+From TensorRT-LLM's support matrix (docs/source/reference/support-matrix.md in NVIDIA/TensorRT-LLM, and ModelOpt's
+quantization support table). Every refusal names the reason and what would work.
 Calibration is not deployment: NVFP4 calibrates on any GPU with SM >= 8.9 (or on CPU here); only serving it needs
 Blackwell, and that is what these rules are about.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BLACKWELL = (100, 103, 120)
-ARCH = {80: "Ampere", 86: "Ampere", 89: "Ada", 90: "Hopper", 100: "Blackwell", 103: "Blackwell", 120: "Blackwell"}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """TensorRT-LLM runtime adapters: the only place that touches ``tensorrt_llm``.
 
-Two deployment paths (FACTS §1):
+Two deployment paths (TensorRT-LLM's quantization and Triton-backend docs):
 
 - ``trtllm_engine`` (TRT-LLM <= 1.2.x): TRT-LLM checkpoint -> ``trtllm-build`` -> ``rank{N}.engine`` -> Triton's
   ``tensorrtllm`` backend. Built in a child process (``python -m pipeline.runtime.trtllm_child``) so that GPU memory
