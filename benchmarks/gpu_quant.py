@@ -69,7 +69,7 @@ def timed_forward(model, data: torch.Tensor, bs: int) -> float:
 def calibrate(model, fmt: str, kv: str, data: torch.Tensor, bs: int) -> float:
     import modelopt.torch.quantization as mtq
 
-    from pipeline.stages.quantize import calibration_forward, quant_config
+    from pipeline.quant.modelopt import calibration_forward, quant_config
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -79,7 +79,7 @@ def calibrate(model, fmt: str, kv: str, data: torch.Tensor, bs: int) -> float:
 
 
 def part_formats(out: dict) -> None:
-    """Every format × KV on the GPU through the quantize stage's own preparation (pipeline.stages.quantize
+    """Every format × KV on the GPU through the quantize stage's own preparation (pipeline.quant.modelopt
     .prepare_reference) and the whole export proof (pipeline.quant.proof) with the format's bounds from conf/quant,
     plus the proof's built-in control: where the unquantized weights score against the same limit."""
     import modelopt.torch.quantization as mtq
@@ -88,7 +88,7 @@ def part_formats(out: dict) -> None:
     from pipeline import config, quality
     from pipeline.quant import proof
     from pipeline.runtime import reference
-    from pipeline.stages.quantize import calibration_forward, prepare_reference, quant_config
+    from pipeline.quant.modelopt import calibration_forward, prepare_reference, quant_config
 
     cal, ev = rows(64, 256, QWEN3_06B["vocab_size"], 1), rows(8, 256, QWEN3_06B["vocab_size"], 2)
     res = []

@@ -17,14 +17,14 @@ import stat
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import StageFailed, UserError
+from pipeline.results import Gates
 
 SCHEMA = "llm-pipeline/bundle/v2"
-SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "bundle.schema.json"
 
 
 class FileEntry(BaseModel):
@@ -62,27 +62,6 @@ class RuntimeVersions(BaseModel):
     torch: Optional[str] = None
     transformers: Optional[str] = None
     container: Optional[str] = Field(None, description="the Triton container tag the bundle is meant for")
-
-
-class BenchGate(BaseModel):
-    """The bench gate as the bench stage reported it (``reports/bench.json`` ``gates``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    verdict: Literal["pass", "fail", "no-baseline"]
-    breaches: list[str] = Field(description="every absolute limit or gated regression breached")
-    regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
-    regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
-    compared_with_previous_levels: int = Field(description="concurrency levels compared with the baseline")
-    baseline: Optional[Any] = Field(None, description="the bundle the regressions were measured against")
-
-
-class Gates(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    accuracy: str = Field(description="pass | warn | fail | n/a")
-    export_check: str
-    bench: Literal["pass", "fail", "no-baseline"] = Field(
-        description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
-    bench_detail: BenchGate
 
 
 class Provenance(BaseModel):
@@ -229,6 +208,25 @@ def prefix(manifest: dict[str, Any]) -> str:
     q = manifest["quant"]
     return f"{manifest['model']['name']}/{q['format']}-kv{q['kv_cache']}/{manifest['target']['name']}/" \
            f"{manifest['runtime']['name']}"
+
+
+def published_base(cfg) -> tuple[Any, str]:
+    """The filesystem of ``publish.dest`` and the directory of ``cfg``'s entry on it:
+    ``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>``."""
+    fs, root = _fs(str(cfg.publish.dest))
+    return fs, (f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/"
+                f"{cfg.runtime.name.value}")
+
+
+def read_published(cfg) -> tuple[str, str | None, bytes | None]:
+    """The published bundle of ``cfg``'s entry that readers take (:func:`current_version`): (the entry's directory,
+    the version, its raw ``bundle.json``); version and bytes are None when no complete version is published. The
+    destination's errors (unreachable, denied, a ``bundle.json`` gone since it was listed) propagate."""
+    fs, base = published_base(cfg)
+    version = current_version(fs, base)
+    if version is None:
+        return base, None, None
+    return base, version, fs.cat_file(f"{base}/{version}/bundle.json")
 
 
 def _fs(url: str):
@@ -533,7 +531,7 @@ def verify(where: str, *, container: str | None = None, public_key: str | None =
 
 def _verify(where: str, *, container: str | None, public_key: str | None, certificate_chain: list[str] | None,
             require_signature: bool) -> list[tuple[str, bool | None, str]]:
-    from pipeline.config import local_gpu
+    from pipeline import hardware
     from pipeline.runtime import trtllm
 
     if container:
@@ -571,7 +569,7 @@ def _verify(where: str, *, container: str | None, public_key: str | None, certif
     if t.get("device") != "cuda":
         out.append(("gpu", None, f"target {t.get('name')} needs no GPU"))
     else:
-        gpu = local_gpu()
+        gpu = hardware.local_gpu()
         if gpu is None:
             out.append(("gpu", False, f"bundle is for sm{t.get('sm')} ({t.get('name')}); this machine has no GPU"))
         else:

@@ -14,6 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import UserError
 
@@ -175,6 +176,44 @@ def pack(tokenizer, docs: tuple[str, ...], seq_len: int, num_samples: int, chat_
         raise UserError(f"calibration text has {len(ids)} tokens, fewer than one row of seq_len={seq_len}; "
                         f"lower quant.calib.seq_len or give a larger quant.calib.dataset")
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Packed calibration and held-out rows (int64 tensors [n, seq_len]) of one text, with notes on any shortfall."""
+
+    texts: TextSet
+    calib: Any
+    heldout: Any
+    requested: int  # calibration rows asked for
+    notes: tuple[str, ...]
+
+    def record(self, calibrate_s: float) -> dict[str, Any]:
+        """The ``calibration`` entry of accuracy.json."""
+        n = int(self.calib.numel())
+        return {"dataset": self.texts.name, "sha256": self.texts.sha256, "rows": len(self.calib),
+                "requested_rows": self.requested, "short": len(self.calib) < self.requested,
+                "seq_len": self.calib.shape[1], "tokens": n, "tokens_per_s": round(n / max(calibrate_s, 1e-9), 1)}
+
+
+def rows(tokenizer, dataset: str, *, seq_len: int, num_samples: int, chat_template: bool, allow_short: bool,
+         eval_seq_len: int, eval_num_samples: int) -> Rows:
+    """Load ``dataset`` and pack its calibration and held-out documents. Fewer calibration rows than requested
+    fail (UserError) unless ``allow_short``; a shortfall of either is noted."""
+    texts = load(dataset, hub_docs=min(8192, 4 * (num_samples + eval_num_samples)))
+    cal = pack(tokenizer, texts.calib, seq_len, num_samples, chat_template=chat_template)
+    ev = pack(tokenizer, texts.heldout, eval_seq_len, eval_num_samples)
+    if len(cal) < num_samples and not allow_short:
+        raise UserError(f"quant.calib: {texts.name} packs into {len(cal)} of the {num_samples} requested rows of "
+                        f"{seq_len} tokens; give a larger quant.calib.dataset, lower quant.calib.num_samples, or set "
+                        f"quant.calib.allow_short=true")
+    notes = tuple(f"{what} text {texts.name} holds {len(got)} of the {want} requested rows of {n} tokens"
+                  + (" (accepted: quant.calib.allow_short=true)" if what == "calibration" else
+                     "; give a larger quant.calib.dataset for the full amount")
+                  for what, got, want, n in (("calibration", cal, num_samples, seq_len),
+                                             ("held-out", ev, eval_num_samples, eval_seq_len))
+                  if len(got) < want)
+    return Rows(texts, cal, ev, num_samples, notes)
 
 
 # Tokens a chat template adds around one document, at most (role markers, system prompt): a generous bound

@@ -14,6 +14,9 @@ from pipeline.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUP_NAMES = tuple(schema.GROUPS)
+# The stages in execution order, for ``until=`` and ``force=``; the registry (pipeline/stages/__init__.py) holds these
+# names in this order, which a unit test checks.
+STAGE_NAMES = ("fetch", "quantize", "build", "package", "bench", "publish")
 
 
 def conf_dir() -> Path:
@@ -24,6 +27,12 @@ def conf_dir() -> Path:
 
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def shipped_targets() -> dict[str, dict]:
+    """Every shipped target (``conf/target/*.yaml`` but ``auto``): name -> its yaml."""
+    return {name: OmegaConf.to_container(OmegaConf.load(conf_dir() / "target" / f"{name}.yaml")) or {}
+            for name in group_options("target") if name != "auto"}
 
 
 def _first_line(text: str) -> str:
@@ -89,14 +98,15 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
 def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig | UserError]:
     """Compose several override lists under one Hydra initialisation (``validate`` composes hundreds).
     ``target``/``runtime`` ``auto`` (the defaults) resolve to this machine's (``say``: print what they became)."""
-    from pipeline import hardware
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
     from hydra.core.singleton import Singleton
 
+    from pipeline import hardware
+
     schema.register()
+    targets = shipped_targets()
     out: list[DictConfig | UserError] = []
     # Called inside a running Hydra app too (launchers): put Hydra's global state back afterwards.
     saved = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
@@ -105,7 +115,8 @@ def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             for job in jobs:
                 try:
-                    cfg = hydra_compose(config_name="config", overrides=hardware.resolve_overrides(job, say=say))
+                    cfg = hydra_compose(config_name="config",
+                                        overrides=hardware.resolve_overrides(job, targets, say=say))
                 except UserError as exc:
                     out.append(exc)
                     continue
@@ -126,20 +137,6 @@ def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig
         if saved is not None:
             Singleton.set_state(saved)
     return out
-
-
-def detect_target() -> str:
-    """The shipped target matching the local GPU through NVML (same SM, nearest memory), or ``cpu``."""
-    from pipeline import hardware
-
-    return hardware.detect_target()
-
-
-def local_gpu() -> dict | None:
-    """Name, SM and memory of GPU 0 via NVML (nvidia-ml-py), or None when there is no NVIDIA GPU/driver."""
-    from pipeline import hardware
-
-    return hardware.local_gpu()
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -172,8 +169,6 @@ def _unknown_keys(node: Any, owner: type, prefix: str) -> list[str]:
 
 def validate(cfg: DictConfig) -> list[str]:
     """Every problem with a composed config, at once: missing values, ranges, stage names, resolution."""
-    from pipeline.stages import STAGE_NAMES
-
     problems: list[str] = []
     try:
         OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))

@@ -31,7 +31,8 @@ def load_matrix(name: str) -> dict[str, Any]:
 
 def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(buildable entries, excluded entries with the reason). Each entry carries its composed config."""
-    from pipeline.cli import plan_checks, _stages
+    from pipeline import runner
+    from pipeline.stages import STAGES
 
     doc = load_matrix(name)
     combos = [{}]
@@ -44,13 +45,13 @@ def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, A
         if isinstance(cfg, UserError):
             drop.append({**combo, "reason": str(cfg)})
             continue
-        problems = plan_checks(cfg, _stages(), environment=False)
+        problems = runner.plan_checks(cfg, STAGES, environment=False)
         if problems:
             drop.append({**combo, "reason": problems[0]})
             continue
         sm = int(cfg.target.sm)
-        runner = ["self-hosted", f"sm{sm}"] if cfg.target.device.value == "cuda" else ["self-hosted", "cpu"]
-        keep.append({**combo, "runner": runner, "overrides": job, "_cfg": cfg})
+        machine = ["self-hosted", f"sm{sm}"] if cfg.target.device.value == "cuda" else ["self-hosted", "cpu"]
+        keep.append({**combo, "runner": machine, "overrides": job, "_cfg": cfg})
     return keep, drop
 
 
@@ -62,26 +63,15 @@ def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[st
     return {"include": [{k: v for k, v in e.items() if not k.startswith("_")} for e in keep]}
 
 
-def _published_base(cfg) -> tuple[Any, str]:
-    from pipeline.bundle import _fs
-
-    fs, root = _fs(str(cfg.publish.dest))
-    return fs, (f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/"
-                f"{cfg.runtime.name.value}")
-
-
 def published_bundle(cfg) -> tuple[str | None, dict[str, Any] | None]:
     """(version, bundle.json) of the entry's ``latest`` published bundle, or of its newest complete version when
     none passed. A version without ``bundle.json`` (an interrupted upload) counts as absent."""
-    from pipeline.bundle import current_version, store_errors
+    from pipeline.bundle import read_published, store_errors
 
-    fs, base = _published_base(cfg)
     with store_errors(f"publish.dest={cfg.publish.dest}", "reading the published bundles"):
-        version = current_version(fs, base)
-        if version is None:
-            return None, None
         try:
-            return version, json.loads(fs.cat_file(f"{base}/{version}/bundle.json"))
+            _, version, raw = read_published(cfg)
+            return (version, json.loads(raw)) if version is not None else (None, None)
         except (FileNotFoundError, json.JSONDecodeError):
             return None, None
 
@@ -91,13 +81,13 @@ def entry_status(cfg) -> dict[str, Any]:
     "why"}``. The version name derives from the publish stage's fingerprint, which covers every upstream
     fingerprint: a changed config, code, library version (TRT-LLM included) or input changes it."""
     from pipeline import runner
-    from pipeline.cli import _stages
+    from pipeline.stages import STAGES
 
-    planned = runner.plan(cfg, _stages())
+    planned = runner.plan(cfg, list(STAGES))
     version = f"v{planned[-1].fingerprint[:12]}"
-    from pipeline.bundle import store_errors
+    from pipeline.bundle import published_base, store_errors
 
-    fs, base = _published_base(cfg)
+    fs, base = published_base(cfg)
     why = _hub_changes(cfg)
     with store_errors(f"publish.dest={cfg.publish.dest}", "reading the published bundles"):
         published = fs.exists(f"{base}/{version}/bundle.json")
@@ -135,7 +125,7 @@ def judged_here(cfg) -> bool:
     scheduled workflow checks the others on their own runner (``outdated --entry``)."""
     if cfg.target.device.value != "cuda":
         return True
-    from pipeline.config import local_gpu
+    from pipeline.hardware import local_gpu
 
     gpu = local_gpu()
     return gpu is not None and gpu["sm"] == int(cfg.target.sm)

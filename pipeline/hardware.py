@@ -65,20 +65,9 @@ def target_for(gpu: dict | None, targets: dict[str, dict]) -> str:
     return min(candidates)[-1]
 
 
-def shipped_targets() -> dict[str, dict]:
-    from omegaconf import OmegaConf
-
-    from pipeline.config import conf_dir, group_options
-
-    return {name: OmegaConf.to_container(OmegaConf.load(conf_dir() / "target" / f"{name}.yaml")) or {}
-            for name in group_options("target") if name != AUTO}
-
-
-def detect_target() -> str:
-    """``target=auto`` on this machine. ``pipeline.config.local_gpu`` is what tests replace, so it is read there."""
-    from pipeline import config
-
-    return target_for(config.local_gpu(), shipped_targets())
+def detect_target(targets: dict[str, dict]) -> str:
+    """``target=auto`` on this machine, among ``targets`` (``pipeline.config.shipped_targets()``)."""
+    return target_for(local_gpu(), targets)
 
 
 def trtllm_version() -> str | None:
@@ -110,8 +99,8 @@ def runtime_for(target_device: str, trtllm: str | None) -> str:
     return "trtllm_llmapi" if _version_tuple(trtllm) >= LLMAPI_FROM else "trtllm_engine"
 
 
-def _device_of(target: str) -> str:
-    return "cpu" if target == "cpu" else str(shipped_targets().get(target, {}).get("device", "cuda"))
+def _device_of(target: str, targets: dict[str, dict]) -> str:
+    return "cpu" if target == "cpu" else str(targets.get(target, {}).get("device", "cuda"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,9 +110,7 @@ def _note(text: str) -> None:
 
 
 def _why_target(target: str) -> str:
-    from pipeline import config
-
-    gpu = config.local_gpu()
+    gpu = local_gpu()
     if gpu is None:
         return f"target=auto -> {target} (NVML reports no NVIDIA GPU)"
     return f"target=auto -> {target} ({gpu['name']}, sm{gpu['sm']}, {gpu['memory_gb']:.0f} GB, via NVML)"
@@ -140,16 +127,17 @@ def _split(override: str) -> tuple[str, list[str]]:
     return key.strip(), [v.strip() for v in value.split(",")]
 
 
-def resolve_overrides(overrides: Iterable[str], *, say: bool = False) -> list[str]:
+def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say: bool = False) -> list[str]:
     """``overrides`` with ``target``/``runtime`` made concrete: ``auto`` (given, swept as ``target=auto,h100``, or
-    left to the config's default) replaced by what it resolves to here. ``say``: print what ``auto`` became when it
-    names a GPU or TensorRT-LLM, or when ``auto`` was asked for explicitly."""
+    left to the config's default) replaced by what it resolves to here among ``targets`` (name -> its yaml,
+    ``pipeline.config.shipped_targets()``). ``say``: print what ``auto`` became when it names a GPU or
+    TensorRT-LLM, or when ``auto`` was asked for explicitly."""
     out = list(overrides)
     keys = {_split(o)[0]: i for i, o in enumerate(out) if "=" in o}
     t_given = "target" in keys
     t_values = _split(out[keys["target"]])[1] if t_given else [AUTO]
     if AUTO in t_values:
-        detected = detect_target()
+        detected = detect_target(targets)
         t_values = list(dict.fromkeys(detected if v == AUTO else v for v in t_values))
         if say and (t_given or detected != "cpu"):
             _note(_why_target(detected))
@@ -163,7 +151,7 @@ def resolve_overrides(overrides: Iterable[str], *, say: bool = False) -> list[st
     if AUTO in r_values:
         trtllm = trtllm_version()
         # one runtime for the whole sweep: a GPU one only when every swept target is a GPU
-        device = "cuda" if all(_device_of(t) == "cuda" for t in t_values) else "cpu"
+        device = "cuda" if all(_device_of(t, targets) == "cuda" for t in t_values) else "cpu"
         runtime = runtime_for(device, trtllm)
         r_values = list(dict.fromkeys(runtime if v == AUTO else v for v in r_values))
         if say and (r_given or runtime != "reference"):

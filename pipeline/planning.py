@@ -5,8 +5,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline import capacity, compat
-from pipeline.config import local_gpu, to_plain
+from pipeline import capacity, compat, hardware
+from pipeline.config import to_plain
 
 
 def compat_problems(cfg: DictConfig) -> list[str]:
@@ -56,7 +56,7 @@ def local_sm_problems(cfg: DictConfig) -> list[str]:
     """
     if cfg.target.device.value != "cuda":
         return []
-    gpu = local_gpu()
+    gpu = hardware.local_gpu()
     fanout = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={cfg.target.name} "
               f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")
     if gpu is None:

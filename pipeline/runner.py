@@ -7,12 +7,18 @@ setting lands in a new directory and the old one is never half-overwritten.
 """
 from __future__ import annotations
 
+import ast
+import contextlib
+import copy
 import datetime as _dt
+import functools
+import hashlib
 import importlib.metadata as md
 import importlib.util
 import logging
 import os
 import platform
+import re
 import shutil
 import socket
 import threading
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import __version__, store
 from pipeline.config import resolved_paths, slice_of, to_plain
@@ -39,11 +45,13 @@ def artifact_label(cfg: DictConfig) -> str:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    run: Callable[["Context"], dict[str, Any]]
-    reads: tuple[str, ...]  # config keys (dotted) whose values enter the fingerprint
+    run: Callable[["Context"], Any]  # returns the stage's result (a pipeline.results model)
+    # config keys (dotted) whose values enter the fingerprint; the only keys ``run`` can read (Context.cfg)
+    reads: tuple[str, ...]
     inputs: tuple[str, ...] = ()  # upstream stage names
     libs: tuple[str, ...] = ()  # distributions whose versions enter the fingerprint
-    code: tuple[str, ...] = ()  # extra modules whose source enters the fingerprint (the stage module always does)
+    # keys ``run`` may read that say where things are, never what is made: readable, left out of the fingerprint
+    unhashed_reads: tuple[str, ...] = ()
     root: str = "store"  # paths.<root> holds the output directory
     label: Callable[[DictConfig], str] = lambda cfg: cfg.model.name
     check: Callable[[DictConfig], list[str]] | None = None  # plan-time incompatibilities (no work, no download)
@@ -51,11 +59,14 @@ class Stage:
     extra: Callable[[DictConfig, Path], dict[str, Any]] | None = None  # cheap extra fingerprint inputs (file digests)
     volatile: tuple[str, ...] = ()  # report files with timings: listed in the manifest, left out of the content digest
     read_only: bool = False  # make every output file read-only (published bundles)
+    # after every planned stage ran or was found cached: (full config, this stage's output dir) -> a value for the
+    # build report (publish: the upload to publish.dest, which is no property of the bundle)
+    after: Callable[[DictConfig, Path], Any] | None = None
 
 
 @dataclass
 class Context:
-    cfg: DictConfig
+    cfg: DictConfig  # the runner passes stage_config(): read-only, the stage's declared keys only
     stage: Stage
     out: Path  # temp directory to write into; renamed into place on success
     final: Path  # where the output will live
@@ -65,6 +76,52 @@ class Context:
     console: Any = None
     fingerprint: str = ""
     known_hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 already known (hard links)
+    extra: dict[str, Any] = field(default_factory=dict)  # the stage's ``extra`` fingerprint inputs, as fingerprinted
+
+    def link_input(self, name: str, src_rel: str = "", dst_rel: str = "", *, link: bool = True) -> Path:
+        """Hard-link (copy where linking fails; ``link=False``: copy) the file or directory ``src_rel`` of upstream
+        stage ``name``'s output to ``dst_rel`` in this stage's output, and record each linked file's sha256 from the
+        upstream manifest in :attr:`known_hashes`, so it is not read again. The upstream ``manifest.json`` itself is
+        never linked. Returns the destination."""
+        root = self.inputs[name]
+        src, dst = root / src_rel if src_rel else root, self.out / dst_rel if dst_rel else self.out
+        upstream = {f["path"]: f["sha256"] for f in (self.manifests.get(name) or {}).get("files", [])}
+        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+        for p in files:
+            if p == root / store.MANIFEST:
+                continue
+            target = dst if p == src else dst / p.relative_to(src)
+            store.link_or_copy(p, target, link=link)
+            sha = upstream.get(p.relative_to(root).as_posix())
+            if sha is not None:
+                self.known_hashes[target.relative_to(self.out).as_posix()] = sha
+        return dst
+
+
+_ABSENT = object()
+
+
+def stage_config(cfg: DictConfig, stage: Stage) -> DictConfig:
+    """What a stage's ``run`` sees of the config: the keys it declares (``reads``, ``unhashed_reads``), resolved,
+    typed as in ``cfg`` (enum values keep ``.value``), read-only. Reading any other key raises OmegaConf's
+    ``ConfigAttributeError``/``ConfigKeyError``: an undeclared read would leave the fingerprint blind to it."""
+    full = copy.deepcopy(cfg)
+    OmegaConf.resolve(full)
+    view = OmegaConf.create({})
+    for key in sorted({*stage.reads, *stage.unhashed_reads}, key=lambda k: k.count(".")):
+        *parents, leaf = key.split(".")
+        node = view
+        for part in parents:
+            if part not in node:
+                node[part] = {}
+            node = node[part]
+        value = OmegaConf.select(full, key, throw_on_missing=True, default=_ABSENT)
+        if value is _ABSENT:
+            raise KeyError(f"stage {stage.name} declares config key {key!r}, which the config does not have")
+        node[leaf] = value
+    OmegaConf.set_struct(view, True)
+    OmegaConf.set_readonly(view, True)
+    return view
 
 
 @dataclass
@@ -77,15 +134,110 @@ class PlannedStage:
     reason: str  # why it runs, or "cached"
 
 
-def _code_digest(stage: Stage) -> str:
-    mods = [stage.run.__module__, *stage.code]
+# Modules that cannot change what a stage writes (presentation, errors, orchestration of the stage loop): their
+# source stays out of every code digest, and the import walk does not pass through them.
+CODE_EXCLUDED = ("pipeline.ui", "pipeline.errors", "pipeline.report", "pipeline.cli", "pipeline.runner")
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the ``pipeline`` package
+_MODULE_NAME = re.compile(r"pipeline(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _module_file(name: str, root: Path) -> Path | None:
+    """The source file of module ``name`` of the ``pipeline`` package under ``root``, found without importing."""
+    parts = name.split(".")
+    if parts[0] != "pipeline":
+        return None
+    base = root.joinpath(*parts)
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _excluded(name: str) -> bool:
+    return any(name == e or name.startswith(e + ".") for e in CODE_EXCLUDED)
+
+
+_Import = tuple[int, str, tuple[str, ...]]  # (relative level, module, names imported from it)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scan(path: Path, mtime_ns: int, size: int) -> tuple[str, tuple[_Import, ...], tuple[str, ...]]:
+    """(sha256 of the source, its imports as (level, module, names), its string constants that look like module
+    names); cached by file identity."""
+    text = path.read_bytes()
+    tree = ast.parse(text, filename=str(path))
+    imports: list[_Import] = []
+    strings: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports.extend((0, a.name, ()) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imports.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.fullmatch(node.value):
+            strings.append(node.value)
+    return hashlib.sha256(text).hexdigest(), tuple(imports), tuple(strings)
+
+
+def _imports_of(name: str, path: Path, root: Path) -> set[str]:
+    """The ``pipeline`` modules module ``name`` (at ``path``) names: its imports, at any level of the file (function
+    bodies included), and module names written as strings (``python -m pipeline.x`` children, ``find_spec``
+    lookups of files it copies)."""
+    st = path.stat()
+    _, imports, strings = _scan(path, st.st_mtime_ns, st.st_size)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set(strings)
+    for level, module, names in imports:
+        if level:  # relative: from .x import y / from .. import y
+            base = ".".join(package.split(".")[: len(package.split(".")) - level + 1])
+            module = f"{base}.{module}" if module else base
+        if not names:
+            found.add(module)
+            continue
+        for n in names:  # ``from pkg import mod`` names the module; ``from mod import attr`` the module itself
+            found.add(f"{module}.{n}" if _module_file(f"{module}.{n}", root) else module)
+    return {m for m in found if not _excluded(m) and _module_file(m, root) is not None}
+
+
+def code_modules(module: str, path: Path, root: Path = PACKAGE_ROOT) -> dict[str, Path]:
+    """``module`` (source at ``path``) and every ``pipeline`` module it imports, transitively, parsed with ``ast``
+    (nothing is imported), without :data:`CODE_EXCLUDED`."""
+    seen = {module: path}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        for dep in _imports_of(name, seen[name], root):
+            if dep not in seen:
+                seen[dep] = _module_file(dep, root)  # type: ignore[assignment]
+                todo.append(dep)
+    return seen
+
+
+def code_digest(module: str, path: Path, root: Path = PACKAGE_ROOT) -> str:
+    """The digest of the source of ``module`` and of every package module it imports (:func:`code_modules`)."""
+    mods = code_modules(module, path, root)
     srcs = []
-    for name in mods:  # hash source files without importing them (plan must stay cheap)
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.origin:
-            raise RuntimeError(f"stage {stage.name}: code module {name} not found")
-        srcs.append((name, store.digest(Path(spec.origin).read_bytes().decode())))
+    for name in sorted(mods):
+        st = mods[name].stat()
+        srcs.append((name, _scan(mods[name], st.st_mtime_ns, st.st_size)[0]))
     return store.digest(srcs)
+
+
+def _code_digest(stage: Stage) -> str:
+    """A stage's code: its module and the package modules it imports, transitively (plan must stay cheap: the source
+    is hashed, never imported)."""
+    name = stage.run.__module__
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        raise RuntimeError(f"stage {stage.name}: module {name} not found")
+    return code_digest(name, Path(spec.origin))
+
+
+def dump_result(result: Any) -> dict[str, Any]:
+    """A stage's result as its manifest holds it: a pydantic model's JSON dump (``pipeline.results``); a plain
+    dict (stages of tests) as it is."""
+    if result is None:
+        return {}
+    return result.model_dump(mode="json") if hasattr(result, "model_dump") else result
 
 
 def lib_versions(names: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -199,13 +351,13 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
         tmp = store.new_tmp_dir(ps.out)
         inputs = {n: planned[n].out for n in st.inputs}
         manifests = {n: store.read_manifest(planned[n].out) or {} for n in st.inputs}
-        ctx = Context(cfg=cfg, stage=st, out=tmp, final=ps.out, inputs=inputs, manifests=manifests, paths=paths,
-                      console=console, fingerprint=ps.fingerprint)
+        ctx = Context(cfg=stage_config(cfg, st), stage=st, out=tmp, final=ps.out, inputs=inputs, manifests=manifests,
+                      paths=paths, console=console, fingerprint=ps.fingerprint, extra=ps.parts.get("extra") or {})
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         try:
             with PeakRSS() as mem:
-                result = st.run(ctx) or {}
+                result = dump_result(st.run(ctx))
             files = store.list_files(tmp, ctx.known_hashes)
             manifest = {
                 "stage": st.name,
@@ -267,3 +419,133 @@ def upstream_missing(ps: PlannedStage, planned: dict[str, PlannedStage]) -> None
     for n in ps.stage.inputs:
         if store.read_manifest(planned[n].out) is None:
             raise UserError(f"{ps.stage.name} needs the output of {n}, which is missing; run without until=")
+
+
+# ---------------------------------------------------------------------------------------------------- orchestration
+# The stage registry (``pipeline.stages.STAGES``) is passed in, never imported here: the stage modules import this
+# one, and a stage's code digest follows its imports.
+def select(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage]) -> list[Stage]:
+    """The stages of ``registry`` a build of ``cfg`` runs: all of them, or up to ``until=STAGE``."""
+    stages = list(registry)
+    if cfg.until is not None:
+        names = [s.name for s in stages]
+        stages = stages[: names.index(cfg.until) + 1]
+    return stages
+
+
+def plan_checks(cfg: DictConfig, stages: list[Stage], *, environment: bool = True) -> list[str]:
+    """Incompatibilities of the config (and, with ``environment``, of this machine) found before any work."""
+    problems: list[str] = []
+    for st in stages:
+        if st.check is not None:
+            problems.extend(st.check(cfg))
+        if environment and st.env_check is not None:
+            problems.extend(st.env_check(cfg))
+    return problems
+
+
+@dataclass
+class Plan:
+    """The selected stages of one config, checked and fingerprinted; nothing run, nothing written."""
+
+    cfg: DictConfig
+    stages: list[PlannedStage]
+    by_name: dict[str, PlannedStage] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_name = {p.stage.name: p for p in self.stages}
+
+
+def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> Plan:
+    """Every plan-time check of the stages ``cfg`` selects from ``registry``, then their fingerprints. Config
+    incompatibilities come first (and alone); then, with ``environment``, what this machine lacks to run the stages.
+    Raises one :class:`UserError` naming every problem found."""
+    stages = select(cfg, registry)
+    problems = plan_checks(cfg, stages, environment=False)
+    if not problems and environment:
+        problems = plan_checks(cfg, stages)
+    if problems:
+        raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
+    return Plan(cfg, plan(cfg, stages))
+
+
+@dataclass
+class BuildReport:
+    """What one build did: a row per stage (cached or ran, timings, size, output, result) and the publish outcome."""
+
+    model: str
+    quant: str
+    kv_cache: str
+    target: str
+    runtime: str
+    total_s: float
+    stages: list[dict[str, Any]]
+    log: str
+    finished: str
+    published: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as ``reports/<label>.json`` holds it (and ``build --json`` prints it)."""
+        return {"model": self.model, "quant": self.quant, "kv_cache": self.kv_cache, "published": self.published,
+                "target": self.target, "runtime": self.runtime, "total_s": self.total_s, "stages": self.stages,
+                "log": self.log, "finished": self.finished}
+
+
+@contextlib.contextmanager
+def _quiet(log_path: Path, stage: str | None = None):
+    """While a stage runs: library prints (ModelOpt is chatty on stdout), Python warnings and the libraries' log
+    records go to the run log; the console shows the stage's one progress display (see ``pipeline.ui``)."""
+    from pipeline import ui
+
+    logging.captureWarnings(True)
+    ui.route_library_logs()
+    with open(log_path, "a") as f, contextlib.redirect_stdout(f), ui.stage(stage or "working"):
+        yield
+
+
+def run(plan: Plan, console: Any = None) -> BuildReport:
+    """Run every planned stage that is not cached (in order, each under its lock), then each stage's ``after`` hook
+    with the full config. Stage output and library logs go to the run log (the root logger's file; one is opened in
+    ``<store>/logs`` when none is); ``console`` shows progress."""
+    from pipeline import errors
+
+    cfg = plan.cfg
+    log_path = errors.current_log()
+    if log_path is None:
+        log_path = errors.log_path(resolved_paths(cfg)["store"] / "logs")
+        errors.setup_logging(log_path)
+    rows = []
+    t_all = time.perf_counter()
+    for ps in plan.stages:
+        t0 = time.perf_counter()
+        if ps.cached:
+            manifest = store.read_manifest(ps.out) or {}
+            status = "cached"
+        else:
+            if console is not None:
+                console.print(f"[bold cyan]▶ {ps.stage.name}[/] [dim]({ps.reason})[/]")
+            upstream_missing(ps, plan.by_name)
+            with _quiet(log_path, ps.stage.name):
+                manifest = execute(cfg, ps, plan.by_name, console)
+            status = "cached" if ps.cached else "ran"  # a concurrent run may have built it while we waited
+        elapsed = time.perf_counter() - t0
+        size = sum(f["size"] for f in manifest.get("files", []))
+        rows.append({"stage": ps.stage.name, "status": status, "seconds": round(elapsed, 2),
+                     "stage_wall_s": manifest.get("wall_s"), "peak_rss_mb": manifest.get("peak_rss_mb"),
+                     "bytes": size, "output": str(ps.out), "fingerprint": ps.fingerprint, "result":
+                     manifest.get("result", {})})
+        if status == "ran" and console is not None:
+            console.print(f"  [green]✓[/] {ps.stage.name} {elapsed:.1f}s → {ps.out}")
+        log.info("stage %s: %s (%.2fs) %s", ps.stage.name, status, elapsed, ps.out)
+    published = None
+    for ps in plan.stages:
+        if ps.stage.after is None:
+            continue
+        value = ps.stage.after(cfg, ps.out)
+        if ps.stage.name == "publish":
+            published = value
+            log.info("published: %s", value)
+    return BuildReport(model=cfg.model.name, quant=cfg.quant.format.value, kv_cache=cfg.quant.kv_cache.value,
+                       target=cfg.target.name, runtime=cfg.runtime.name.value,
+                       total_s=round(time.perf_counter() - t_all, 2), stages=rows, log=str(log_path),
+                       finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), published=published)

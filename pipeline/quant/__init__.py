@@ -1,1 +1,1 @@
-"""Quantization checks that do not need ModelOpt: the export proof (``proof``)."""
+"""Quantization: ModelOpt specifics (``modelopt``) and the export proof (``proof``)."""

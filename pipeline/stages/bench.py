@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import calib
+from pipeline import calib, results
 from pipeline.errors import StageFailed, UserError
+from pipeline.results import BenchResult
 from pipeline.runner import Context, Stage, artifact_label
 from pipeline.triton import server as srv
 from pipeline.ui import progress, status
@@ -102,16 +103,16 @@ def packaged_configs(repo: Path) -> dict[str, Any]:
             for p in sorted(repo.glob("*/config.pbtxt"))}
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> BenchResult:
     from transformers import AutoTokenizer
 
     from pipeline.triton import client
 
     cfg = ctx.cfg
     repo = ctx.inputs["package"]
-    pkg = ctx.manifests["package"].get("result") or {}
-    layout = pkg.get("layout") or _layout_of(cfg)
-    entry_model = choose_entry(cfg.bench.model.value, layout, pkg.get("entry_points"))
+    pkg = results.load("package", ctx.manifests["package"]["result"])
+    layout = pkg.layout
+    entry_model = choose_entry(cfg.bench.model.value, layout, pkg.entry_points)
     tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
     packaged = packaged_configs(repo)
     baseline = previous_bench(ctx)
@@ -165,11 +166,12 @@ def run(ctx: Context) -> dict[str, Any]:
     if why:
         raise StageFailed("; ".join(why))
     g = result["gates"]
-    return {"model": entry_model, "layout": layout,
-            "workloads": {w: [summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()},
-            "answers_passed": len(result["answers"]), "answers": len(result["answers"]),
-            "gates": {"verdict": g["verdict"], "breaches": g["breaches"], "regressions": g["regressions"],
-                      "regressions_gated": g["regressions_gated"], "baseline": g["baseline"]}}
+    return BenchResult(
+        model=entry_model, layout=layout,
+        workloads={w: [summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()},
+        answers_passed=len(result["answers"]), answers=len(result["answers"]),
+        gates={"verdict": g["verdict"], "breaches": g["breaches"], "regressions": g["regressions"],
+               "regressions_gated": g["regressions_gated"], "baseline": g["baseline"]})
 
 
 def summary_row(lv: dict[str, Any]) -> dict[str, Any]:
@@ -373,18 +375,16 @@ def previous_bench(ctx: Context) -> dict[str, Any]:
     found; ``status`` is ``found``, ``none`` (nothing published yet: an empty baseline), ``unreachable``
     (``publish.dest`` cannot be listed or read), ``corrupt`` (its ``bundle.json`` is unreadable or lacks bench
     rows), or ``disabled`` (``bench.gates.regression_pct`` is null)."""
-    from pipeline.bundle import current_version
-    from pipeline.fleet import _published_base
+    from pipeline.bundle import read_published
 
     cfg = ctx.cfg
     if cfg.bench.gates.regression_pct is None:
         return {"status": "disabled", "source": None, "version": None, "detail": None}
     dest = str(cfg.publish.dest)
     try:
-        fs, base = _published_base(cfg)
-        version = current_version(fs, base)
+        base, version, raw = read_published(cfg)
         if version is not None:
-            return _read_baseline(fs.cat_file(f"{base}/{version}/bundle.json"), f"{base}/{version}", version)
+            return _read_baseline(raw, f"{base}/{version}", version)
     except Exception as exc:  # noqa: BLE001 - any failure to read the destination is reported, never a "pass"
         msg = (str(exc).splitlines() or [""])[0][:200]
         return {"status": "unreachable", "source": dest, "version": None,
@@ -573,11 +573,12 @@ STAGE = Stage(
     volatile=("bench.json", "bench.md", "bench.png", "server.log", "requests.jsonl"),
     name="bench",
     run=run,
-    reads=("bench", "model.checks", "model.chat_template", "serve.host", "serve.server_bin",
+    reads=("bench", "model.name", "model.checks", "model.chat_template", "quant.format", "quant.kv_cache",
+           "target.name", "target.device", "runtime.name", "serve.host", "serve.server_bin",
            "serve.startup_timeout_s", "serve.launcher", "serve.image", "serve.url", "serve.repo_mount"),
+    unhashed_reads=("publish.dest",),  # the regression baseline: the bundle published there (bench.json, volatile)
     inputs=("package",),
     libs=("tritonclient", "nvidia-pytriton", "transformers"),
-    code=("pipeline.triton.client", "pipeline.triton.server", "pipeline.calib"),
     root="store",
     label=artifact_label,
 )

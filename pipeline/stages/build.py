@@ -23,14 +23,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline import planning, store
+from pipeline import planning, results
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
+from pipeline.results import BuildRecord
 from pipeline.runner import Context, Stage, artifact_label, lib_versions
 from pipeline.ui import status
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> BuildRecord:
     if ctx.cfg.runtime.name.value != "reference":
         return run_trtllm(ctx)
     import torch
@@ -38,11 +39,7 @@ def run(ctx: Context) -> dict[str, Any]:
 
     from pipeline.runtime import reference, trtllm
 
-    src = ctx.inputs["quantize"] / "checkpoint"
-    engine = ctx.out / "engine"
-    store.link_tree(src, engine, skip_manifest=False)
-    up = {f["path"]: f["sha256"] for f in ctx.manifests["quantize"].get("files", [])}
-    ctx.known_hashes.update({f"engine/{p[len('checkpoint/'):]}": h for p, h in up.items() if p.startswith("checkpoint/")})
+    engine = ctx.link_input("quantize", "checkpoint", "engine")
 
     rt = ctx.cfg.runtime
     device = "cuda" if ctx.cfg.target.device.value == "cuda" else "cpu"
@@ -78,10 +75,10 @@ def run(ctx: Context) -> dict[str, Any]:
                   "load_s": round(load_s, 3), "tokens_per_s": round(len(out) / max(gen_s, 1e-9), 2)},
     }
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return {"engine_dir": "engine", "check": record["check"]}
+    return BuildRecord(engine_dir="engine", check=record["check"])
 
 
-def run_trtllm(ctx: Context) -> dict[str, Any]:
+def run_trtllm(ctx: Context) -> BuildRecord:
     """Build or prepare for a TRT-LLM runtime in a child process, then record what was built where."""
     import subprocess
     import sys
@@ -91,17 +88,16 @@ def run_trtllm(ctx: Context) -> dict[str, Any]:
 
     cfg, rt = ctx.cfg, ctx.cfg.runtime.name.value
     info = trtllm.require(rt, cfg.runtime.trtllm_version)
-    q = ctx.manifests["quantize"].get("result", {})
+    q = results.load("quantize", ctx.manifests["quantize"]["result"])
     build = to_plain(cfg.build)
     tp, pp = planning.effective_tp(cfg), int(cfg.build.pp_size)
     engine = ctx.out / "engine"
     engine.mkdir()
-    ckpt = ctx.inputs["quantize"] / "checkpoint"
     spec: dict[str, Any] = {"prompt": cfg.runtime.check_prompt, "check_tokens": cfg.runtime.check_tokens}
     if rt == "trtllm_engine":
-        spec.update(engine_build_spec(ctx, q.get("quant_algo"), info.tensorrt))
+        spec.update(engine_build_spec(ctx, q.quant_algo, info.tensorrt))
     else:
-        store.link_tree(ckpt, engine, skip_manifest=False)
+        ctx.link_input("quantize", "checkpoint", "engine")
         options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp)
         (engine / "llmapi.json").write_text(json.dumps(options, indent=2) + "\n")
         spec.update(kind="llmapi", checkpoint_dir=str(engine), options=options)
@@ -132,7 +128,7 @@ def run_trtllm(ctx: Context) -> dict[str, Any]:
               "container": cfg.runtime.container,
               "check": {**child["check"], "requested_tokens": int(cfg.runtime.check_tokens), "pass": True}}
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return {"engine_dir": "engine", "check": child["check"], "versions": record["versions"]}
+    return BuildRecord(engine_dir="engine", check=child["check"], versions=record["versions"])
 
 
 TIMING_CACHE = "timing.cache"  # this build's copy, in its temporary output directory (never part of the output)
@@ -148,7 +144,7 @@ def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None
     seed_timing_cache(timing_cache_path(ctx.paths["store"], int(ctx.cfg.target.sm), tensorrt), own)
     for p in ckpt.iterdir():
         if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
-            store.link_or_copy(p, engine / p.name)
+            ctx.link_input("quantize", f"checkpoint/{p.name}", f"engine/{p.name}")
     args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo,
                                     str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))
     return {"kind": "engine", "engine_dir": str(engine), "tokenizer_dir": str(ckpt), "trtllm_build_args": args}
@@ -208,10 +204,9 @@ STAGE = Stage(
     volatile=("build.json", "build.log"),
     name="build",
     run=run,
-    reads=("runtime", "target", "build"),
+    # model.shape and the quant: the capacity plan, which picks TP when build.tp_size is 0 (planning.effective_tp)
+    reads=("runtime", "target", "build", "model.shape", "quant.format", "quant.kv_cache"),
     inputs=("quantize",),
-    code=("pipeline.runtime.reference", "pipeline.runtime.trtllm", "pipeline.runtime.trtllm_child",
-          "pipeline.planning", "pipeline.capacity", "pipeline.compat"),
     libs=("torch", "transformers", "safetensors", "tensorrt_llm", "tensorrt"),
     check=check,
     env_check=env_check,

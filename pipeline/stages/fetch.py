@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from pipeline import store
 from pipeline.errors import UserError
+from pipeline.results import FetchResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import status
 
@@ -349,7 +350,7 @@ def _from_synthetic(ctx: Context) -> dict[str, Any]:
     return {"kind": "synthetic", "seed": spec.seed, "params": made["params"], "generated_on": made["device"]}
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> FetchResult:
     kind, loc, rev = parse_source(ctx.cfg.model.source)
     if kind == "hf":
         result = _from_hf(ctx, loc, rev)
@@ -361,17 +362,14 @@ def run(ctx: Context) -> dict[str, Any]:
         result = _from_synthetic(ctx)
     _check_checkpoint(ctx.out, ctx.cfg.model.source)
     hf_cfg = json.loads((ctx.out / "config.json").read_text())
-    result["architectures"] = hf_cfg.get("architectures")
-    result["model_type"] = hf_cfg.get("model_type")
-    return result
+    return FetchResult(**result, architectures=hf_cfg.get("architectures"), model_type=hf_cfg.get("model_type"))
 
 
 STAGE = Stage(
     name="fetch",
     run=run,
-    reads=("model.source", "model.synthetic", "model.dtype", "model.trust_remote_code"),
+    reads=("model.name", "model.source", "model.synthetic", "model.dtype", "model.trust_remote_code"),
     libs=("transformers", "huggingface_hub", "gguf", "tokenizers", "torch"),
-    code=("pipeline.calib", "pipeline.synthetic"),
     root="store",
     label=lambda cfg: cfg.model.name,
     check=check,

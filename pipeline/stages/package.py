@@ -27,12 +27,13 @@ from typing import Any
 
 from pipeline import planning, store
 from pipeline.errors import StageFailed, UserError
+from pipeline.results import PackageResult
 from pipeline.runner import Context, Stage, artifact_label
 from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 
 ENGINE_REL = "tensorrt_llm/1/engine"
 REFERENCE_SRC = Path(importlib.util.find_spec("pipeline.runtime.reference").origin)  # copied next to model.py
-BATCHING_SRC = Path(importlib.util.find_spec("pipeline.runtime").submodule_search_locations[0]) / "batching.py"
+BATCHING_SRC = Path(importlib.util.find_spec("pipeline.runtime.batching").origin)
 REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_batching.py": BATCHING_SRC}
 SHARED = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
 IFB, LLMAPI = "inflight_batcher_llm", "llmapi"
@@ -160,14 +161,12 @@ def render_repository(cfg, repo: Path) -> list[str]:
     return [name for _, name, _ in rendered]
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> PackageResult:
     from pipeline import upstream
     from pipeline.triton import lint
 
     cfg, repo = ctx.cfg, ctx.out
-    up = {f["path"]: f["sha256"] for f in ctx.manifests["build"].get("files", [])}
-    store.link_tree(ctx.inputs["build"] / "engine", repo / ENGINE_REL)
-    ctx.known_hashes.update({f"{ENGINE_REL}/{p[len('engine/'):]}": h for p, h in up.items() if p.startswith("engine/")})
+    ctx.link_input("build", "engine", ENGINE_REL)
     models = render_repository(cfg, repo)
     findings = lint.lint(repo, trtllm_version=cfg.runtime.trtllm_version, repo_mount=cfg.serve.repo_mount)
     if findings:
@@ -175,11 +174,12 @@ def run(ctx: Context) -> dict[str, Any]:
         raise StageFailed(f"the packaged repository fails lint: {findings[0]}"
                           + (f" (+{len(findings) - 1} more in LINT.txt)" if len(findings) > 1 else ""))
     lay = layout(cfg)
-    return {"layout": lay, "entry_points": list(ENTRY_POINTS[lay]), "models": models, "engine_dir": ENGINE_REL,
-            "runtime": cfg.runtime.name.value, "trtllm_line": upstream.line_for(cfg.runtime.get("trtllm_version")),
-            "max_batch_size": (values(cfg, {})["ensemble"]["triton_max_batch_size"] if lay == IFB
-                               else LLMAPI_MAX_BATCH_SIZE),
-            "decoupled": cfg.serve.decoupled}
+    return PackageResult(layout=lay, entry_points=list(ENTRY_POINTS[lay]), models=models, engine_dir=ENGINE_REL,
+                         runtime=cfg.runtime.name.value,
+                         trtllm_line=upstream.line_for(cfg.runtime.get("trtllm_version")),
+                         max_batch_size=(values(cfg, {})["ensemble"]["triton_max_batch_size"] if lay == IFB
+                                         else LLMAPI_MAX_BATCH_SIZE),
+                         decoupled=cfg.serve.decoupled)
 
 
 STAGE = Stage(
@@ -192,8 +192,6 @@ STAGE = Stage(
            "serve.enable_kv_cache_reuse", "serve.enable_chunked_context", "serve.repo_mount", "serve.torch_threads"),
     inputs=("build",),
     libs=("tritonclient",),
-    code=("pipeline.triton.render", "pipeline.triton.lint", "pipeline.runtime.reference", "pipeline.runtime.batching",
-          "pipeline.planning", "pipeline.capacity", "pipeline.upstream", "pipeline.upstream.pbtxt"),
     root="triton_repo",
     extra=templates_digest,
     label=artifact_label,

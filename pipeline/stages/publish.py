@@ -24,14 +24,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline import __version__, store
+from pipeline import __version__, results, store
 from pipeline.bundle import SCHEMA, BundleManifest
 from pipeline.bundle import publish as publish_bundle
 from pipeline.bundle import sign as sign_bundle
 from pipeline.bundle import sign_problems
-from pipeline.ui import status
-from pipeline.config import to_plain
+from pipeline.config import resolved_paths, to_plain
+from pipeline.results import PublishResult
 from pipeline.runner import Context, Stage, artifact_label, host_info
+from pipeline.ui import status
 
 REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",),
            "bench": ("bench.md", "bench.json", "requests.jsonl", "bench.png")}
@@ -84,66 +85,53 @@ def gates_passed(gates: dict[str, Any]) -> bool:
 GATE_KEYS = ("accuracy", "export_check", "bench")
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> PublishResult:
     cfg, out = ctx.cfg, ctx.out
-    known: dict[str, str] = {}
-
-    def take(stage: str, sub: str, dest: str) -> None:
-        files = {f["path"]: f["sha256"] for f in ctx.manifests[stage].get("files", [])}
-        src = ctx.inputs[stage] / sub if sub else ctx.inputs[stage]
-        for p in sorted(src.rglob("*")):
-            if p.is_file() and not (p.name == store.MANIFEST and p.parent == ctx.inputs[stage]):
-                rel_src = p.relative_to(ctx.inputs[stage]).as_posix()
-                rel_dst = f"{dest}/{p.relative_to(src).as_posix()}"
-                store.link_or_copy(p, out / rel_dst, link=cfg.publish.link)
-                if rel_src in files:
-                    known[rel_dst] = files[rel_src]
-
-    take("quantize", "checkpoint", "checkpoint")
-    take("package", "", "triton_repo")
+    ctx.link_input("quantize", "checkpoint", "checkpoint", link=cfg.publish.link)
+    ctx.link_input("package", "", "triton_repo", link=cfg.publish.link)
     if (ctx.inputs["bench"] / "aiperf").is_dir():  # aiperf's own export of every level, for ops' aiperf tooling
-        take("bench", "aiperf", "reports/aiperf")
+        ctx.link_input("bench", "aiperf", "reports/aiperf", link=cfg.publish.link)
     for stage, names in REPORTS.items():
         for name in names:
             if (ctx.inputs[stage] / name).is_file():
-                store.link_or_copy(ctx.inputs[stage] / name, out / "reports" / name, link=cfg.publish.link)
+                ctx.link_input(stage, name, f"reports/{name}", link=cfg.publish.link)
     (out / "manifests").mkdir()
     lineage = {}
     for stage, manifest in ctx.manifests.items():
         (out / "manifests" / f"{stage}.json").write_text(json.dumps(manifest, indent=2) + "\n")
         lineage[stage] = manifest["fingerprint"]
-    ctx.known_hashes.update(known)
 
-    files = store.list_files(out, known)
-    q = ctx.manifests["quantize"].get("result") or {}
-    bench = ctx.manifests["bench"].get("result", {})
+    files = store.list_files(out, ctx.known_hashes)
+    fetched = results.load("fetch", ctx.manifests["fetch"]["result"])
+    q = results.load("quantize", ctx.manifests["quantize"]["result"])
+    bench = ctx.manifests["bench"]["result"]  # bundle.json holds it as the manifest does
     build = json.loads((ctx.inputs["build"] / "build.json").read_text())
     versions = {k: v for k, v in (build.get("versions") or {}).items()
                 if k in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers")}
-    acc = q.get("accuracy") or {}
+    acc = q.accuracy
     bench_gate = bench_verdict(ctx.inputs["bench"] / "bench.json")
-    gates = {"accuracy": acc.get("gate", "n/a"), "export_check": acc.get("export_check", "n/a"),
+    gates = {"accuracy": acc.gate if acc else "n/a", "export_check": acc.export_check if acc else "n/a",
              "bench": bench_gate["verdict"], "bench_detail": bench_gate}
     manifest = BundleManifest.model_validate({
         "schema": SCHEMA, "version": f"v{ctx.fingerprint[:12]}",
-        "model": {"name": cfg.model.name, "source": cfg.model.source,
-                  "revision": (ctx.manifests["fetch"].get("result") or {}).get("resolved_sha")},
-        "quant": {**{k: q.get(k) for k in ("format", "kv_cache", "quant_algo", "kv_cache_quant_algo", "group_size",
-                                           "exclude_modules")},
-                  "format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
-                  "calibration_sha256": (q.get("calibration") or {}).get("sha256")},
+        "model": {"name": cfg.model.name, "source": cfg.model.source, "revision": fetched.resolved_sha},
+        "quant": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
+                  "quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo,
+                  "group_size": q.group_size, "exclude_modules": q.exclude_modules,
+                  "calibration_sha256": q.calibration.sha256 if q.calibration else None},
         "target": to_plain(cfg.target), "runtime": to_plain(cfg.runtime),
         "runtime_versions": {**versions, "container": cfg.runtime.container if cfg.runtime.name.value != "reference"
                              else None},
-        "build": to_plain(cfg.build), "capacity": build.get("capacity"), "accuracy": acc or None, "bench": bench,
+        "build": to_plain(cfg.build), "capacity": build.get("capacity"),
+        "accuracy": acc.model_dump(mode="json") if acc else None, "bench": bench,
         "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},
         "files": files,
     })
     (out / "bundle.json").write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n")
     signature = sign_bundle(out, cfg.publish.sign)  # bundle.sig over bundle.json (publish.sign.method != none)
-    return {"signed": signature is not None, "files": len(files), "bytes": sum(f["size"] for f in files), "version": manifest.version,
-            "gates": gates}
+    return PublishResult(signed=signature is not None, files=len(files), bytes=sum(f["size"] for f in files),
+                         version=manifest.version, gates=gates)
 
 
 def upload(local, dest: str, *, lock_dir=None) -> dict[str, Any]:
@@ -156,8 +144,15 @@ def upload(local, dest: str, *, lock_dir=None) -> dict[str, Any]:
         return {**publish_bundle(local, dest, move_latest=passed, lock_dir=lock_dir), "gates_passed": passed}
 
 
+def after(cfg, out) -> dict[str, Any]:
+    """After every build: upload the bundle to ``publish.dest`` (with the full config; the destination is no
+    property of the bundle)."""
+    return upload(out, str(cfg.publish.dest), lock_dir=resolved_paths(cfg)["store"] / "locks")
+
+
 STAGE = Stage(
     read_only=True,  # published files are read-only
+    after=after,
     name="publish",
     run=run,
     check=lambda cfg: sign_problems(cfg.publish.sign, environment=False),
@@ -165,7 +160,6 @@ STAGE = Stage(
     reads=("publish.link", "publish.sign", "model.name", "model.source", "target", "runtime", "build",
            "quant.format", "quant.kv_cache"),
     inputs=("fetch", "quantize", "build", "package", "bench"),
-    code=("pipeline.bundle",),
     libs=("fsspec", "pydantic"),
     root="bundles",
     label=artifact_label,

@@ -45,14 +45,14 @@ def _calibrate_and_export(tiny, out: Path, fmt: str, kv: str, block: int | None 
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from pipeline.stages import quantize
+    from pipeline.quant import modelopt
 
     model = AutoModelForCausalLM.from_pretrained(tiny["src"], dtype=torch.bfloat16).eval()
     base = quality.logits(model, tiny["ev"])
-    mtq.quantize(model, quantize.quant_config(fmt, kv, block),
-                 lambda m: quantize.calibration_forward(m, tiny["cal"], 4))
-    quantize.use_cpu_nvfp4_fallback(model)
-    ref, _ = quantize.prepare_reference(model, fmt, kv)
+    mtq.quantize(model, modelopt.quant_config(fmt, kv, block),
+                 lambda m: modelopt.calibration_forward(m, tiny["cal"], 4))
+    modelopt.use_cpu_nvfp4_fallback(model)
+    ref, _ = modelopt.prepare_reference(model, fmt, kv)
     fq = quality.logits(model, tiny["ev"])
     export_hf_checkpoint(model, export_dir=str(out))
     return {"dir": out, "ref": ref, "base": base, "fq": fq, "fmt": fmt, "kv": kv, "block": block}
@@ -195,15 +195,15 @@ def test_a_calibration_that_quantized_nothing_fails_the_stage_and_the_proof(tiny
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from pipeline.stages import quantize
+    from pipeline.quant import modelopt
 
     model = AutoModelForCausalLM.from_pretrained(tiny["src"], dtype=torch.bfloat16).eval()
     mtq.quantize(model, {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"},
-                 lambda m: quantize.calibration_forward(m, tiny["cal"], 4))
-    assert "nothing was quantized: every weight quantizer is disabled" in quantize.nothing_quantized_problem(
+                 lambda m: modelopt.calibration_forward(m, tiny["cal"], 4))
+    assert "nothing was quantized: every weight quantizer is disabled" in modelopt.nothing_quantized_problem(
         model, "fp8", "fp8")
     with pytest.raises(StageFailed, match="nothing was quantized"):
-        quantize.prepare_reference(model, "fp8", "fp8")
+        modelopt.prepare_reference(model, "fp8", "fp8")
     export_hf_checkpoint(model, export_dir=str(tmp_path / "none"))
     problems = proof.check_structure(tmp_path / "none", "fp8", "fp8").problems
     assert problems == ["nothing was quantized: the export has no hf_quant_config.json, so it is not a ModelOpt "

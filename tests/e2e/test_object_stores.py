@@ -168,8 +168,8 @@ def test_latest_names_the_newest_passing_version_and_readers_skip_incomplete_one
 
 def test_outdated_and_gc_read_the_published_bundles(store, tmp_path):
     from pipeline import runner
-    from pipeline.cli import _stages
     from pipeline.config import compose
+    from pipeline.stages import STAGES
 
     dest, env = store
     root = tmp_path / "root"
@@ -177,7 +177,7 @@ def test_outdated_and_gc_read_the_published_bundles(store, tmp_path):
     cfg = compose(overrides)
     st = fleet.entry_status(cfg)
     assert st["outdated"] and st["why"] == ["never published"]
-    planned = {p.stage.name: p.fingerprint for p in runner.plan(cfg, _stages())}
+    planned = {p.stage.name: p.fingerprint for p in runner.plan(cfg, list(STAGES))}
     local = make_bundle(tmp_path, version=st["version"], lineage=planned)
     bundle.publish(local, dest, move_latest=True)
     proc = _cli("outdated", "--entry", "--json", *overrides, env=env, root=tmp_path / "cwd")

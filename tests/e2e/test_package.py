@@ -76,7 +76,7 @@ def test_server_that_cannot_start_reports_its_log_and_is_gone(tmp_path):
 
 # ------------------------------------------------------------------------------------ python -m pipeline serve
 def test_serve_finds_the_repository_of_a_bundle_and_refuses_anything_else(tmp_path):
-    from pipeline.cli import serve_target
+    from pipeline.cli.serve import serve_target
 
     repo = tmp_path / "b" / "v1" / "triton_repo"
     (repo / "ensemble").mkdir(parents=True)

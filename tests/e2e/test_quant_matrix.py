@@ -188,10 +188,12 @@ def test_target_cpu_fit_check_uses_this_hosts_memory(monkeypatch):
 
     from pipeline.stages import quantize
 
-    cfg = config.compose(["model=qwen32b"])
+    cfg = config.compose(["model=qwen32b", "quant.calib.dataset=builtin", "quant.calib.num_samples=8"])
     for total_gb, fits in ((24, False), (512, True)):
         monkeypatch.setattr(psutil, "virtual_memory", lambda t=total_gb: SimpleNamespace(total=t * 10**9))
-        problem = quantize.fit_problem(cfg)
+        problems = quantize.check(cfg)
+        problem = next((p for p in problems if "to calibrate" in p), None)
+        assert len(problems) == (0 if fits else 1), problems
         assert (problem is None) == fits, problem
         if not fits:
             assert "this host, which has 24 GB of memory and no GPU" in problem

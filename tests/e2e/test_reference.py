@@ -25,7 +25,8 @@ def tiny_fp8(tmp_path_factory):
 
     from pipeline import config
     from pipeline.runner import Context
-    from pipeline.stages import fetch, quantize
+    from pipeline.quant import modelopt
+    from pipeline.stages import fetch
 
     d = tmp_path_factory.mktemp("ref")
     cfg = config.compose(["model=tiny-qwen3"])
@@ -37,9 +38,9 @@ def tiny_fp8(tmp_path_factory):
     cal, ev = calib.pack(tok, texts.calib, 64, 16), calib.pack(tok, texts.heldout, 64, 4)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
     base = quality.logits(model, ev)
-    mtq.quantize(model, quantize.quant_config("fp8", "fp8"), lambda m: [m(input_ids=cal[i:i + 4]) for i in
+    mtq.quantize(model, modelopt.quant_config("fp8", "fp8"), lambda m: [m(input_ids=cal[i:i + 4]) for i in
                                                                       range(0, len(cal), 4)])
-    quantize.prepare_reference(model, "fp8", "fp8")
+    modelopt.prepare_reference(model, "fp8", "fp8")
     fq = quality.logits(model, ev)
     out = d / "fp8"
     export_hf_checkpoint(model, export_dir=str(out))

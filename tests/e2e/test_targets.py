@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from pipeline.runtime import trtllm
 from tests.conftest import TINY, run_cli
 from tests.helpers.requires import requires_gpu
@@ -119,7 +119,7 @@ def test_slurm_sweep_from_a_gpu_less_machine_submits_every_possible_job(tmp_path
 
     from pipeline import cli
 
-    assert config.local_gpu() is None and trtllm.detect().version is None
+    assert hardware.local_gpu() is None and trtllm.detect().version is None
     monkeypatch.setattr(submitit, "AutoExecutor", SlurmStandIn)
     monkeypatch.setattr(SlurmStandIn, "events", [])
     monkeypatch.setattr("sys.argv", ["pipeline"])
@@ -164,7 +164,7 @@ def test_target_auto_under_multirun_reaches_each_job_resolved(tmp_path):
         doc, end = dec.raw_decode(text)
         docs.append(doc)
         text = text[end:].strip()
-    expected = config.detect_target()  # cpu on a machine without an NVIDIA GPU
+    expected = hardware.detect_target(config.shipped_targets())  # cpu on a machine without an NVIDIA GPU
     assert [(d["quant"], d["target"]) for d in docs] == [("fp8", expected), ("none", expected)]
 
 

@@ -102,7 +102,7 @@ def test_format_calibrates_on_gpu_and_the_export_passes_the_proof(qwen3_small, t
 
     from pipeline import config, quality
     from pipeline.quant import proof
-    from pipeline.stages.quantize import prepare_reference, quant_config
+    from pipeline.quant.modelopt import prepare_reference, quant_config
 
     src, cal, ev = qwen3_small
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
@@ -166,9 +166,9 @@ def _manifest(root, stage):
 def test_the_quantize_stage_runs_on_cuda_and_sizes_its_batch_there(tmp_path):
     """The pipeline's own quantize stage (target=auto: this GPU): the model is placed on the GPU (device_map), the
     calibration batch comes from ModelOpt's get_max_batch_size, and the export proof passes."""
-    from pipeline import config
+    from pipeline import config, hardware
 
-    target = config.detect_target()
+    target = hardware.detect_target(config.shipped_targets())
     proc = _cli("build", "model=tiny-qwen3", "quant=fp8", "quant.gate=warn", "quant.calib.num_samples=16",
                 "until=quantize", root=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

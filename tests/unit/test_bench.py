@@ -116,9 +116,9 @@ def _ctx(tmp_path: Path, dest: str, *extra: str) -> SimpleNamespace:
 
 
 def _publish(ctx, doc, version: str = "v000000000001", raw: bytes | None = None) -> Path:
-    from pipeline.fleet import _published_base
+    from pipeline.bundle import published_base
 
-    _, base = _published_base(ctx.cfg)
+    _, base = published_base(ctx.cfg)
     d = Path(base) / version
     d.mkdir(parents=True)
     (d / "bundle.json").write_bytes(raw if raw is not None else json.dumps(doc).encode())
@@ -274,11 +274,15 @@ def test_aiperf_export_follows_aiperfs_schema(tmp_path):
 
 
 def test_the_build_summary_carries_the_bench_verdict_and_baseline():
-    from pipeline.cli import _bench_gate
+    from pipeline.report import bench_gate as _bench_gate
 
     g = bench.gates(_cfg("bench.gates.regression_on_cpu=true"), _result(),
                     {"status": "unreachable", "source": "s3://b", "version": None, "detail": "publish.dest=s3://b: x"})
-    line = _bench_gate({"stages": [{"stage": "bench", "result": {"model": "ensemble", "gates": g}}]})
+    # the gates as run() keeps them in its result
+    stored = {k: g[k] for k in ("verdict", "breaches", "regressions", "regressions_gated", "baseline")}
+    result = {"model": "ensemble", "layout": "reference", "workloads": {}, "answers_passed": 0, "answers": 0,
+              "gates": stored}
+    line = _bench_gate({"stages": [{"stage": "bench", "result": result}]})
     assert line == ("Bench gate: no-baseline (entry point ensemble). Regression baseline: **unreachable**: "
                     "publish.dest=s3://b: x; nothing compared.")
     assert _bench_gate({"stages": [{"stage": "bench", "result": {}}]}) is None

@@ -125,3 +125,26 @@ def test_a_killed_upload_of_another_version_is_removed_from_the_published_tree_a
     bundle.publish(local, str(tmp_path / "published"), move_latest=False, lock_dir=tmp_path / "locks")
     assert not old.exists() and fresh.exists()  # a recent one may be another publisher's upload in progress
     assert (base / doc["version"] / "bundle.json").is_file()
+
+
+def test_the_published_bundle_reader_takes_latest_and_skips_incomplete_versions(tmp_path):
+    """One reader of published bundles (bench's regression baseline and fleet's outdated both use it)."""
+    from pathlib import Path
+
+    from pipeline import config
+
+    cfg = config.compose(["model=tiny-qwen3", "target=cpu", "runtime=reference", "quant=fp8",
+                          f"publish.dest={tmp_path / 'pub'}"])
+    _, base = bundle.published_base(cfg)
+    assert base == f"{tmp_path / 'pub'}/tiny-qwen3/fp8-kvfp8/cpu/reference"
+    assert bundle.read_published(cfg) == (base, None, None)  # nothing published yet
+    for version in ("v1", "v2"):
+        (Path(base) / version).mkdir(parents=True)
+        (tmp_path / "pub" / base / version / "bundle.json").write_text(json.dumps({"version": version}))
+    (Path(base) / "latest").write_text("v1")
+    assert bundle.read_published(cfg) == (base, "v1", b'{"version": "v1"}')
+    # negative control: latest naming an interrupted upload (no bundle.json) is not taken; the newest complete one is
+    (Path(base) / "v3").mkdir()
+    (Path(base) / "latest").write_text("v3")
+    assert bundle.read_published(cfg)[1] in ("v1", "v2")
+    assert bundle.read_published(cfg)[1] != "v3"

@@ -1,6 +1,11 @@
 """The KV-capacity planner, against hand-computed numbers."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import save_file
+
 from pipeline import capacity, config
 
 LLAMA31_8B = capacity.Shape(params=8.03e9, num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32,
@@ -36,3 +41,46 @@ def test_planner_picks_the_smallest_tp_that_fits_and_warns_on_worst_case_demand(
     assert not none.fits
     crowded = capacity.plan(qwen32b, "fp8", "fp8", 80, 8, max_batch_size=512, max_seq_len=32768)
     assert crowded.warnings and "exceeds the KV pool" in crowded.warnings[0]
+
+
+def test_calibration_memory_is_bf16_weights_plus_ten_percent():
+    assert capacity.memory_estimate(32.8) == {"weights_gb": 65.6, "peak_gb": 72.16}
+    assert capacity.memory_estimate(0.5) == {"weights_gb": 1.0, "peak_gb": 1.1}
+
+
+def test_calibration_fit_on_gpus_names_the_gpus_that_would_do():
+    args = dict(device="cuda", target="a10g", memory_gb=24.0)
+    problem = capacity.calibration_fit_problem("qwen32b", 32.8, gpus_per_node=1, **args)
+    assert problem == ("qwen32b needs ~72 GB to calibrate (32.8B params in bf16 + 10%); target a10g has 1× 24 GB: "
+                       "run quantize on 1× 141 GB GPU or 1× 80 GB GPU or 2× 48 GB GPUs")
+    assert capacity.calibration_fit_problem("qwen32b", 32.8, gpus_per_node=4, **args) is None  # 4 × 24 × 0.92
+    assert capacity.calibration_fit_problem("qwen32b", 32.8, gpus_per_node=3, **args) is not None  # 66 GB < 72
+    assert capacity.calibration_fit_problem("unknown", 0.0, gpus_per_node=1, **args) is None  # size not declared
+
+
+def test_calibration_fit_on_cpu_reads_this_hosts_memory(monkeypatch):
+    import psutil
+
+    found = {}
+    for total_gb in (24, 100):  # 72 GB needed, 80% of the host usable
+        monkeypatch.setattr(psutil, "virtual_memory", lambda t=total_gb: SimpleNamespace(total=t * 10**9))
+        found[total_gb] = capacity.calibration_fit_problem("qwen32b", 32.8, device="cpu", target="cpu", memory_gb=0,
+                                                           gpus_per_node=1)
+    assert found[100] is None
+    assert "target cpu calibrates on this host, which has 24 GB of memory and no GPU" in found[24]
+
+
+def test_bytes_per_param_of_an_export_counts_packed_4_bit_weights_twice(tmp_path):
+    save_file({"a.weight": torch.zeros(64, 32, dtype=torch.bfloat16)}, str(tmp_path / "bf16.safetensors"))
+    assert capacity.bytes_per_param(tmp_path) == 2.0
+    (tmp_path / "bf16.safetensors").unlink()
+    # FP8: one byte per weight, plus a 4-byte scale (not a parameter)
+    save_file({"a.weight": torch.zeros(64, 32, dtype=torch.float8_e4m3fn),
+               "a.weight_scale": torch.ones((), dtype=torch.float32)}, str(tmp_path / "fp8.safetensors"))
+    assert capacity.bytes_per_param(tmp_path) == round((64 * 32 + 4) / (64 * 32), 4)
+    (tmp_path / "fp8.safetensors").unlink()
+    # 4-bit packed two per byte in uint8, with bf16 group scales of 16
+    save_file({"a.weight": torch.zeros(64, 16, dtype=torch.uint8),
+               "a.weight_scale": torch.ones(64, 2, dtype=torch.bfloat16)}, str(tmp_path / "w4.safetensors"))
+    assert capacity.bytes_per_param(tmp_path) == round((64 * 16 + 64 * 2 * 2) / (64 * 32), 4)
+    assert capacity.bytes_per_param(tmp_path / "empty") is None

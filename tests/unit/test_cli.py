@@ -1,11 +1,15 @@
-"""The CLI's in-process verbs: ``validate`` on a small config tree, broken and sound."""
+"""The CLI: every verb's --help and argument errors, Hydra overrides passed through, and ``validate`` on a small
+config tree, broken and sound."""
 from __future__ import annotations
 
 import json
 import re
 import shutil
 
-from pipeline import cli, config
+import pytest
+
+from pipeline import config
+from pipeline.cli.build import cmd_validate
 from pipeline.errors import UserError
 
 PROBLEMS = ("build.max_batch_size=0 is out of range", "build.pp_size=0 is out of range")
@@ -38,14 +42,14 @@ def test_validate_reports_every_problem(tmp_path, monkeypatch, capsys):
     first, in the text report and in the JSON one."""
     names = _small_tree(tmp_path, monkeypatch, broken=True)
     assert len(names) == 6
-    assert cli.cmd_validate(as_json=False) == 2
+    assert cmd_validate(as_json=False) == 2
     err = _text(capsys.readouterr().err)
     for name in names:
         for problem in PROBLEMS:
             assert f"✗ {name}: {problem}" in err, (name, problem, err[:2000])
     assert f"0/{len(names)} combinations compose;" in err and f"; {len(names)} with config errors" in err
 
-    assert cli.cmd_validate(as_json=True) == 2
+    assert cmd_validate(as_json=True) == 2
     doc = json.loads(capsys.readouterr().out)
     assert (doc["combinations"], doc["failing"]) == (len(names), len(names))
     for r in doc["results"]:
@@ -64,8 +68,87 @@ def test_validate_reports_every_problem(tmp_path, monkeypatch, capsys):
 def test_validate_passes_a_sound_tree(tmp_path, monkeypatch, capsys):
     """The negative control of the test above: the same small tree unbroken exits 0 and reports no problem."""
     names = _small_tree(tmp_path, monkeypatch, broken=False, quants=("fp8", "none"))
-    assert cli.cmd_validate(as_json=False) == 0
+    assert cmd_validate(as_json=False) == 0
     err = _text(capsys.readouterr().err)
     assert "✗" not in err and not any(p in err for p in PROBLEMS)
     assert re.search(rf"{len(names)}/{len(names)} combinations compose; \d+ refused by the compatibility rules; "
                      r"0 with config errors", err), err
+
+
+# ------------------------------------------------------------------------------------------------ argument parsing
+HELP = {  # each verb's options and positionals, as its --help must name them
+    "build": ("--json", "-m, --multirun", "OVERRIDE"),
+    "plan": ("--json", "-m, --multirun", "OVERRIDE"),
+    "validate": ("--json",),
+    "lint": ("REPO", "--trtllm-version X", "--container IMAGE", "--repo-mount PATH"),
+    "serve": ("REPO_OR_BUNDLE", "OVERRIDE"),
+    "verify": ("BUNDLE_DIR_OR_URL", "--container IMAGE", "--public-key PEM", "--certificate-chain PEM",
+               "--require-signature", "--json"),
+    "diff": ("OLD_BUNDLE", "NEW_BUNDLE"),
+    "matrix": ("NAME", "--outdated", "OVERRIDE"),
+    "outdated": ("NAME", "--entry", "--json", "OVERRIDE"),
+    "gc": ("--dry-run", "--json", "OVERRIDE"),
+}
+
+
+def _main(capsys, *argv: str) -> tuple[int, str, str]:
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+@pytest.mark.parametrize("verb", sorted(HELP))
+def test_every_verb_has_help_naming_its_options(capsys, verb):
+    code, out, err = _main(capsys, verb, "--help")
+    assert code == 0 and err == ""
+    assert out.startswith(f"usage: python -m pipeline {verb} ")
+    for option in HELP[verb]:
+        assert option in out, (verb, option, out)
+    assert "-h, --help" in out
+
+
+def test_the_top_level_help_lists_every_verb_and_no_verb_is_an_error(capsys):
+    code, out, _ = _main(capsys, "--help")
+    assert code == 0
+    listed = re.findall(r"^    (\w+)\s", out, flags=re.M)
+    assert listed == list(HELP), out
+    code, out, _ = _main(capsys)
+    assert code == 2 and out.startswith("usage: python -m pipeline")
+
+
+def test_lint_help_is_help_not_a_repository(capsys):
+    code, out, err = _main(capsys, "lint", "--help")
+    assert code == 0 and "--trtllm-version" in out and "no such directory" not in out + err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["frobnicate", "model=x"], "error: unknown verb 'frobnicate'; choose one of: " + ", ".join(HELP)),
+    (["verify", "--container"], "error: python -m pipeline verify: argument --container: expected one argument"),
+    (["diff", "only-one"], "error: python -m pipeline diff: the following arguments are required: NEW_BUNDLE"),
+    (["build", "--bogus"], "error: python -m pipeline build: unrecognized arguments: --bogus"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, expected):
+    code, out, err = _main(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith(expected), err
+
+
+def test_hydra_overrides_pass_through_untouched():
+    """Options may sit anywhere among the overrides; every override form reaches the verb as written."""
+    from pipeline.cli import parser
+
+    _, verbs = parser()
+    overrides = ["model=tiny-qwen3", "+bench.extra=1", "~publish.sign", "hydra/launcher=submitit_local",
+                 "quant=fp8,none", "force=[quantize]", "model.name=a-b"]
+    args = verbs["build"].parse_intermixed_args([overrides[0], "--json", *overrides[1:4], "-m", *overrides[4:]])
+    assert (args.json, args.multirun, args.args) == (True, True, overrides)
+    args = verbs["plan"].parse_intermixed_args(overrides)
+    assert (args.json, args.multirun, args.args) == (False, False, overrides)
+    args = verbs["matrix"].parse_intermixed_args(["nightly", "--outdated", "publish.dest=s3://b/x"])
+    assert (args.outdated, args.args) == (True, ["nightly", "publish.dest=s3://b/x"])
+    args = verbs["verify"].parse_intermixed_args(["b", "--certificate-chain", "a.pem", "--certificate-chain",
+                                                  "b.pem"])
+    assert (args.bundle, args.certificate_chain, args.require_signature) == ("b", ["a.pem", "b.pem"], False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from pipeline.errors import UserError
 
 TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 100, "gb200": 100,
@@ -62,12 +62,12 @@ def test_every_shipped_target_has_its_sm_memory_and_gpus():
 
 def test_target_auto_maps_the_local_gpu(monkeypatch):
     """NVML stands in: there is no GPU here. The mapping from what NVML reports to a shipped target is tested."""
-    monkeypatch.setattr(config, "local_gpu", lambda: {"name": "NVIDIA H200", "sm": 90, "memory_gb": 150.7})
-    assert config.detect_target() == "h200"
-    monkeypatch.setattr(config, "local_gpu", lambda: {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "memory_gb": 85.0})
-    assert config.detect_target() == "h100"
-    monkeypatch.setattr(config, "local_gpu", lambda: None)
+    monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "NVIDIA H200", "sm": 90, "memory_gb": 150.7})
+    assert hardware.detect_target(config.shipped_targets()) == "h200"
+    monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "memory_gb": 85.0})
+    assert hardware.detect_target(config.shipped_targets()) == "h100"
+    monkeypatch.setattr(hardware, "local_gpu", lambda: None)
     assert config.compose(["target=auto"]).target.name == "cpu"
-    monkeypatch.setattr(config, "local_gpu", lambda: {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0})
+    monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0})
     with pytest.raises(UserError, match="no shipped target has sm75"):
-        config.detect_target()
+        hardware.detect_target(config.shipped_targets())

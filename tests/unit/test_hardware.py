@@ -1,6 +1,6 @@
 """target=auto / runtime=auto: what NVML and the installed TensorRT-LLM report -> the target and runtime composed.
 
-NVML stands in through ``pipeline.config.local_gpu`` (this machine has no GPU); the mapping from what it reports to a
+NVML stands in through ``pipeline.hardware.local_gpu`` (this machine has no GPU); the mapping from what it reports to a
 shipped target, and from a TensorRT-LLM version to a runtime, is what is tested."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ T4 = {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0, "count": 1}
 def test_no_nvml_means_cpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     assert hardware.local_gpu() is None
-    assert hardware.target_for(hardware.local_gpu(), hardware.shipped_targets()) == "cpu"
+    assert hardware.target_for(hardware.local_gpu(), config.shipped_targets()) == "cpu"
 
 
 def test_nvml_without_a_driver_means_cpu(monkeypatch):
@@ -44,12 +44,12 @@ def test_nvml_reading_is_turned_into_sm_and_memory(monkeypatch):
 
 @pytest.mark.parametrize("gpu,target", [(H200, "h200"), (H100, "h100"), (B200, "b200"), (None, "cpu")])
 def test_a_given_sm_and_memory_picks_the_right_target(gpu, target):
-    assert hardware.target_for(gpu, hardware.shipped_targets()) == target
+    assert hardware.target_for(gpu, config.shipped_targets()) == target
 
 
 def test_an_sm_no_target_has_is_refused_with_the_fix():
     with pytest.raises(UserError, match=r"no shipped target has sm75 \(Tesla T4\); add conf/target/<name>.yaml"):
-        hardware.target_for(T4, hardware.shipped_targets())
+        hardware.target_for(T4, config.shipped_targets())
 
 
 @pytest.mark.parametrize("device,version,runtime", [
@@ -60,14 +60,14 @@ def test_runtime_auto_follows_the_installed_tensorrt_llm(device, version, runtim
 
 
 def test_defaults_compose_to_cpu_and_reference_without_a_gpu(monkeypatch):
-    monkeypatch.setattr(config, "local_gpu", lambda: None)
+    monkeypatch.setattr(hardware, "local_gpu", lambda: None)
     monkeypatch.setattr(hardware, "trtllm_version", lambda: None)
     cfg = config.compose(["model=tiny-qwen3"])
     assert (cfg.target.name, cfg.target.device.value, cfg.runtime.name.value) == ("cpu", "cpu", "reference")
 
 
 def test_defaults_compose_to_the_local_gpu_and_its_trtllm_runtime(monkeypatch):
-    monkeypatch.setattr(config, "local_gpu", lambda: H200)
+    monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
     monkeypatch.setattr(hardware, "trtllm_version", lambda: "1.2.1")
     cfg = config.compose(["model=tiny-qwen3"])
     assert (cfg.target.name, cfg.runtime.name.value) == ("h200", "trtllm_llmapi")
@@ -77,16 +77,16 @@ def test_defaults_compose_to_the_local_gpu_and_its_trtllm_runtime(monkeypatch):
 
 
 def test_swept_auto_is_resolved_in_place_and_prints_what_it_became(monkeypatch, capsys):
-    monkeypatch.setattr(config, "local_gpu", lambda: B200)
+    monkeypatch.setattr(hardware, "local_gpu", lambda: B200)
     monkeypatch.setattr(hardware, "trtllm_version", lambda: "1.1.0")
     hardware._note.cache_clear()
-    out = hardware.resolve_overrides(["quant=fp8,nvfp4", "target=auto,h100"], say=True)
+    out = hardware.resolve_overrides(["quant=fp8,nvfp4", "target=auto,h100"], config.shipped_targets(), say=True)
     assert out == ["quant=fp8,nvfp4", "target=b200,h100", "runtime=trtllm_engine"]
     err = capsys.readouterr().err
     assert "target=auto -> b200 (NVIDIA B200, sm100" in err
     assert "runtime=auto -> trtllm_engine (TensorRT-LLM 1.1.0)" in err
     # a sweep that includes the CPU target keeps the reference runtime for all of it
-    assert hardware.resolve_overrides(["target=auto,cpu"])[-1] == "runtime=reference"
+    assert hardware.resolve_overrides(["target=auto,cpu"], config.shipped_targets())[-1] == "runtime=reference"
 
 
 def test_the_users_command_on_a_hopper_host_is_refused_with_the_fix(monkeypatch):
@@ -94,7 +94,7 @@ def test_the_users_command_on_a_hopper_host_is_refused_with_the_fix(monkeypatch)
     served; the refusal names what works there."""
     from pipeline import planning
 
-    monkeypatch.setattr(config, "local_gpu", lambda: H200)
+    monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
     monkeypatch.setattr(hardware, "trtllm_version", lambda: None)
     cfg = config.compose(["model=qwen32b", "quant=nvfp4"])
     assert cfg.target.name == "h200"
@@ -102,7 +102,7 @@ def test_the_users_command_on_a_hopper_host_is_refused_with_the_fix(monkeypatch)
     assert problems and problems[0].startswith("nvfp4 needs Blackwell") and "for h200 use fp8 or int4_awq" in \
         problems[0]
     # negative control: the same command on a Blackwell host is not refused by the compatibility rules
-    monkeypatch.setattr(config, "local_gpu", lambda: B200)
+    monkeypatch.setattr(hardware, "local_gpu", lambda: B200)
     assert planning.compat_problems(config.compose(["model=qwen32b", "quant=nvfp4"])) == []
 
 

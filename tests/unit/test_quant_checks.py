@@ -1,11 +1,12 @@
 """Fast checks on plain data: the build's load-and-generate check, the calibration-size refusal, the dataset
-default per model source, and the export proof's numbers rule. Each with the planted wrong input it must reject."""
+default per model source, the AWQ group-size check and the export proof's numbers rule. Each with the planted wrong
+input it must reject."""
 from __future__ import annotations
 
 import pytest
 
-from pipeline import calib
-from pipeline.quant import proof
+from pipeline import calib, config
+from pipeline.quant import modelopt, proof
 from pipeline.runtime import trtllm
 
 
@@ -65,3 +66,25 @@ def test_numbers_rule_accepts_a_close_export_and_rejects_the_unquantized_weights
     assert ok.ok and ok.details["kl_max"] == pytest.approx(0.032)
     bad = proof.check_numbers(vs_base, {"kl_mean": 0.099}, kl_abs=0.002, kl_frac=0.3)
     assert not bad.ok and "does not reproduce the fake-quant model" in bad.problems[0]
+
+
+def test_awq_group_size_must_divide_every_linear_input_and_the_fix_names_one_that_does():
+    shape = {"hidden_size": 960, "intermediate_size": 2560, "num_heads": 15, "head_dim": 64}
+    assert modelopt.linear_in_sizes(shape) == {"hidden size": 960, "intermediate size": 2560,
+                                               "attention output size": 960}
+    assert modelopt.awq_block_problem("int4_awq", 64, shape, "smollm2") is None
+    assert modelopt.awq_block_problem("int4_awq", None, shape, "smollm2") == (
+        "quant.block_size=128 does not divide smollm2's hidden size 960, attention output size 960; "
+        "use quant.block_size=64")
+    assert modelopt.awq_block_problem("fp8", None, shape, "smollm2") is None  # not a group format
+    odd = {"hidden_size": 100, "intermediate_size": 300}
+    assert modelopt.awq_block_problem("w4a8_awq", 8, odd, "odd").endswith(
+        "this model cannot use AWQ group quantization")
+
+
+def test_the_awq_check_reads_a_synthetic_models_own_config():
+    """A synthetic model is built from its own config, which wins over ``model.shape`` where the two disagree."""
+    cfg = config.compose(["model=tiny-qwen3", "model.synthetic.config.hidden_size=192"])
+    assert cfg.model.shape.hidden_size == 128
+    shape = modelopt.config_shape(cfg)
+    assert shape["hidden_size"] == 192 and shape["num_heads"] == 4 and "params_b" not in shape

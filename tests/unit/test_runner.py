@@ -18,6 +18,13 @@ def _write(ctx):
     return {"ok": True}
 
 
+def _write_quant(ctx):
+    (ctx.out / "a.txt").write_text(ctx.cfg.quant.format.value)  # b declares quant.format only
+    (ctx.out / "sub").mkdir()
+    (ctx.out / "sub" / "b.bin").write_bytes(b"\0" * 100)
+    return {"ok": True}
+
+
 def _boom(ctx):
     (ctx.out / "half.bin").write_bytes(b"partial")
     raise RuntimeError("killed mid-write")
@@ -29,7 +36,7 @@ def _gate(ctx):
 
 
 A = Stage(name="a", run=_write, reads=("model.name",), label=lambda c: "t")
-B = Stage(name="b", run=_write, reads=("quant.format",), inputs=("a",), label=lambda c: "t")
+B = Stage(name="b", run=_write_quant, reads=("quant.format",), inputs=("a",), label=lambda c: "t")
 
 
 def _cfg(tmp_path: Path, *extra: str):
@@ -90,3 +97,91 @@ def test_damaged_output_is_not_cached(tmp_path):
     (planned["a"].out / "sub" / "b.bin").write_bytes(b"short")
     p = runner.plan(cfg, [A])[0]
     assert not p.cached and "damaged" in p.reason
+
+
+def _link(ctx):
+    dst = ctx.link_input("a", "sub", "linked")
+    ctx.link_input("a", "a.txt", "top/a.txt", link=False)
+    ctx.link_input("a", "", "all")
+    return {"dst": dst.relative_to(ctx.out).as_posix()}
+
+
+def test_link_input_links_upstream_files_with_their_known_hashes(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    linker = Stage(name="b", run=_link, reads=(), inputs=("a",), label=lambda c: "t")
+    planned = {p.stage.name: p for p in runner.plan(cfg, [A, linker])}
+    up = runner.execute(cfg, planned["a"], planned)
+    (planned["a"].out / "sub" / "planted.bin").write_bytes(b"not in a's manifest")  # negative control
+    seen = {}
+    original = runner.store.list_files
+
+    def spy(root, known=None):
+        seen.update(known or {})
+        return original(root, known)
+
+    monkeypatch.setattr(runner.store, "list_files", spy)
+    m = runner.execute(cfg, planned["b"], planned)
+    up_sha = {f["path"]: f["sha256"] for f in up["files"]}
+    assert m["result"] == {"dst": "linked"}
+    assert seen == {"linked/b.bin": up_sha["sub/b.bin"], "top/a.txt": up_sha["a.txt"],
+                    "all/a.txt": up_sha["a.txt"], "all/sub/b.bin": up_sha["sub/b.bin"]}
+    out = planned["b"].out
+    assert (out / "linked" / "b.bin").stat().st_ino == (planned["a"].out / "sub" / "b.bin").stat().st_ino
+    assert (out / "top" / "a.txt").stat().st_ino != (planned["a"].out / "a.txt").stat().st_ino  # link=False copies
+    assert not (out / "all" / "manifest.json").exists()  # the upstream manifest is never linked
+    files = {f["path"]: f["sha256"] for f in m["files"]}
+    assert files["linked/planted.bin"] != up_sha["sub/b.bin"] and "linked/planted.bin" not in seen
+
+
+# ---------------------------------------------------------------------------------- preflight and run (the build loop)
+@pytest.fixture
+def root_log():
+    """No run log open (pytest's own file handler, /dev/null, set aside), so ``runner.run`` opens one; the root
+    logger's handlers are put back afterwards."""
+    import logging
+
+    saved = logging.getLogger().handlers[:]
+    logging.getLogger().handlers[:] = []
+    yield
+    logging.getLogger().handlers[:] = saved
+
+
+def test_preflight_reports_config_problems_first_and_alone_then_the_machines(tmp_path):
+    from pipeline.errors import UserError
+
+    cfg = _cfg(tmp_path)
+    both = Stage(name="a", run=_write, reads=(), label=lambda c: "t", check=lambda c: ["config: bad"],
+                 env_check=lambda c: ["machine: no GPU"])
+    with pytest.raises(UserError) as exc:
+        runner.preflight(cfg, [both])
+    assert str(exc.value) == "config: bad" and exc.value.problems == ["config: bad"]
+    env_only = Stage(name="a", run=_write, reads=(), label=lambda c: "t",
+                     env_check=lambda c: ["machine: no GPU", "machine: no TensorRT-LLM"])
+    with pytest.raises(UserError, match="^machine: no GPU; machine: no TensorRT-LLM$"):
+        runner.preflight(cfg, [env_only, B])
+    plan = runner.preflight(cfg, [env_only, B], environment=False)  # the negative control: plan skips the machine
+    assert [p.stage.name for p in plan.stages] == ["a", "b"] and plan.by_name["b"] is plan.stages[1]
+    cfg.until = "a"
+    assert [s.name for s in runner.select(cfg, [A, B])] == ["a"]
+    assert [p.stage.name for p in runner.preflight(cfg, [A, B]).stages] == ["a"]
+
+
+def test_run_builds_then_finds_everything_cached_and_calls_each_after_hook(tmp_path, root_log):
+    calls = []
+    hooked = Stage(name="a", run=_write, reads=("model.name",), label=lambda c: "t",
+                   after=lambda cfg, out: calls.append(("a", cfg.publish.dest, out)) or "not a publish result")
+    publish = Stage(name="publish", run=_write_quant, reads=("quant.format",), inputs=("a",), label=lambda c: "t",
+                    after=lambda cfg, out: {"url": f"{cfg.publish.dest}/v1", "from": str(out)})
+    cfg = _cfg(tmp_path, "publish.dest=/tmp/dest")
+    first = runner.run(runner.preflight(cfg, [hooked, publish]))
+    assert [(r["stage"], r["status"]) for r in first.stages] == [("a", "ran"), ("publish", "ran")]
+    assert first.stages[0]["bytes"] == len("tiny-qwen3") + 100 and first.stages[0]["result"] == {"ok": True}
+    assert Path(first.log).is_file() and Path(first.log).parent == tmp_path / ".store" / "logs"
+    out = runner.preflight(cfg, [hooked, publish]).by_name["a"].out
+    assert calls == [("a", "/tmp/dest", out)]  # the hook gets the full config, not the stage's slice
+    assert first.published == {"url": "/tmp/dest/v1", "from": str(first.stages[1]["output"])}
+    again = runner.run(runner.preflight(cfg, [hooked, publish]))
+    assert [r["status"] for r in again.stages] == ["cached", "cached"] and len(calls) == 2
+    assert again.to_dict()["published"] == first.published
+    plain = runner.run(runner.preflight(cfg, [A]))  # no hook: nothing published
+    assert plain.published is None and len(calls) == 2

@@ -1,0 +1,63 @@
+"""``python -m pipeline VERB [options] [hydra overrides...]``: one argparse subcommand per verb.
+
+Each verb family lives in its own module (``build``: build/plan/validate, ``serve``, ``lint``, ``bundle``:
+verify/diff, ``fleet``: matrix/outdated/gc, ``sweep``: ``-m``/``--multirun``) and registers its subcommands here.
+Hydra overrides (``key=value``, ``+key=value``, ``~key``, ``hydra/launcher=X``) pass through untouched.
+
+Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written),
+130 interrupted.
+"""
+from __future__ import annotations
+
+import sys
+
+from pipeline.cli import build, bundle, fleet, lint, serve
+from pipeline.cli.common import PROG, Formatter, Parser
+from pipeline.errors import InternalError, StageFailed, UserError
+
+DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Triton. Each verb takes its options and, "
+               "where it composes a config, Hydra overrides (key=value, +key=value, ~key, hydra/launcher=NAME), passed "
+               "through untouched.")
+EPILOG = ("Run `python -m pipeline VERB --help` for a verb's options. Exit codes: 0 ok, 1 a stage or gate failed "
+          "(report written), 2 bad input (one line on stderr, nothing written), 130 interrupted.")
+
+
+def parser() -> tuple[Parser, dict[str, Parser]]:
+    """The top-level parser and the subcommand parsers by verb (the one list of verbs)."""
+    top = Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter, allow_abbrev=False)
+    sub = top.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
+    for family in (build, lint, serve, bundle, fleet):
+        family.register(sub)
+    return top, dict(sub.choices)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit becomes an EFBIG error (a clean failure), not a kill
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    from pipeline.ui import quiet_third_party_progress
+
+    quiet_third_party_progress()  # before any library that draws progress bars is imported
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top, verbs = parser()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        top.print_help()
+        sys.exit(0 if argv else 2)
+    verb, rest = argv[0], argv[1:]
+    try:
+        if verb not in verbs:
+            raise UserError(f"unknown verb '{verb}'; choose one of: {', '.join(verbs)}")
+        args = verbs[verb].parse_intermixed_args(rest)
+        code = args.func(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except (StageFailed, InternalError) as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    if code is not None:
+        sys.exit(code)

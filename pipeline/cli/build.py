@@ -1,0 +1,163 @@
+"""``build``, ``plan`` and ``validate``: compose the config, preflight it, run the stages, show the report."""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.cli import sweep
+from pipeline.cli.common import add_overrides, subcommand
+from pipeline.errors import StageFailed, UserError
+
+JSON_HELP = "print the result as JSON on stdout (the console output stays on stderr)"
+MULTIRUN_HELP = ("Hydra multirun: one job per combination of the comma-separated override values; every job is "
+                 "checked before any runs (hydra/launcher=NAME picks where they run)")
+
+
+def register(sub) -> None:
+    p = subcommand(sub, "build", help="run every stage that is not cached (fetch -> ... -> publish)",
+                   description="Run fetch -> quantize -> build -> package -> bench -> publish for the composed config; "
+                               "cached stages are skipped.\n\n"
+                               "  until=STAGE        stop after STAGE\n"
+                               "  force=[quantize]   re-run the named stages even when cached\n\n"
+                               "The summary goes to stderr and reports/<label>.md/.json. Exit 1 when a stage or gate "
+                               "fails, 2 on bad input.")
+    p.add_argument("--json", action="store_true", help="also print the build report as JSON on stdout")
+    p.add_argument("-m", "--multirun", action="store_true", help=MULTIRUN_HELP)
+    add_overrides(p)
+    p.set_defaults(func=_build_or_plan, verb="build")
+
+    p = subcommand(sub, "plan", help="fingerprints and cached/run per stage; does no work",
+                   description="Resolve the config; print each stage's fingerprint, whether it is cached and where "
+                               "its output goes, the tensor-parallel size and the KV-cache capacity table. Nothing "
+                               "is run or written.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("-m", "--multirun", action="store_true", help=MULTIRUN_HELP)
+    add_overrides(p)
+    p.set_defaults(func=_build_or_plan, verb="plan")
+
+    p = subcommand(sub, "validate", help="compose every shipped model x quant x target x runtime combination",
+                   description="Compose every shipped model x quant x target x runtime combination and report every "
+                               "problem at once. Combinations the compatibility rules refuse are listed with the "
+                               "reason and do not fail; a config error exits 2.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.set_defaults(func=lambda a: cmd_validate(a.json))
+
+
+def _build_or_plan(args: argparse.Namespace) -> None:
+    if args.multirun:
+        sweep.multirun(args.verb, args.args, functools.partial(run_verb, args.verb, as_json=args.json))
+        return
+    from pipeline.config import compose
+
+    run_verb(args.verb, compose(args.args), args.json)
+
+
+def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
+    """Run one composed job (also a Hydra multirun job's body). Anything unexpected becomes one line, with its
+    traceback in the run log."""
+    from pipeline.errors import internal
+
+    try:
+        if verb == "plan":
+            return cmd_plan(cfg, as_json)
+        return cmd_build(cfg, as_json)
+    except (UserError, StageFailed):
+        raise
+    except OSError as exc:
+        import errno
+
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file size limit was reached",
+                    errno.EDQUOT: "the disk quota is exhausted"}[exc.errno]
+            raise StageFailed(f"{what} writing {exc.filename or 'an output'}; nothing was published (free space or "
+                              f"move paths.root)") from exc
+        raise internal(exc) from exc
+    except Exception as exc:
+        raise internal(exc) from exc
+
+
+def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
+    from pipeline import planning, report, runner
+    from pipeline.stages import STAGES
+
+    plan = runner.preflight(cfg, STAGES, environment=False)
+    here = [p for st in runner.select(cfg, STAGES) if st.env_check for p in st.env_check(cfg)]
+    rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
+             "output": str(p.out)} for p in plan.stages]
+    doc = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
+           "target": cfg.target.name, "runtime": cfg.runtime.name.value, "tp": planning.effective_tp(cfg),
+           "capacity": planning.summary(cfg), "stages": rows, "not_buildable_here": here}
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        report.print_plan(doc)
+    return doc
+
+
+def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
+    """Run every selected stage that is not cached. The summary goes to stderr (and ``reports/``); with ``as_json``
+    the report is also printed as JSON on stdout."""
+    from omegaconf import OmegaConf
+
+    from pipeline import errors, report, runner
+    from pipeline.config import resolved_paths
+    from pipeline.stages import STAGES
+    from pipeline.ui import console
+
+    plan = runner.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
+    paths = resolved_paths(cfg)
+    log_path = errors.log_path(paths["store"] / "logs")
+    errors.setup_logging(log_path)
+    logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    console.print(f"[bold]build[/] {cfg.model.name} · {cfg.quant.format.value} (KV {cfg.quant.kv_cache.value}) · "
+                  f"{cfg.target.name} · {cfg.runtime.name.value}   [dim]log: {log_path}[/]")
+    summary = runner.run(plan, console).to_dict()
+    path = report.write(summary, paths["reports"])
+    report.print_summary(summary, path)
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def cmd_validate(as_json: bool) -> int:
+    """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
+    are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
+    from pipeline import runner
+    from pipeline.config import combinations, compose_many
+    from pipeline.stages import STAGES
+
+    combos = combinations()
+    results = []
+    for combo, cfg in zip(combos, compose_many([[f"{k}={v}" for k, v in c.items()] for c in combos])):
+        errors: list[str] = []
+        refused: list[str] = []
+        if isinstance(cfg, UserError):
+            errors = cfg.problems or [str(cfg)]
+        else:
+            try:
+                refused = runner.plan_checks(cfg, STAGES, environment=False)
+            except UserError as exc:
+                errors = exc.problems or [str(exc)]
+        results.append({"combination": combo, "errors": errors, "refused": refused})
+    bad = [r for r in results if r["errors"]]
+    refused = [r for r in results if r["refused"] and not r["errors"]]
+    if as_json:
+        print(json.dumps({"combinations": len(results), "failing": len(bad), "refused": len(refused),
+                          "results": results}, indent=2))
+    else:
+        from pipeline.ui import console
+
+        for r in results:
+            name = " ".join(f"{k}={v}" for k, v in r["combination"].items())
+            for p in r["errors"]:
+                console.print(f"[red]✗[/] {name}: {p}")
+            for p in r["refused"]:
+                console.print(f"[yellow]–[/] {name}: refused by the compatibility rules: {p}")
+        console.print(f"{len(results) - len(bad)}/{len(results)} combinations compose; {len(refused)} refused by "
+                      f"the compatibility rules; {len(bad)} with config errors")
+    return 2 if bad else 0

@@ -1,0 +1,92 @@
+"""``serve REPO_OR_BUNDLE``: stand a model repository or a published bundle up on Triton until interrupted."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from pipeline.cli.common import add_overrides, subcommand
+from pipeline.errors import UserError
+
+
+def register(sub) -> None:
+    p = subcommand(sub, "serve", help="serve a model repository or published bundle on Triton until Ctrl-C",
+                   usage="python -m pipeline serve [-h] REPO_OR_BUNDLE [OVERRIDE ...]",
+                   description="Stand a model repository or a published bundle (its triton_repo/; a bundle base "
+                               "with `latest` serves that version) up on Triton with serve.launcher (local or "
+                               "docker). Prints the HTTP and gRPC addresses and the ready models, and runs until "
+                               "SIGINT or SIGTERM.")
+    add_overrides(p, metavar="ARG",
+                  help="the repository or bundle directory, then Hydra overrides (e.g. serve.launcher=docker)")
+    p.set_defaults(func=lambda a: cmd_serve(a.args))
+
+
+def serve_target(where: str) -> Path:
+    """The model repository of a repository directory or a published bundle (``triton_repo/``; a bundle base with
+    ``latest`` resolves to that version)."""
+    p = Path(where)
+    if p.is_file() and p.name == "bundle.json":
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(f"{where}: no such directory; give a model repository or a published bundle (download a "
+                        f"remote bundle first)")
+    if (p / "latest").is_file() and not (p / "bundle.json").is_file():
+        p = p / (p / "latest").read_text().strip()
+    if (p / "bundle.json").is_file():
+        p = p / "triton_repo"
+    if not any(p.glob("*/config.pbtxt")):
+        raise UserError(f"{where}: neither a model repository (*/config.pbtxt) nor a bundle (triton_repo/)")
+    return p
+
+
+def cmd_serve(args: list[str]) -> int:
+    """Serve until SIGINT/SIGTERM; the server is stopped on every exit path."""
+    import json
+    import signal
+    import tempfile
+    import urllib.request
+
+    from pipeline.config import compose
+    from pipeline.stages.package import ENTRY_POINTS
+    from pipeline.triton import lint, server
+
+    where = [a for a in args if "=" not in a or Path(a).exists()]
+    overrides = [a for a in args if a not in where]
+    if len(where) != 1:
+        raise UserError("usage: python -m pipeline serve REPO_OR_BUNDLE [serve.launcher=local|docker] [overrides]")
+    repo = serve_target(where[0]).resolve()
+    cfg = compose(overrides)
+    if cfg.serve.launcher.value == "external":
+        raise UserError("serve.launcher=external points at a server that already runs; use local or docker")
+    layout = lint.layout_of({d.name: d for d in repo.iterdir() if d.is_dir()})
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}  # SIGINT too: a
+    # background job starts with it ignored
+    work = Path(tempfile.mkdtemp(prefix="pipeline-serve-"))
+    try:
+        with server.launched(cfg.serve, repo, work) as s:
+            req = urllib.request.Request(f"{s.http_url}/v2/repository/index", data=b"{}", method="POST")
+            with urllib.request.urlopen(req, timeout=10) as r:
+                index = json.loads(r.read())
+            ready = sorted(m["name"] for m in index if m.get("state") == "READY")
+            print(f"serving {repo} ({layout} layout; entry points: {', '.join(ENTRY_POINTS[layout])})")
+            print(f"HTTP  {s.http_url}")
+            print(f"gRPC  {s.grpc_url}")
+            print(f"ready {', '.join(ready)}")
+            print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
+            while s.alive():
+                time.sleep(0.5)
+            print(f"error: the server exited; its log {s.log_path}:\n{s.log_tail()}", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+        return 0
+    except server.ServerError as exc:
+        raise UserError(f"the server did not start: {exc}") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

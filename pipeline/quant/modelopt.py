@@ -1,0 +1,251 @@
+"""ModelOpt specifics of the quantize stage: format presets, calibration, the fake-quant reference, exports.
+
+Every ``modelopt`` import is inside a function, so that plan-time checks (``awq_block_problem``) load nothing heavy.
+The presets and the KV merge follow ModelOpt's ``examples/llm_ptq/hf_ptq.py``.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import to_plain
+from pipeline.errors import StageFailed
+from pipeline.ui import progress, status
+
+# ModelOpt preset per format; the KV config is merged in with update_quant_cfg_with_kv_cache_quant
+PRESETS = {"fp8": "FP8_DEFAULT_CFG", "int4_awq": "INT4_AWQ_CFG", "nvfp4": "NVFP4_DEFAULT_CFG",
+           "w4a8_awq": "W4A8_AWQ_BETA_CFG", "int8_sq": "INT8_SMOOTHQUANT_CFG"}
+KV_PRESETS = {"fp8": "FP8_KV_CFG", "nvfp4": "NVFP4_KV_CFG"}
+AWQ_FORMATS = ("int4_awq", "w4a8_awq")
+AWQ_DEFAULT_BLOCK = 128
+CPU_NVFP4_BACKEND = "pipeline_nvfp4_cpu"
+
+
+# ------------------------------------------------------------------------------------------------------ configs
+def quant_config(fmt: str, kv: str, block_size: int | None = None) -> dict[str, Any] | None:
+    """The ModelOpt config for a format × KV format (× AWQ block size), or None when nothing is quantized."""
+    import modelopt.torch.quantization as mtq
+
+    if fmt == "none" and kv == "none":
+        return None
+    if fmt == "none":
+        cfg: dict[str, Any] = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    else:
+        cfg = copy.deepcopy(getattr(mtq, PRESETS[fmt]))
+    if block_size is not None and fmt in AWQ_FORMATS:
+        for entry in cfg["quant_cfg"]:
+            if entry.get("quantizer_name") == "*weight_quantizer":
+                sub = entry["cfg"][0] if isinstance(entry["cfg"], list) else entry["cfg"]
+                sub["block_sizes"] = {**sub["block_sizes"], -1: block_size}
+    if kv != "none":
+        cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, getattr(mtq, KV_PRESETS[kv])["quant_cfg"])
+    return cfg
+
+
+def linear_in_sizes(shape: dict[str, int]) -> dict[str, int]:
+    """Input sizes of a decoder's linear layers, from the model's shape."""
+    out = {"hidden size": shape.get("hidden_size", 0), "intermediate size": shape.get("intermediate_size", 0)}
+    if shape.get("num_heads") and shape.get("head_dim"):
+        out["attention output size"] = shape["num_heads"] * shape["head_dim"]
+    return {k: v for k, v in out.items() if v}
+
+
+def awq_block_problem(fmt: str, block: int | None, shape: dict[str, int], model: str) -> str | None:
+    """An AWQ group size must divide every linear input size; name the largest one that does."""
+    if fmt not in AWQ_FORMATS:
+        return None
+    block = block or AWQ_DEFAULT_BLOCK
+    sizes = linear_in_sizes(shape)
+    bad = {k: v for k, v in sizes.items() if v % block}
+    if not bad:
+        return None
+    g = math.gcd(*sizes.values())
+    works = max((b for b in (128, 64, 32, 16, 8) if g % b == 0 and b <= block), default=None)
+    what = ", ".join(f"{k} {v}" for k, v in bad.items())
+    fix = f"use quant.block_size={works}" if works else "this model cannot use AWQ group quantization"
+    return f"quant.block_size={block} does not divide {model}'s {what}; {fix}"
+
+
+def model_shape(model) -> dict[str, int]:
+    """The linear-layer sizes of a loaded transformers model (its text config), as ``awq_block_problem`` reads them."""
+    hf = model.config.get_text_config()
+    return {"hidden_size": hf.hidden_size, "intermediate_size": getattr(hf, "intermediate_size", 0),
+            "num_heads": hf.num_attention_heads,
+            "head_dim": getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads}
+
+
+def config_shape(cfg) -> dict[str, int]:
+    """The linear-layer sizes the config declares (``model.shape``, or a synthetic model's own config)."""
+    shape = {k: int(v) for k, v in to_plain(cfg.model.shape).items() if k != "params_b" and v}
+    if cfg.model.source == "synthetic" and cfg.model.synthetic is not None:
+        c = to_plain(cfg.model.synthetic.config)
+        shape.update({k: int(c[src]) for k, src in (("hidden_size", "hidden_size"),
+                                                      ("intermediate_size", "intermediate_size"),
+                                                      ("num_heads", "num_attention_heads"),
+                                                      ("head_dim", "head_dim")) if src in c})
+    return shape
+
+
+# -------------------------------------------------------------------------------------------------- calibration
+def batch_size(setting: str, model, seq_len: int, device: str, rows: int) -> int:
+    """``auto``: on GPU, ModelOpt's probe of the largest batch that fits; on CPU, 8. Never more than the rows."""
+    if str(setting) != "auto":
+        return max(1, min(int(setting), rows))
+    if device == "cuda":
+        from modelopt.torch.utils.dataset_utils import get_max_batch_size
+
+        return max(1, min(get_max_batch_size(model, max_sample_length=seq_len), rows, 512))
+    return max(1, min(8, rows))
+
+
+def calibration_forward(model, rows, batch_size: int, on_batch=None) -> None:
+    """Run the calibration rows through ``model`` (ModelOpt's quantizers observe every layer). Only the last
+    position's logits are computed: calibration needs the activations, not a [batch, seq, vocab] logits tensor."""
+    import torch
+
+    dev = next(model.parameters()).device
+    with torch.inference_mode():
+        for i in range(0, len(rows), batch_size):
+            model(input_ids=rows[i:i + batch_size].to(dev), logits_to_keep=1)
+            if on_batch:
+                on_batch()
+
+
+def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size: int) -> None:
+    """ModelOpt PTQ in place: insert the quantizers of ``quant_config`` and calibrate them on ``rows``."""
+    import modelopt.torch.quantization as mtq
+
+    n_batches = -(-len(rows) // batch_size)
+
+    def forward_loop(m) -> None:
+        with progress(f"calibrating {fmt} + {kv} KV ({len(rows)}×{rows.shape[1]} tokens)", n_batches) as bar:
+            calibration_forward(m, rows, batch_size, bar.advance)
+
+    mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+
+
+def use_cpu_nvfp4_fallback(model) -> int:
+    """Route ModelOpt's NVFP4 fake-quant (CUDA/Triton only) through the pure-torch ``fake_nvfp4`` on CPU.
+
+    Uses ModelOpt's public quant-backend hook. Returns how many quantizers were switched.
+    """
+    from modelopt.torch.quantization.nn import TensorQuantizer
+    from modelopt.torch.quantization.nn.modules.tensor_quantizer import (is_registered_quant_backend,
+                                                                          register_quant_backend)
+
+    from pipeline.runtime.reference import fake_nvfp4
+
+    def entry(inputs, quantizer):
+        amax = quantizer.amax if quantizer.amax is not None else inputs.abs().amax()
+        return fake_nvfp4(inputs, amax.float().amax(), quantizer.block_sizes.get(-1) or 16)
+
+    if not is_registered_quant_backend(CPU_NVFP4_BACKEND):
+        register_quant_backend(CPU_NVFP4_BACKEND, entry)
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, TensorQuantizer) and mod.is_enabled and mod.block_sizes \
+                and mod.block_sizes.get("type") == "dynamic" and tuple(mod.num_bits) == (2, 1):
+            mod.backend = CPU_NVFP4_BACKEND
+            n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------------- the reference before export
+def prepare_reference(model, fmt: str, kv: str):
+    """After calibration: fail when nothing was quantized; apply the steps ModelOpt's export applies anyway (fusion
+    of layers that share an input, and the FP8 weight rounding), so that the fake-quant model is the exported
+    network; and record the export proof's reference. Returns (proof.Reference, FP8 layers rounded)."""
+    import torch
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+    from pipeline.quant import proof
+
+    nothing = nothing_quantized_problem(model, fmt, kv)
+    if nothing:
+        raise StageFailed(nothing)
+    with torch.no_grad():  # idempotent: export_hf_checkpoint runs it again and finds nothing left to do
+        requantize_resmooth_fused_llm_layers(model)
+    ref = proof.record(model)  # quantization errors from the original weights
+    rounded = round_fp8_weights_as_exported(model)
+    if rounded:
+        proof.resketch(model, ref)
+    return ref, rounded
+
+
+def round_fp8_weights_as_exported(model) -> int:
+    """Store each FP8 layer's weight the way ModelOpt's export will (``unified_export_hf._export_quantized_weight``:
+    scale = amax / 448, then ``quant_utils.to_quantized_weight``, which divides in the weight's dtype before the e4m3
+    cast), dequantized back to the weight's dtype. The fake-quant forward then reproduces those values exactly
+    (they lie on its grid), so the fake-quant model evaluated is the exported one. Returns the layers rounded."""
+    import torch
+    from modelopt.torch.export.model_config import QUANTIZATION_FP8
+    from modelopt.torch.export.quant_utils import get_quantization_format, to_quantized_weight
+
+    from pipeline.quant import proof
+
+    n = 0
+    for _, mod in proof.quantized_linears(model):
+        if get_quantization_format(mod) != QUANTIZATION_FP8:
+            continue
+        wq = mod.weight_quantizer
+        amax = wq._amax.float()  # the export's arithmetic, to the bit
+        scale = torch.tensor(amax.item() / wq.maxbound) if amax.dim() == 1 else (amax / wq.maxbound).clone()
+        with torch.no_grad():
+            codes = to_quantized_weight(mod.weight.data, scale.to(mod.weight.device), QUANTIZATION_FP8)
+            mod.weight.data.copy_((codes.float() * scale.to(mod.weight.device)).to(mod.weight.dtype))
+        n += 1
+    return n
+
+
+def nothing_quantized_problem(model, fmt: str, kv: str) -> str | None:
+    """After calibration: the requested weight (and KV-cache) quantization must be enabled on some layer."""
+    from pipeline.quant import proof
+
+    if fmt != "none" and not any(True for _ in proof.quantized_linears(model)):
+        return (f"nothing was quantized: every weight quantizer is disabled after calibration ({fmt} requested; "
+                f"no linear layer matched ModelOpt's {PRESETS[fmt]} patterns)")
+    if kv != "none" and not any(getattr(getattr(m, f"{k}_bmm_quantizer", None), "is_enabled", False)
+                                for m in model.modules() for k in ("k", "v")):
+        return (f"nothing was quantized in the KV cache: no k/v quantizer is enabled after calibration "
+                f"(quant.kv_cache={kv} requested; ModelOpt found no attention layer it supports)")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------ exports
+def trtllm_checkpoint_spec(cfg) -> dict[str, int] | None:
+    """The TP/PP mapping of the TRT-LLM checkpoint, exported only for the engine runtime."""
+    if cfg.runtime.name.value != "trtllm_engine":
+        return None
+    from pipeline import planning
+
+    return {"tp": planning.effective_tp(cfg), "pp": int(cfg.build.pp_size)}
+
+
+def export_trtllm_checkpoint(model, dtype, export_dir: Path, spec: dict[str, int]) -> None:
+    """ModelOpt's TRT-LLM checkpoint export (config.json + rank{N}.safetensors) for the ``spec`` mapping. Run it
+    before the HF export, which replaces the model's weights in place, and before the proof's reference is
+    recorded: it adjusts the quantizers of layers it fuses (q/k/v, gate/up), and the HF export then writes those
+    adjusted scales."""
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    from pipeline.runtime.trtllm import decoder_type
+
+    with status(f"exporting TRT-LLM checkpoint (TP={spec['tp']}, PP={spec['pp']})"):
+        export_tensorrt_llm_checkpoint(model, decoder_type(model.config.model_type), dtype,
+                                       export_dir=str(export_dir), inference_tensor_parallel=spec["tp"],
+                                       inference_pipeline_parallel=spec["pp"])
+
+
+def export_hf_checkpoint(model, export_dir: Path) -> None:
+    """ModelOpt's unified HF export; it replaces the model's weights with the quantized ones."""
+    from modelopt.torch.export import export_hf_checkpoint as export
+
+    export(model, export_dir=str(export_dir))
+
+
+def version() -> str:
+    import modelopt
+
+    return modelopt.__version__

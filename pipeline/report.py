@@ -1,0 +1,163 @@
+"""What a build and a plan show: the build report (Markdown and JSON under ``paths.reports``), the console summary
+tables, and the plan tables. Presentation only: nothing here changes an output."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline import store
+
+
+def human(n: float) -> str:
+    """A byte count in B/KB/MB/GB/TB (powers of 1024)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt(v: Any, spec: str = ".1f") -> str:
+    """``v`` formatted with ``spec``; ``-`` for a missing value."""
+    return "-" if v is None else format(v, spec)
+
+
+def label(s: dict[str, Any]) -> str:
+    return f"{s['model']}.{s['quant']}-kv{s['kv_cache']}.{s['target']}.{s['runtime']}"
+
+
+def write(summary: dict[str, Any], reports_dir: Path) -> Path:
+    """``<reports_dir>/<label>.md`` and ``.json`` (the JSON is ``BuildReport.to_dict()``); returns the Markdown path."""
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    path = reports_dir / f"{label(summary)}.md"
+    store.write_text_atomic(path, markdown(summary))
+    store.write_json_atomic(reports_dir / f"{label(summary)}.json", summary)
+    return path
+
+
+def stage_result(summary: dict[str, Any], stage: str) -> Any:
+    """The typed result (``pipeline.results``) of ``stage`` in the report's rows; None when it is not there."""
+    from pipeline import results
+
+    for r in summary["stages"]:
+        if r["stage"] == stage and r["result"]:
+            return results.load(stage, r["result"])
+    return None
+
+
+def bench_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every (workload, level row) of the bench stage's result."""
+    res = stage_result(summary, "bench")
+    return [] if res is None else [(w, lv) for w, rows in res.workloads.items() for lv in rows]
+
+
+def bench_gate(summary: dict[str, Any]) -> str | None:
+    """The bench stage's gate verdict and regression baseline, one line (None without a bench result)."""
+    from pipeline.stages.bench import baseline_line
+
+    res = stage_result(summary, "bench")
+    if res is None:
+        return None
+    return (f"Bench gate: {res.gates.verdict} (entry point {res.model}). "
+            f"{baseline_line(res.gates.model_dump(mode='json'))}")
+
+
+def markdown(s: dict[str, Any]) -> str:
+    """The build report as Markdown: stages, publish outcome, bench table and gate, quantization accuracy."""
+    lines = [f"# build report: {s['model']} · {s['quant']} (KV {s['kv_cache']}) · {s['target']} · {s['runtime']}", "",
+             f"Finished {s['finished']} in {s['total_s']} s. Log: `{s['log']}`", "",
+             "| stage | status | time (s) | peak RSS (MB) | size | output |", "|---|---|---|---|---|---|"]
+    for r in s["stages"]:
+        t = r["seconds"] if r["status"] == "ran" else f"{r['seconds']} (built in {r['stage_wall_s']})"
+        lines.append(f"| {r['stage']} | {r['status']} | {t} | {fmt(r['peak_rss_mb'])} | {human(r['bytes'])} | "
+                     f"`{r['output']}` |")
+    if s.get("published"):
+        p = s["published"]
+        lines += ["", f"Published `{p['url']}` ({p['uploaded_files']} files uploaded; `latest` "
+                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})."]
+    bench = bench_rows(s)
+    if bench:
+        lines += ["", "| workload | concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | "
+                      "latency p95 (ms) | output tok/s | req/s |", "|---|---|---|---|---|---|---|---|---|"]
+        for w, lv in bench:
+            lines.append(f"| {w} | {lv.concurrency} | {lv.request_count} | {lv.error_count} | {fmt(lv.ttft_p50_ms)} | "
+                         f"{fmt(lv.itl_p50_ms)} | {fmt(lv.latency_p95_ms)} | {fmt(lv.output_tokens_per_s)} | "
+                         f"{fmt(lv.requests_per_s, '.2f')} |")
+    gate = bench_gate(s)
+    if gate:
+        lines += ["", gate]
+    quant = stage_result(s, "quantize")
+    if quant is not None and quant.accuracy is not None:
+        a = quant.accuracy
+        q, e = a.quantized_vs_unquantized, a.exported_vs_fake_quant
+        lines += ["", f"Accuracy (held-out): quantized vs unquantized KL {q['kl_mean']:.4f}, top-1 "
+                      f"{q['top1_agreement']:.3f}, perplexity ratio {q['ppl_ratio']:.3f}; export check "
+                      f"{a.export_check} (KL {e['kl_mean']:.4f} vs fake-quant)."]
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(s: dict[str, Any], report: Path) -> None:
+    """The build's stage table, bench table and gate, publish outcome and total on the console (stderr)."""
+    from rich.table import Table
+
+    from pipeline.ui import console
+
+    t = Table(title="stages")
+    for col in ("stage", "status", "time", "size", "output"):
+        t.add_column(col, overflow="fold")
+    for r in s["stages"]:
+        st = "[green]ran[/]" if r["status"] == "ran" else "[dim]cached[/]"
+        t.add_row(r["stage"], st, f"{r['seconds']:.1f}s", human(r["bytes"]), r["output"])
+    console.print(t)
+    bench = bench_rows(s)
+    if bench:
+        b = Table(title="bench (streaming gRPC)")
+        for col in ("workload", "concurrency", "errors", "TTFT p50 ms", "ITL p50 ms", "latency p95 ms", "tok/s",
+                    "req/s"):
+            b.add_column(col, justify="right")
+        for w, lv in bench:
+            b.add_row(w, str(lv.concurrency), str(lv.error_count), fmt(lv.ttft_p50_ms), fmt(lv.itl_p50_ms),
+                      fmt(lv.latency_p95_ms), fmt(lv.output_tokens_per_s), fmt(lv.requests_per_s, ".2f"))
+        console.print(b)
+    gate = bench_gate(s)
+    if gate:
+        console.print(gate.replace("**", ""), markup=False)
+    p = s.get("published")
+    if p:
+        console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest "
+                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})")
+    console.print(f"total {s['total_s']:.1f}s · report: {report}")
+
+
+def print_plan(doc: dict[str, Any]) -> None:
+    """The plan (``plan`` verb): each stage's fingerprint and cached/run status, the KV-cache capacity table, and
+    what this machine would refuse to build."""
+    from rich.table import Table
+
+    from pipeline.ui import console
+
+    t = Table(title=f"plan: {doc['model']} {doc['quant']} (KV {doc['kv_cache']}) on {doc['target']} / "
+                    f"{doc['runtime']}")
+    for col in ("stage", "fingerprint", "status", "output"):
+        t.add_column(col)
+    for r in doc["stages"]:
+        t.add_row(r["stage"], r["fingerprint"][:12], "[green]cached[/]" if r["cached"] else
+                  f"[yellow]run[/] ({r['reason']})", r["output"])
+    console.print(t)
+    cap = doc["capacity"]
+    if cap:
+        c = Table(title=f"KV-cache capacity per GPU on {doc['target']}: TP={cap['tp']}"
+                        f"{' (chosen by the planner)' if cap['tp_chosen_by_planner'] else ''}, PP={cap['pp']}, "
+                        f"weights {cap['weights_gb_per_gpu']} GB/GPU, free fraction "
+                        f"{cap['kv_cache_free_gpu_mem_fraction']}")
+        for col in ("KV dtype", "KiB/token/GPU", "pool GB/GPU", "max tokens", "max sequences"):
+            c.add_column(col, justify="right")
+        for r in cap["table"]:
+            mark = " ←" if r["kv_dtype"] == cap["chosen_kv"] else ""
+            c.add_row(r["kv_dtype"] + mark, f"{r['kv_kib_per_token_per_gpu']:.1f}", f"{r['kv_pool_gb_per_gpu']:.1f}",
+                      f"{r['max_tokens']:,}", f"{r['max_concurrent_sequences']:,}")
+        console.print(c)
+        for w in cap["warnings"]:
+            console.print(f"[yellow]warning:[/] {w}")
+    for p in doc["not_buildable_here"]:
+        console.print(f"[yellow]build here would be refused:[/] {p}")

@@ -1,0 +1,199 @@
+"""Typed stage results: what each stage's ``run`` returns and its manifest holds under ``result``.
+
+A result's JSON dump (``model_dump(mode="json")``) holds exactly the keys the stage gave, in field order: a field
+left out (e.g. the keys of another model source) stays out of the manifest, and reads as its default (None).
+:func:`load` turns a manifest's ``result`` back into the stage's model.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+Number = Union[int, float]  # kept as given: an int stays an int in the JSON
+
+
+class StageResult(BaseModel):
+    """A result whose dump holds the fields that were given, no defaults added."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_serializer(mode="wrap")
+    def _given_fields(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
+
+
+# --------------------------------------------------------------------------------------------------------- fetch
+class FetchResult(StageResult):
+    """Where the checkpoint came from (the keys of its ``kind``) and what it is."""
+
+    kind: Literal["hf", "local", "gguf", "synthetic"]
+    repo: Optional[str] = None  # hf
+    revision: Optional[str] = None  # hf: as asked
+    resolved_sha: Optional[str] = None  # hf: the commit downloaded
+    path: Optional[str] = None  # local
+    gguf: Optional[str] = None  # gguf: the file read
+    gguf_sha256: Optional[str] = None
+    package: Optional[str] = None  # gguf shipped in a package: its distribution and version
+    package_version: Optional[str] = None
+    seed: Optional[int] = None  # synthetic
+    params: Optional[int] = None  # gguf, synthetic
+    generated_on: Optional[str] = None  # synthetic: cpu | cuda
+    architectures: Optional[list[str]] = None
+    model_type: Optional[str] = None
+
+
+# ------------------------------------------------------------------------------------------------------ quantize
+class Calibration(StageResult):
+    dataset: str
+    sha256: str
+    rows: int
+    requested_rows: int
+    short: bool
+    seq_len: int
+    tokens: int
+    tokens_per_s: Number
+
+
+class Accuracy(StageResult):
+    """The accuracy gate and the export proof (``accuracy.json``); the comparisons stay as ``pipeline.quality``
+    writes them."""
+
+    gate_measures: str
+    quantized_vs_unquantized: dict[str, Any]
+    fake_quant_vs_unquantized: dict[str, Any]
+    exported_vs_fake_quant: dict[str, Any]
+    unquantized_vs_fake_quant: dict[str, Any]
+    export_proof: dict[str, Any]
+    export_check: Literal["pass", "fail"]
+    thresholds: dict[str, Any]
+    gate: Literal["pass", "warn", "fail"]
+    breaches: list[str]
+
+
+class QuantizeResult(StageResult):
+    format: str
+    kv_cache: str
+    quant_algo: Optional[str] = None
+    kv_cache_quant_algo: Optional[str] = None
+    note: Optional[str] = None  # unquantized: why there is nothing else
+    group_size: Optional[int] = None
+    exclude_modules: Optional[list[str]] = None
+    block_size: Optional[int] = None
+    modelopt_version: Optional[str] = None
+    device: Optional[str] = None
+    cpu_nvfp4_fallback_quantizers: Optional[int] = None
+    fp8_layers_rounded_as_exported: Optional[int] = None
+    batch_size: Optional[int] = None
+    bytes_per_param: Optional[Number] = None
+    notes: Optional[list[str]] = None
+    calibration: Optional[Calibration] = None
+    heldout: Optional[dict[str, Any]] = None
+    accuracy: Optional[Accuracy] = None
+    timings_s: Optional[dict[str, Number]] = None
+
+
+# --------------------------------------------------------------------------------------------------------- build
+class BuildRecord(StageResult):
+    """What the build made and its load-and-generate check (``build.json`` holds the full record)."""
+
+    engine_dir: str
+    check: dict[str, Any]
+    versions: Optional[dict[str, Optional[str]]] = None  # TensorRT-LLM runtimes
+
+
+# ------------------------------------------------------------------------------------------------------- package
+class PackageResult(StageResult):
+    layout: str
+    entry_points: list[str]
+    models: list[str]
+    engine_dir: str
+    runtime: str
+    trtllm_line: Optional[str]
+    max_batch_size: int
+    decoupled: bool
+
+
+# --------------------------------------------------------------------------------------------------------- bench
+class BenchRow(StageResult):
+    """One measured concurrency level of a workload (ms; tokens and requests per second)."""
+
+    concurrency: int
+    request_count: int
+    error_count: int
+    ttft_p50_ms: Optional[Number]
+    ttft_p95_ms: Optional[Number]
+    itl_p50_ms: Optional[Number]
+    itl_p95_ms: Optional[Number]
+    latency_p95_ms: Optional[Number]
+    latency_p99_ms: Optional[Number]
+    output_tokens_per_s: Number
+    requests_per_s: Number
+
+
+class Baseline(StageResult):
+    """The regression baseline: ``found``, ``none``, ``unreachable``, ``corrupt`` or ``disabled``."""
+
+    status: str
+    source: Optional[str]
+    version: Optional[str]
+    detail: Optional[str]
+
+
+class BenchGates(StageResult):
+    verdict: Literal["pass", "fail", "no-baseline"]
+    breaches: list[str]
+    regressions: list[str]
+    regressions_gated: bool
+    baseline: Baseline
+
+
+class BenchResult(StageResult):
+    model: str  # the entry point the load went through
+    layout: str
+    workloads: dict[str, list[BenchRow]]
+    answers_passed: int
+    answers: int
+    gates: BenchGates
+
+
+# ------------------------------------------------------------------------------------------------------- publish
+class BenchGate(BaseModel):
+    """The bench gate as the bench stage reported it (``reports/bench.json`` ``gates``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    verdict: Literal["pass", "fail", "no-baseline"]
+    breaches: list[str] = Field(description="every absolute limit or gated regression breached")
+    regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
+    regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
+    compared_with_previous_levels: int = Field(description="concurrency levels compared with the baseline")
+    baseline: Optional[Any] = Field(None, description="the bundle the regressions were measured against")
+
+
+class Gates(BaseModel):  # bundle.json's gates (its schema, docs/bundle.schema.json, is generated from this)
+    model_config = ConfigDict(extra="forbid")
+    accuracy: str = Field(description="pass | warn | fail | n/a")
+    export_check: str
+    bench: Literal["pass", "fail", "no-baseline"] = Field(
+        description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
+    bench_detail: BenchGate
+
+
+class PublishResult(StageResult):
+    signed: bool
+    files: int
+    bytes: int
+    version: str
+    gates: Gates
+
+
+RESULTS: dict[str, type[StageResult]] = {
+    "fetch": FetchResult, "quantize": QuantizeResult, "build": BuildRecord, "package": PackageResult,
+    "bench": BenchResult, "publish": PublishResult,
+}
+
+
+def load(stage: str, result: dict[str, Any]) -> StageResult:
+    """The typed result of ``stage`` from its manifest's ``result``."""
+    return RESULTS[stage].model_validate(result)

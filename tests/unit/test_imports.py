@@ -1,0 +1,171 @@
+"""The import rules of the ``pipeline`` package, read from the source with ``ast`` (nothing imported): nothing below the
+CLI imports ``pipeline.cli``, and no import cycle joins the package's modules. Every import statement counts: at
+module level, inside a function, or under ``if TYPE_CHECKING:``."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pipeline
+
+PACKAGE = Path(pipeline.__file__).parent
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> source file, for every ``.py`` file of the package at ``root`` (``__init__.py`` names
+    its package)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _target(name: str, known: dict[str, Path]) -> str | None:
+    """The module ``name`` imports: itself, else its longest prefix that is a module of the package."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in known:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports. ``from a.b import c`` is an edge to ``a.b.c`` when that is a module,
+    else to ``a.b``; relative imports are resolved against the importing module's package. A parent package is not
+    counted as imported by its submodules' imports (its ``__init__`` importing them would otherwise be a cycle)."""
+    known = modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for mod, path in known.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            for name in names:
+                target = _target(name, known)
+                if target is not None and target != mod:
+                    graph[mod].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) for each strongly connected group of modules that import each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    found = []
+    for group in groups:  # a shortest path back to the group's first module, through the group only
+        start = min(group)
+        paths = {start: [start]}
+        frontier = [start]
+        while frontier and start not in {w for v in frontier for w in graph[v]}:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & group):
+                    if w not in paths:
+                        paths[w] = [*paths[v], w]
+                        nxt.append(w)
+            frontier = nxt
+        last = min(v for v in frontier if start in graph[v])
+        found.append([*paths[last], start])
+    return sorted(found)
+
+
+def cli_importers(graph: dict[str, set[str]], cli: str) -> list[str]:
+    """Modules outside ``cli`` (and its submodules) that import it or one of its submodules."""
+    inside = lambda m: m == cli or m.startswith(cli + ".")  # noqa: E731
+    return sorted(m for m, targets in graph.items() if not inside(m) and any(inside(t) for t in targets))
+
+
+def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "planted"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_nothing_below_the_cli_imports_it():
+    graph = import_graph(PACKAGE)
+    assert "pipeline.cli" in graph and "pipeline.runner" in graph, sorted(graph)
+    assert cli_importers(graph, "pipeline.cli") == ["pipeline.__main__"]  # the entry point, above the CLI
+
+
+def test_no_import_cycle_among_the_package_modules():
+    found = cycles(import_graph(PACKAGE))
+    assert found == [], "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_graph_finds_a_planted_cycle_and_a_planted_cli_import(tmp_path):
+    """Negative control: a planted package whose ``a`` imports ``b`` at module level and ``b`` imports ``a`` inside a
+    function (relatively), and whose ``core`` imports its ``cli`` inside a function; both are reported."""
+    root = _plant(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from planted import b\n",
+        "sub/__init__.py": "from planted.sub import c\n",  # a package importing its submodule: no cycle
+        "sub/c.py": "import os\n\ndef f():\n    from .. import a\n    from . import d\n",
+        "sub/d.py": "",
+        "b.py": "def f():\n    from .sub import c\n",
+        "core.py": "def main():\n    from planted.cli.verbs import run\n",
+        "cli/__init__.py": "from planted import core\n",
+        "cli/verbs.py": "run = 1\n",
+    })
+    graph = import_graph(root)
+    assert graph["planted.a"] == {"planted.b"} and graph["planted.b"] == {"planted.sub.c"}
+    assert graph["planted.sub.c"] == {"planted.a", "planted.sub.d"} and graph["planted.sub"] == {"planted.sub.c"}
+    assert cycles(graph) == [["planted.a", "planted.b", "planted.sub.c", "planted.a"]]
+    assert cli_importers(graph, "planted.cli") == ["planted.core"]
+
+
+def test_the_graph_reports_nothing_for_a_planted_acyclic_package(tmp_path):
+    """The control's counterpart: the same shapes without the back edges report no cycle and no CLI importer."""
+    root = _plant(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from planted import b\n",
+        "b.py": "def f():\n    from .sub import c\n",
+        "sub/__init__.py": "from planted.sub import c\n",
+        "sub/c.py": "import json\n",
+        "cli/__init__.py": "from planted import a\n",
+    })
+    graph = import_graph(root)
+    assert graph["planted.cli"] == {"planted.a"} and graph["planted.b"] == {"planted.sub.c"}
+    assert cycles(graph) == []
+    assert cli_importers(graph, "planted.cli") == []
