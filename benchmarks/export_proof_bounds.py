@@ -73,7 +73,7 @@ def _row(model: str, fmt: str, kv: str, extra: list[str], r: dict | None, outcom
 
 
 def run(models: list[str], formats: list[str], save) -> None:
-    """The real fetch and quantize stages, in this process (runner.plan / runner.execute: one import of torch and
+    """The real fetch and quantize stages, in this process (runner.preflight / runner.run: one import of torch and
     ModelOpt for every run), one fresh output root per model; ``save(row)`` after each run."""
     from pipeline import config, runner
     from pipeline.errors import StageFailed, UserError
@@ -91,10 +91,7 @@ def run(models: list[str], formats: list[str], save) -> None:
                 t0 = time.perf_counter()
                 outcome = "pass"
                 try:
-                    planned = {p.stage.name: p for p in runner.plan(cfg, list(STAGES[:2]))}
-                    for name in ("fetch", "quantize"):
-                        if not planned[name].cached:
-                            runner.execute(cfg, planned[name], planned)
+                    runner.run(runner.preflight(cfg, STAGES))
                 except (StageFailed, UserError) as exc:
                     outcome = f"{type(exc).__name__}: {str(exc)[:500]}"
                 save(_row(model, fmt, kv, extra, _accuracy(root, model, fmt, kv), outcome, time.perf_counter() - t0))

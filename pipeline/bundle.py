@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import StageFailed, UserError
+from pipeline.identity import ArtifactKey
 from pipeline.results import Gates
 
 SCHEMA = "llm-pipeline/bundle/v2"
@@ -205,17 +206,16 @@ def schema_json() -> str:
 
 
 def prefix(manifest: dict[str, Any]) -> str:
-    q = manifest["quant"]
-    return f"{manifest['model']['name']}/{q['format']}-kv{q['kv_cache']}/{manifest['target']['name']}/" \
-           f"{manifest['runtime']['name']}"
+    """The directory of a bundle's entry under ``publish.dest``, from its ``bundle.json``
+    (``<model>/<quant>-kv<kv>/<target>/<runtime>``)."""
+    return ArtifactKey.of_manifest(manifest).publish_prefix
 
 
 def published_base(cfg) -> tuple[Any, str]:
     """The filesystem of ``publish.dest`` and the directory of ``cfg``'s entry on it:
     ``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>``."""
     fs, root = _fs(str(cfg.publish.dest))
-    return fs, (f"{root}/{cfg.model.name}/{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}/{cfg.target.name}/"
-                f"{cfg.runtime.name.value}")
+    return fs, f"{root}/{ArtifactKey.of(cfg).publish_prefix}"
 
 
 def read_published(cfg) -> tuple[str, str | None, bytes | None]:

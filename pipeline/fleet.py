@@ -5,7 +5,6 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -202,6 +201,3 @@ def published_references(dest: str) -> set[str]:
             continue
     return out
 
-
-def resolve(path: str) -> Path:
-    return Path(path).expanduser().resolve()

@@ -1,6 +1,8 @@
 """Plan-time decisions from the config alone (no download, no GPU work): compatibility and capacity."""
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig
@@ -28,12 +30,65 @@ def capacity_plan(cfg: DictConfig) -> capacity.Plan | None:
                          input_len=int(b.expected_input_len), output_len=int(b.expected_output_len))
 
 
-def effective_tp(cfg: DictConfig) -> int:
-    """TP the build uses: the configured one, or the planner's choice (1 on CPU)."""
-    if int(cfg.build.tp_size):
-        return int(cfg.build.tp_size)
+@dataclass(frozen=True)
+class Capacity:
+    """The capacity plan of one config, resolved once (``runner.preflight``) and handed to the stages that declare
+    what they take from it (``Stage.capacity``, ``Context.capacity``)."""
+
+    tp: int  # what the build uses: build.tp_size, or the planner's choice (1 on CPU and without a plan)
+    pp: int  # build.pp_size
+    world: int  # GPUs one model instance spans: max(1, tp) x pp on a GPU target, 1 on CPU
+    kv_tokens: int  # tokens the KV pool of one GPU holds at the chosen KV dtype (0 without a plan)
+    summary: dict[str, Any] | None  # the plan as build.json and bundle.json record it; None without a plan
+    plan: capacity.Plan | None = field(default=None, compare=False, repr=False)
+
+    FIELDS = ("tp", "pp", "world", "kv_tokens", "summary")  # what a stage may declare (JSON values)
+
+    def values(self, fields: tuple[str, ...] | list[str]) -> dict[str, Any]:
+        """The named fields as JSON values (what enters a stage's fingerprint)."""
+        unknown = [f for f in fields if f not in self.FIELDS]
+        if unknown:
+            raise KeyError(f"no capacity field {unknown[0]!r}; choose from {', '.join(self.FIELDS)}")
+        return {f: copy.deepcopy(getattr(self, f)) for f in fields}
+
+
+class CapacityView:
+    """What one stage sees of the resolved capacity: the fields it declares (``Stage.capacity``), read-only. Reading
+    another raises, since its value is not in the stage's fingerprint."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]):
+        object.__setattr__(self, "_values", copy.deepcopy(dict(values)))
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return copy.deepcopy(values[name])
+        raise AttributeError(f"capacity field {name!r} is not declared by this stage (Stage.capacity: "
+                             f"{', '.join(values) or 'none'}); an undeclared value would not enter its fingerprint")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("the resolved capacity plan is read-only")
+
+    def __repr__(self) -> str:
+        return f"CapacityView({object.__getattribute__(self, '_values')!r})"
+
+
+def resolve(cfg: DictConfig) -> Capacity:
+    """The capacity plan of ``cfg`` with everything derived from it: TP (the configured one, or the planner's choice),
+    PP, the world size, the KV pool and the summary the build records."""
     p = capacity_plan(cfg)
-    return p.tp if p is not None else 1
+    tp = int(cfg.build.tp_size) or (p.tp if p is not None else 1)
+    pp = int(cfg.build.pp_size)
+    world = max(1, tp) * pp if cfg.target.device.value == "cuda" else 1
+    return Capacity(tp=tp, pp=pp, world=world, kv_tokens=p.row(p.chosen_kv).max_tokens if p is not None else 0,
+                    summary=_summary(p, float(cfg.build.kv_cache_free_gpu_mem_fraction)), plan=p)
+
+
+def effective_tp(cfg: DictConfig) -> int:
+    """TP the build uses (:func:`resolve`), for callers outside a build."""
+    return resolve(cfg).tp
 
 
 def capacity_problems(cfg: DictConfig) -> list[str]:
@@ -70,12 +125,11 @@ def local_sm_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
-def summary(cfg: DictConfig) -> dict[str, Any] | None:
-    p = capacity_plan(cfg)
+def _summary(p: capacity.Plan | None, fraction: float) -> dict[str, Any] | None:
     if p is None:
         return None
     return {"tp": p.tp, "pp": p.pp, "gpus": p.gpus, "tp_chosen_by_planner": p.tp_chosen_by_planner, "fits": p.fits,
             "weights_gb_per_gpu": round(p.weights_bytes_per_gpu / 1e9, 2),
             "activation_reserve_gb": round(p.activation_reserve_bytes / 1e9, 2), "gpu_gb": p.gpu_bytes / 1e9,
-            "kv_cache_free_gpu_mem_fraction": float(cfg.build.kv_cache_free_gpu_mem_fraction),
+            "kv_cache_free_gpu_mem_fraction": fraction,
             "chosen_kv": p.chosen_kv, "table": capacity.table(p), "warnings": p.warnings}

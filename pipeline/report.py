@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import store
+from pipeline.identity import ArtifactKey
 
 
 def human(n: float) -> str:
@@ -22,16 +23,13 @@ def fmt(v: Any, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def label(s: dict[str, Any]) -> str:
-    return f"{s['model']}.{s['quant']}-kv{s['kv_cache']}.{s['target']}.{s['runtime']}"
-
-
 def write(summary: dict[str, Any], reports_dir: Path) -> Path:
     """``<reports_dir>/<label>.md`` and ``.json`` (the JSON is ``BuildReport.to_dict()``); returns the Markdown path."""
     reports_dir.mkdir(parents=True, exist_ok=True)
-    path = reports_dir / f"{label(summary)}.md"
+    label = ArtifactKey.of_report(summary).label
+    path = reports_dir / f"{label}.md"
     store.write_text_atomic(path, markdown(summary))
-    store.write_json_atomic(reports_dir / f"{label(summary)}.json", summary)
+    store.write_json_atomic(reports_dir / f"{label}.json", summary)
     return path
 
 

@@ -146,6 +146,7 @@ class BenchGates(StageResult):
     breaches: list[str]
     regressions: list[str]
     regressions_gated: bool
+    compared_with_previous_levels: int = 0  # concurrency levels compared with the baseline
     baseline: Baseline
 
 

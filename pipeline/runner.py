@@ -29,17 +29,12 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import __version__, store
+from pipeline import __version__, planning, store
 from pipeline.config import resolved_paths, slice_of, to_plain
 from pipeline.errors import StageFailed, UserError
+from pipeline.identity import ArtifactKey
 
 log = logging.getLogger("pipeline")
-
-
-def artifact_label(cfg: DictConfig) -> str:
-    """``<model>.<quant>-kv<kv>.<target>.<runtime>``: names the per-target outputs and the build report."""
-    return (f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}"
-            f".{cfg.target.name}.{cfg.runtime.name.value}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +57,10 @@ class Stage:
     # after every planned stage ran or was found cached: (full config, this stage's output dir) -> a value for the
     # build report (publish: the upload to publish.dest, which is no property of the bundle)
     after: Callable[[DictConfig, Path], Any] | None = None
+    # the fields of the resolved capacity plan (planning.Capacity.FIELDS) ``run`` uses, or a function of the full
+    # config choosing them: their values enter the fingerprint, and they are all ``run`` sees of the plan
+    # (Context.capacity; None when no field is declared)
+    capacity: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
 
 
 @dataclass
@@ -77,6 +76,7 @@ class Context:
     fingerprint: str = ""
     known_hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 already known (hard links)
     extra: dict[str, Any] = field(default_factory=dict)  # the stage's ``extra`` fingerprint inputs, as fingerprinted
+    capacity: planning.CapacityView | None = None  # the declared fields of the resolved capacity plan, as fingerprinted
 
     def link_input(self, name: str, src_rel: str = "", dst_rel: str = "", *, link: bool = True) -> Path:
         """Hard-link (copy where linking fails; ``link=False``: copy) the file or directory ``src_rel`` of upstream
@@ -254,8 +254,14 @@ def _out_dir(cfg: DictConfig, st: Stage, fp: str, paths: dict[str, Path]) -> Pat
     return paths[st.root] / f"{st.label(cfg)}-{st.name}-{fp[:12]}"
 
 
-def plan(cfg: DictConfig, stages: list[Stage]) -> list[PlannedStage]:
-    """Fingerprint every stage and decide cached/run without doing any work."""
+def capacity_fields(cfg: DictConfig, st: Stage) -> tuple[str, ...]:
+    """The fields of the resolved capacity plan stage ``st`` declares for ``cfg``."""
+    return tuple(st.capacity(cfg) if callable(st.capacity) else st.capacity)
+
+
+def plan(cfg: DictConfig, stages: list[Stage], capacity: planning.Capacity | None = None) -> list[PlannedStage]:
+    """Fingerprint every stage and decide cached/run without doing any work. ``capacity`` is ``cfg``'s resolved
+    capacity plan (resolved here when a stage needs it and none is given)."""
     paths = resolved_paths(cfg)
     force = set(cfg.force)
     planned: dict[str, PlannedStage] = {}
@@ -269,6 +275,11 @@ def plan(cfg: DictConfig, stages: list[Stage]) -> list[PlannedStage]:
         }
         if st.extra is not None:
             parts["extra"] = st.extra(cfg, paths["store"])
+        fields = capacity_fields(cfg, st)
+        if fields:
+            if capacity is None:
+                capacity = planning.resolve(cfg)
+            parts["capacity"] = capacity.values(fields)
         fp = store.digest(parts)
         out = _out_dir(cfg, st, fp, paths)
         reason = _stale_reason(out, fp, st, planned)
@@ -352,7 +363,8 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
         inputs = {n: planned[n].out for n in st.inputs}
         manifests = {n: store.read_manifest(planned[n].out) or {} for n in st.inputs}
         ctx = Context(cfg=stage_config(cfg, st), stage=st, out=tmp, final=ps.out, inputs=inputs, manifests=manifests,
-                      paths=paths, console=console, fingerprint=ps.fingerprint, extra=ps.parts.get("extra") or {})
+                      paths=paths, console=console, fingerprint=ps.fingerprint, extra=ps.parts.get("extra") or {},
+                      capacity=planning.CapacityView(ps.parts["capacity"]) if "capacity" in ps.parts else None)
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         try:
@@ -446,10 +458,12 @@ def plan_checks(cfg: DictConfig, stages: list[Stage], *, environment: bool = Tru
 
 @dataclass
 class Plan:
-    """The selected stages of one config, checked and fingerprinted; nothing run, nothing written."""
+    """The selected stages of one config, checked and fingerprinted, and its capacity plan, resolved once; nothing
+    run, nothing written."""
 
     cfg: DictConfig
     stages: list[PlannedStage]
+    capacity: planning.Capacity
     by_name: dict[str, PlannedStage] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -459,14 +473,16 @@ class Plan:
 def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> Plan:
     """Every plan-time check of the stages ``cfg`` selects from ``registry``, then their fingerprints. Config
     incompatibilities come first (and alone); then, with ``environment``, what this machine lacks to run the stages.
-    Raises one :class:`UserError` naming every problem found."""
+    Raises one :class:`UserError` naming every problem found. The capacity plan (TP, PP, KV pool) is resolved here,
+    once, and handed to the stages that declare what they use of it."""
     stages = select(cfg, registry)
     problems = plan_checks(cfg, stages, environment=False)
     if not problems and environment:
         problems = plan_checks(cfg, stages)
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
-    return Plan(cfg, plan(cfg, stages))
+    capacity = planning.resolve(cfg)
+    return Plan(cfg, plan(cfg, stages, capacity), capacity)
 
 
 @dataclass
@@ -545,7 +561,7 @@ def run(plan: Plan, console: Any = None) -> BuildReport:
         if ps.stage.name == "publish":
             published = value
             log.info("published: %s", value)
-    return BuildReport(model=cfg.model.name, quant=cfg.quant.format.value, kv_cache=cfg.quant.kv_cache.value,
-                       target=cfg.target.name, runtime=cfg.runtime.name.value,
+    key = ArtifactKey.of(cfg)
+    return BuildReport(model=key.model, quant=key.quant, kv_cache=key.kv, target=key.target, runtime=key.runtime,
                        total_s=round(time.perf_counter() - t_all, 2), stages=rows, log=str(log_path),
                        finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), published=published)

@@ -82,16 +82,17 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
 
 
 def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
-    from pipeline import planning, report, runner
+    from pipeline import report, runner
+    from pipeline.identity import ArtifactKey
     from pipeline.stages import STAGES
 
     plan = runner.preflight(cfg, STAGES, environment=False)
     here = [p for st in runner.select(cfg, STAGES) if st.env_check for p in st.env_check(cfg)]
     rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
              "output": str(p.out)} for p in plan.stages]
-    doc = {"model": cfg.model.name, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
-           "target": cfg.target.name, "runtime": cfg.runtime.name.value, "tp": planning.effective_tp(cfg),
-           "capacity": planning.summary(cfg), "stages": rows, "not_buildable_here": here}
+    key = ArtifactKey.of(cfg)
+    doc = {"model": key.model, "quant": key.quant, "kv_cache": key.kv, "target": key.target, "runtime": key.runtime,
+           "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here}
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
@@ -106,6 +107,7 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
 
     from pipeline import errors, report, runner
     from pipeline.config import resolved_paths
+    from pipeline.identity import ArtifactKey
     from pipeline.stages import STAGES
     from pipeline.ui import console
 
@@ -114,8 +116,9 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     log_path = errors.log_path(paths["store"] / "logs")
     errors.setup_logging(log_path)
     logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
-    console.print(f"[bold]build[/] {cfg.model.name} · {cfg.quant.format.value} (KV {cfg.quant.kv_cache.value}) · "
-                  f"{cfg.target.name} · {cfg.runtime.name.value}   [dim]log: {log_path}[/]")
+    key = ArtifactKey.of(cfg)
+    console.print(f"[bold]build[/] {key.model} · {key.quant} (KV {key.kv}) · {key.target} · {key.runtime}   "
+                  f"[dim]log: {log_path}[/]")
     summary = runner.run(plan, console).to_dict()
     path = report.write(summary, paths["reports"])
     report.print_summary(summary, path)

@@ -214,17 +214,8 @@ def nothing_quantized_problem(model, fmt: str, kv: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------------ exports
-def trtllm_checkpoint_spec(cfg) -> dict[str, int] | None:
-    """The TP/PP mapping of the TRT-LLM checkpoint, exported only for the engine runtime."""
-    if cfg.runtime.name.value != "trtllm_engine":
-        return None
-    from pipeline import planning
-
-    return {"tp": planning.effective_tp(cfg), "pp": int(cfg.build.pp_size)}
-
-
-def export_trtllm_checkpoint(model, dtype, export_dir: Path, spec: dict[str, int]) -> None:
-    """ModelOpt's TRT-LLM checkpoint export (config.json + rank{N}.safetensors) for the ``spec`` mapping. Run it
+def export_trtllm_checkpoint(model, dtype, export_dir: Path, *, tp: int, pp: int) -> None:
+    """ModelOpt's TRT-LLM checkpoint export (config.json + rank{N}.safetensors) for the TP x PP mapping. Run it
     before the HF export, which replaces the model's weights in place, and before the proof's reference is
     recorded: it adjusts the quantizers of layers it fuses (q/k/v, gate/up), and the HF export then writes those
     adjusted scales."""
@@ -232,10 +223,10 @@ def export_trtllm_checkpoint(model, dtype, export_dir: Path, spec: dict[str, int
 
     from pipeline.runtime.trtllm import decoder_type
 
-    with status(f"exporting TRT-LLM checkpoint (TP={spec['tp']}, PP={spec['pp']})"):
+    with status(f"exporting TRT-LLM checkpoint (TP={tp}, PP={pp})"):
         export_tensorrt_llm_checkpoint(model, decoder_type(model.config.model_type), dtype,
-                                       export_dir=str(export_dir), inference_tensor_parallel=spec["tp"],
-                                       inference_pipeline_parallel=spec["pp"])
+                                       export_dir=str(export_dir), inference_tensor_parallel=tp,
+                                       inference_pipeline_parallel=pp)
 
 
 def export_hf_checkpoint(model, export_dir: Path) -> None:

@@ -29,6 +29,7 @@ baseline.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import random
@@ -39,8 +40,9 @@ from typing import Any
 
 from pipeline import calib, results
 from pipeline.errors import StageFailed, UserError
+from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
-from pipeline.runner import Context, Stage, artifact_label
+from pipeline.runner import Context, Stage
 from pipeline.triton import server as srv
 from pipeline.ui import progress, status
 
@@ -123,12 +125,11 @@ def run(ctx: Context) -> BenchResult:
     started = time.perf_counter()
     log_path = None
     try:
-        with status(f"starting tritonserver ({cfg.serve.launcher.value}; loading models)"):
-            cm = srv.launched(cfg.serve, repo, ctx.paths["store"] / "servers")
-            server = cm.__enter__()
-        log_path = server.log_path
-        result["server_start_s"] = round(time.perf_counter() - started, 2)
-        try:
+        with contextlib.ExitStack() as stack:  # the server is stopped on every exit path
+            with status(f"starting tritonserver ({cfg.serve.launcher.value}; loading models)"):
+                server = stack.enter_context(srv.launched(cfg.serve, repo, ctx.paths["store"] / "servers"))
+            log_path = server.log_path
+            result["server_start_s"] = round(time.perf_counter() - started, 2)
             mismatches = client.server_model_mismatches(server.grpc_url, packaged)
             if mismatches:
                 more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
@@ -143,8 +144,6 @@ def run(ctx: Context) -> BenchResult:
                 raise StageFailed(str(exc)) from exc
             result["decoupled"] = entry.decoupled
             _bench(ctx, server, entry, tok, result, requests, levels)
-        finally:
-            cm.__exit__(None, None, None)
     except srv.ServerError as exc:
         (ctx.out / "server-error.txt").write_text(str(exc) + "\n")
         raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
@@ -165,13 +164,19 @@ def run(ctx: Context) -> BenchResult:
     why += result["gates"]["breaches"]
     if why:
         raise StageFailed("; ".join(why))
-    g = result["gates"]
+    return bench_result(result)
+
+
+GATE_KEYS = ("verdict", "breaches", "regressions", "regressions_gated", "compared_with_previous_levels", "baseline")
+
+
+def bench_result(result: dict[str, Any]) -> BenchResult:
+    """The stage's typed result from bench.json's content: the rows of every level and the gates (without checks)."""
     return BenchResult(
-        model=entry_model, layout=layout,
+        model=result["model"], layout=result["layout"],
         workloads={w: [summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()},
         answers_passed=len(result["answers"]), answers=len(result["answers"]),
-        gates={"verdict": g["verdict"], "breaches": g["breaches"], "regressions": g["regressions"],
-               "regressions_gated": g["regressions_gated"], "baseline": g["baseline"]})
+        gates={k: result["gates"][k] for k in GATE_KEYS})
 
 
 def summary_row(lv: dict[str, Any]) -> dict[str, Any]:
@@ -389,7 +394,7 @@ def previous_bench(ctx: Context) -> dict[str, Any]:
         msg = (str(exc).splitlines() or [""])[0][:200]
         return {"status": "unreachable", "source": dest, "version": None,
                 "detail": f"publish.dest={dest}: {type(exc).__name__}: {msg}"}
-    label = ctx.stage.label(ctx.cfg)
+    label = ArtifactKey.of(ctx.cfg).label  # the publish stage's outputs carry the same label
     local = sorted(ctx.paths["bundles"].glob(f"{label}-publish-*/bundle.json"), key=lambda p: p.stat().st_mtime)
     if not local:
         return {"status": "none", "source": dest, "version": None, "detail": "no bundle published yet"}
@@ -580,5 +585,5 @@ STAGE = Stage(
     inputs=("package",),
     libs=("tritonclient", "nvidia-pytriton", "transformers"),
     root="store",
-    label=artifact_label,
+    label=lambda cfg: ArtifactKey.of(cfg).label,
 )

@@ -26,8 +26,9 @@ from typing import Any
 from pipeline import planning, results
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
+from pipeline.identity import ArtifactKey
 from pipeline.results import BuildRecord
-from pipeline.runner import Context, Stage, artifact_label, lib_versions
+from pipeline.runner import Context, Stage, lib_versions
 from pipeline.ui import status
 
 
@@ -69,7 +70,7 @@ def run(ctx: Context) -> BuildRecord:
         "dtype": rt.dtype.value,
         "quant": reference.read_quant_config(engine),
         "build_settings": to_plain(ctx.cfg.build),
-        "capacity": planning.summary(ctx.cfg),
+        "capacity": ctx.capacity.summary,
         "versions": lib_versions(("torch", "transformers", "safetensors")),
         "check": {**check_result, "pass": True,
                   "load_s": round(load_s, 3), "tokens_per_s": round(len(out) / max(gen_s, 1e-9), 2)},
@@ -90,7 +91,7 @@ def run_trtllm(ctx: Context) -> BuildRecord:
     info = trtllm.require(rt, cfg.runtime.trtllm_version)
     q = results.load("quantize", ctx.manifests["quantize"]["result"])
     build = to_plain(cfg.build)
-    tp, pp = planning.effective_tp(cfg), int(cfg.build.pp_size)
+    tp, pp = ctx.capacity.tp, ctx.capacity.pp
     engine = ctx.out / "engine"
     engine.mkdir()
     spec: dict[str, Any] = {"prompt": cfg.runtime.check_prompt, "check_tokens": cfg.runtime.check_tokens}
@@ -124,7 +125,7 @@ def run_trtllm(ctx: Context) -> BuildRecord:
               child["versions"].get("gpu"), "versions": {"tensorrt_llm": info.version, "tensorrt": info.tensorrt,
                                                          "cuda": child["versions"].get("cuda"),
                                                          "driver": child["versions"].get("driver")},
-              "tp": tp, "pp": pp, "build_settings": build, "capacity": planning.summary(cfg),
+              "tp": tp, "pp": pp, "build_settings": build, "capacity": ctx.capacity.summary,
               "container": cfg.runtime.container,
               "check": {**child["check"], "requested_tokens": int(cfg.runtime.check_tokens), "pass": True}}
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -181,14 +182,11 @@ def publish_timing_cache(own: Path, shared: Path) -> None:
 
 
 def check(cfg) -> list[str]:
-    from pipeline import planning
-
     return planning.compat_problems(cfg) or planning.capacity_problems(cfg)
 
 
 def env_check(cfg) -> list[str]:
     """This machine must have the target's GPU, and a TRT-LLM that can run the runtime."""
-    from pipeline import planning
     from pipeline.runtime import trtllm
 
     problems = planning.local_sm_problems(cfg)
@@ -204,12 +202,13 @@ STAGE = Stage(
     volatile=("build.json", "build.log"),
     name="build",
     run=run,
-    # model.shape and the quant: the capacity plan, which picks TP when build.tp_size is 0 (planning.effective_tp)
-    reads=("runtime", "target", "build", "model.shape", "quant.format", "quant.kv_cache"),
+    reads=("runtime", "target", "build", "quant.format", "quant.kv_cache"),
+    # TP and PP (the planner picks TP from model.shape when build.tp_size is 0) and the plan build.json records
+    capacity=("tp", "pp", "summary"),
     inputs=("quantize",),
     libs=("torch", "transformers", "safetensors", "tensorrt_llm", "tensorrt"),
     check=check,
     env_check=env_check,
     root="engines",
-    label=artifact_label,
+    label=lambda cfg: ArtifactKey.of(cfg).label,
 )

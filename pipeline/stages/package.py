@@ -28,7 +28,8 @@ from typing import Any
 from pipeline import planning, store
 from pipeline.errors import StageFailed, UserError
 from pipeline.results import PackageResult
-from pipeline.runner import Context, Stage, artifact_label
+from pipeline.identity import ArtifactKey
+from pipeline.runner import Context, Stage
 from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 
 ENGINE_REL = "tensorrt_llm/1/engine"
@@ -74,16 +75,19 @@ def gpu_device_ids(instances: int, world: int, gpus: int) -> str:
     return ";".join(",".join(str((i * world + r) % pool) for r in range(world)) for i in range(instances))
 
 
-def values(cfg, engine_cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every placeholder of every template, from the config, the build record and the capacity plan."""
+CAPACITY = ("tp", "pp", "world", "kv_tokens")  # what the repository takes from the resolved capacity plan
+
+
+def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any]]:
+    """Every placeholder of every template, from the config, the build record and the resolved capacity plan
+    (:data:`CAPACITY` of a ``planning.Capacity``)."""
     b, sv = cfg.build, cfg.serve
     engine_bs = (engine_cfg.get("build_config") or {}).get("max_batch_size")
     bs = min(int(b.max_batch_size), int(engine_bs)) if engine_bs else int(b.max_batch_size)
-    plan = planning.capacity_plan(cfg)
-    kv_tokens = plan.row(plan.chosen_kv).max_tokens if plan is not None else 0
+    kv_tokens = capacity.kv_tokens
     device = "cuda" if cfg.target.device.value == "cuda" else "cpu"
     in_container = f"{sv.repo_mount.rstrip('/')}/{ENGINE_REL}"
-    world = max(1, planning.effective_tp(cfg)) * int(b.pp_size) if cfg.target.device.value == "cuda" else 1
+    world = capacity.world
     common = {"triton_max_batch_size": bs}
     queue = {"max_queue_delay_microseconds": sv.max_queue_delay_microseconds, "max_queue_size": sv.max_queue_size}
     llm = {**common, **queue, "decoupled_mode": sv.decoupled, "max_beam_width": b.max_beam_width,
@@ -114,7 +118,7 @@ def values(cfg, engine_cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def model_yaml(cfg, repo: Path) -> dict[str, Any]:
+def model_yaml(cfg, repo: Path, capacity) -> dict[str, Any]:
     """The llmapi layout's ``1/model.yaml``: ``model`` (absolute under the container mount), the LLM-API options
     (the build's ``llmapi.json``; for the reference runtime, the options TensorRT-LLM would get) and
     ``triton_config``."""
@@ -125,18 +129,22 @@ def model_yaml(cfg, repo: Path) -> dict[str, Any]:
     if options_file.is_file():
         options = json.loads(options_file.read_text())
     else:
-        options = trtllm.llmapi_options(to_plain(cfg.build), cfg.quant.kv_cache.value,
-                                        max(1, planning.effective_tp(cfg)), int(cfg.build.pp_size))
+        options = trtllm.llmapi_options(to_plain(cfg.build), cfg.quant.kv_cache.value, max(1, capacity.tp),
+                                        capacity.pp)
     return {"model": f"{cfg.serve.repo_mount.rstrip('/')}/{ENGINE_REL}", "backend": "pytorch", **options,
             "triton_config": {"max_batch_size": LLMAPI_MAX_BATCH_SIZE, "decoupled": bool(cfg.serve.decoupled)}}
 
 
-def render_repository(cfg, repo: Path) -> list[str]:
+def render_repository(cfg, repo: Path, capacity=None) -> list[str]:
     """Write every model of the layout into ``repo``, whose ``tensorrt_llm/1/engine`` already holds the build
-    output. Returns the model names. Nothing is written for a template that fails rendering or the schema."""
+    output. Returns the model names. Nothing is written for a template that fails rendering or the schema.
+    ``capacity``: the build's resolved capacity plan (``Context.capacity``); outside a build it is resolved from
+    the full ``cfg``."""
+    if capacity is None:
+        capacity = planning.resolve(cfg)
     runtime, lay = cfg.runtime.name.value, layout(cfg)
     engine_cfg = json.loads((repo / ENGINE_REL / "config.json").read_text()) if runtime == "trtllm_engine" else {}
-    vals = values(cfg, engine_cfg)
+    vals = values(cfg, engine_cfg, capacity)
     rendered = []
     for tmpl in MODELS[(runtime, lay)]:
         name = tmpl.split(".")[0]
@@ -157,7 +165,8 @@ def render_repository(cfg, repo: Path) -> list[str]:
     if lay == LLMAPI:
         import yaml
 
-        (repo / "tensorrt_llm" / "1" / "model.yaml").write_text(yaml.safe_dump(model_yaml(cfg, repo), sort_keys=False))
+        doc = model_yaml(cfg, repo, capacity)
+        (repo / "tensorrt_llm" / "1" / "model.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return [name for _, name, _ in rendered]
 
 
@@ -167,7 +176,7 @@ def run(ctx: Context) -> PackageResult:
 
     cfg, repo = ctx.cfg, ctx.out
     ctx.link_input("build", "engine", ENGINE_REL)
-    models = render_repository(cfg, repo)
+    models = render_repository(cfg, repo, ctx.capacity)
     findings = lint.lint(repo, trtllm_version=cfg.runtime.trtllm_version, repo_mount=cfg.serve.repo_mount)
     if findings:
         (repo / "LINT.txt").write_text("\n".join(findings) + "\n")
@@ -177,15 +186,15 @@ def run(ctx: Context) -> PackageResult:
     return PackageResult(layout=lay, entry_points=list(ENTRY_POINTS[lay]), models=models, engine_dir=ENGINE_REL,
                          runtime=cfg.runtime.name.value,
                          trtllm_line=upstream.line_for(cfg.runtime.get("trtllm_version")),
-                         max_batch_size=(values(cfg, {})["ensemble"]["triton_max_batch_size"] if lay == IFB
-                                         else LLMAPI_MAX_BATCH_SIZE),
+                         max_batch_size=(values(cfg, {}, ctx.capacity)["ensemble"]["triton_max_batch_size"]
+                                         if lay == IFB else LLMAPI_MAX_BATCH_SIZE),
                          decoupled=cfg.serve.decoupled)
 
 
 STAGE = Stage(
     name="package",
     run=run,
-    reads=("build", "runtime", "target", "model.shape", "quant.format", "quant.kv_cache", "serve.decoupled",
+    reads=("build", "runtime", "target", "quant.format", "quant.kv_cache", "serve.decoupled",
            "serve.layout",
            "serve.preprocessing_instance_count", "serve.postprocessing_instance_count", "serve.llm_instance_count",
            "serve.bls_instance_count", "serve.max_queue_delay_microseconds", "serve.max_queue_size",
@@ -194,5 +203,6 @@ STAGE = Stage(
     libs=("tritonclient",),
     root="triton_repo",
     extra=templates_digest,
-    label=artifact_label,
+    capacity=CAPACITY,
+    label=lambda cfg: ArtifactKey.of(cfg).label,
 )

@@ -30,8 +30,9 @@ from pipeline.bundle import publish as publish_bundle
 from pipeline.bundle import sign as sign_bundle
 from pipeline.bundle import sign_problems
 from pipeline.config import resolved_paths, to_plain
+from pipeline.identity import ArtifactKey
 from pipeline.results import PublishResult
-from pipeline.runner import Context, Stage, artifact_label, host_info
+from pipeline.runner import Context, Stage, host_info
 from pipeline.ui import status
 
 REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",),
@@ -162,5 +163,5 @@ STAGE = Stage(
     inputs=("fetch", "quantize", "build", "package", "bench"),
     libs=("fsspec", "pydantic"),
     root="bundles",
-    label=artifact_label,
+    label=lambda cfg: ArtifactKey.of(cfg).label,
 )

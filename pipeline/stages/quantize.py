@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from pipeline import calib, capacity, quality, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
+from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
 from pipeline.results import QuantizeResult
 from pipeline.runner import Context, Stage
@@ -127,10 +128,11 @@ def run(ctx: Context) -> QuantizeResult:
     with _timed(timings, "calibrate_s"):
         modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs)
     fallbacks = modelopt.use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
-    trt = ctx.extra.get("trtllm_checkpoint")  # the mapping the fingerprint holds (see extra)
-    if trt is not None:  # first: it adjusts the scales of the layers it fuses, which the HF export then writes
+    if ctx.capacity is not None:  # trtllm_engine only (trtllm_mapping)
+        # first: it adjusts the scales of the layers it fuses, which the HF export then writes
         with _timed(timings, "trtllm_export_s"):
-            modelopt.export_trtllm_checkpoint(model, dtype, ctx.out / "trtllm_checkpoint", trt)
+            modelopt.export_trtllm_checkpoint(model, dtype, ctx.out / "trtllm_checkpoint", tp=ctx.capacity.tp,
+                                              pp=ctx.capacity.pp)
     ref, rounded = modelopt.prepare_reference(model, fmt, kv)
     with _timed(timings, "quant_eval_s"):
         fq = _logits("fake-quant logits (held-out)", model, rows.heldout, bs)
@@ -178,12 +180,13 @@ def _write_report(ctx: Context, r: dict[str, Any]) -> None:
 
 
 def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {"calib_sha256": calib.dataset_digest(calib.resolve(cfg.quant.calib.dataset,
-                                                                               cfg.model.source))}
-    trt = modelopt.trtllm_checkpoint_spec(cfg)
-    if trt:  # only the engine runtime's quantize output differs per mapping; the rest share one
-        out["trtllm_checkpoint"] = trt
-    return out
+    return {"calib_sha256": calib.dataset_digest(calib.resolve(cfg.quant.calib.dataset, cfg.model.source))}
+
+
+def trtllm_mapping(cfg: DictConfig) -> tuple[str, ...]:
+    """The engine runtime also gets a TRT-LLM checkpoint for the build's TP/PP mapping, so only its quantize output
+    differs per mapping; the other runtimes share one."""
+    return ("tp", "pp") if cfg.runtime.name.value == "trtllm_engine" else ()
 
 
 STAGE = Stage(
@@ -194,7 +197,8 @@ STAGE = Stage(
     inputs=("fetch",),
     libs=("nvidia-modelopt", "torch", "transformers", "safetensors"),
     root="store",
-    label=lambda cfg: f"{cfg.model.name}.{cfg.quant.format.value}-kv{cfg.quant.kv_cache.value}",
+    label=lambda cfg: ArtifactKey.of(cfg).checkpoint_label,
     check=check,
     extra=extra,
+    capacity=trtllm_mapping,
 )

@@ -61,7 +61,7 @@ class Server:
         """Whether the server process runs: for a supervised one, the supervisor's child (a server that died is a
         zombie until the supervisor reaps it, and is not alive)."""
         if self.proc is None:
-            return _grpc_ready(self.grpc_url)
+            return self.ready()
         if self.proc.poll() is not None:
             return False
         import psutil
@@ -79,15 +79,31 @@ class Server:
 
     _server_pid = None  # the supervised server's pid, once seen (class default; set per instance)
 
+    def ready(self) -> bool:
+        """One readiness probe: HTTP ``/v2/health/ready`` for a server started here, gRPC for an external one (only
+        its gRPC address is known)."""
+        return _grpc_ready(self.grpc_url) if self.proc is None else _ready(self.http_url)
+
     def responsive(self, within_s: float = 5.0) -> bool:
         """Whether the server answers a readiness probe within ``within_s`` (a hung process does not)."""
-        deadline = time.monotonic() + within_s
-        while True:
-            if _grpc_ready(self.grpc_url) if self.proc is None else _ready(self.http_url):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.25)
+        return wait_ready(self, within_s) == "ready"
+
+
+def wait_ready(server: Server, timeout_s: float, on_wait=None, poll_s: float = 0.25) -> str:
+    """Probe ``server`` until it is ready: ``"ready"``; ``"exited"`` as soon as its process is gone (a server
+    started here); ``"timeout"`` after ``timeout_s``. ``on_wait`` is called between probes."""
+    deadline = time.monotonic() + timeout_s
+    while not server.ready():
+        if server.proc is not None and not server.alive():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.proc.wait(2)  # the supervisor exits right after the server: its code for the message
+            return "exited"
+        if time.monotonic() > deadline:
+            return "timeout"
+        if on_wait:
+            on_wait()
+        time.sleep(poll_s)
+    return "ready"
 
 
 def _pytriton_root() -> Path | None:
@@ -300,15 +316,11 @@ def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, ti
                 start_new_session=True)
         server = Server(proc, host, http_port, grpc_port, log_path)
         try:
-            deadline = time.monotonic() + timeout_s
-            while not _ready(server.http_url):
-                if not server.alive():
-                    raise ServerError(f"tritonserver exited with code {proc.returncode} during startup")
-                if time.monotonic() > deadline:
-                    raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s (serve.startup_timeout_s)")
-                if on_wait:
-                    on_wait()
-                time.sleep(0.25)
+            state = wait_ready(server, timeout_s, on_wait)
+            if state == "exited":
+                raise ServerError(f"tritonserver exited with code {proc.returncode} during startup")
+            if state == "timeout":
+                raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s (serve.startup_timeout_s)")
         except ServerError as exc:
             tail = server.log_tail()
             stop(server)
@@ -418,9 +430,10 @@ def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server
         host, _, port = url.rpartition(":")
         if not port.isdigit():
             raise UserError(f"serve.url={url}: give HOST:GRPC_PORT")
-        if not _grpc_ready(url):
+        server = Server(None, host, 0, int(port), work_dir / "external-server.log")
+        if not server.ready():
             raise UserError(f"serve.url={url}: no ready Triton server answers there over gRPC")
-        yield Server(None, host, 0, int(port), work_dir / "external-server.log")
+        yield server
         return
     if shutil.which("docker") is None:
         raise UserError("serve.launcher=docker needs the docker CLI; install Docker or use serve.launcher=local")
@@ -440,15 +453,12 @@ def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(proc, serve.host, http_port, grpc_port, log_path, container=name)
     try:
-        deadline = time.monotonic() + serve.startup_timeout_s
-        while not _ready(server.http_url):
-            if proc.poll() is not None:
-                raise ServerError(f"docker run exited with code {proc.returncode}; log {log_path}:\n"
-                                  f"{server.log_tail()}")
-            if time.monotonic() > deadline:
-                raise ServerError(f"container not ready after {serve.startup_timeout_s:.0f}s; log {log_path}:\n"
-                                  f"{server.log_tail()}")
-            time.sleep(0.5)
+        state = wait_ready(server, serve.startup_timeout_s, on_wait, poll_s=0.5)
+        if state == "exited":
+            raise ServerError(f"docker run exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
+        if state == "timeout":
+            raise ServerError(f"container not ready after {serve.startup_timeout_s:.0f}s; log {log_path}:\n"
+                              f"{server.log_tail()}")
         yield server
     finally:
         stop(server)

@@ -278,11 +278,24 @@ def test_the_build_summary_carries_the_bench_verdict_and_baseline():
 
     g = bench.gates(_cfg("bench.gates.regression_on_cpu=true"), _result(),
                     {"status": "unreachable", "source": "s3://b", "version": None, "detail": "publish.dest=s3://b: x"})
-    # the gates as run() keeps them in its result
-    stored = {k: g[k] for k in ("verdict", "breaches", "regressions", "regressions_gated", "baseline")}
-    result = {"model": "ensemble", "layout": "reference", "workloads": {}, "answers_passed": 0, "answers": 0,
-              "gates": stored}
+    result = bench.bench_result({"model": "ensemble", "layout": "reference", "workloads": {}, "answers": [],
+                                 "gates": g}).model_dump(mode="json")  # what run() keeps in its manifest
     line = _bench_gate({"stages": [{"stage": "bench", "result": result}]})
     assert line == ("Bench gate: no-baseline (entry point ensemble). Regression baseline: **unreachable**: "
                     "publish.dest=s3://b: x; nothing compared.")
     assert _bench_gate({"stages": [{"stage": "bench", "result": {}}]}) is None
+
+
+def test_the_build_summary_counts_the_levels_compared_with_a_found_baseline():
+    from pipeline.report import bench_gate as _bench_gate
+
+    r = dict(_result(), model="ensemble", layout="inflight_batcher_llm", answers=[])
+    r["gates"] = bench.gates(_cfg(), r, _found(_result()))
+    result = bench.bench_result(r).model_dump(mode="json")  # what run() keeps in its manifest
+    assert result["gates"]["compared_with_previous_levels"] == 2
+    line = _bench_gate({"stages": [{"stage": "bench", "result": result}]})
+    assert line.endswith("Regression baseline: v1 (2 levels compared; reported only)."), line
+    # negative control: a baseline that shares no level with this run compares none
+    r["gates"] = bench.gates(_cfg(), r, _found({"workloads": {"chat": {"levels": [_level(4, 1.0, 1.0)]}}}))
+    line = _bench_gate({"stages": [{"stage": "bench", "result": bench.bench_result(r).model_dump(mode="json")}]})
+    assert "(0 levels compared; reported only)" in line, line

@@ -2,6 +2,7 @@
 its code digest covers the package modules it imports."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 from pathlib import Path
@@ -75,20 +76,72 @@ def test_unhashed_reads_stay_out_of_the_fingerprint(tmp_path):
 
 
 # ------------------------------------------------------------------------------- what each stage's helpers read
-def test_build_declares_what_the_capacity_plan_reads_and_its_fingerprint_follows_model_shape(tmp_path):
-    """build writes TP into the LLM-API options (planning.effective_tp), which the planner picks from model.shape."""
+def test_build_takes_tp_from_the_resolved_capacity_plan_and_its_fingerprint_follows_model_shape(tmp_path):
+    """build writes TP into the LLM-API options; with build.tp_size=0 the planner picks it from model.shape. The
+    preflight resolves the plan once, and the fields build declares (Stage.capacity) enter its fingerprint."""
     small = _cfg(tmp_path, "target=h100", "runtime=reference", "quant=fp8", "model.shape.params_b=1", *BIG)
     large = _cfg(tmp_path, "target=h100", "runtime=reference", "quant=fp8", "model.shape.params_b=200", *BIG)
-    tp = [planning.effective_tp(runner.stage_config(c, build.STAGE)) for c in (small, large)]
-    assert tp[0] == 1 and tp[1] > 1
-    assert planning.summary(runner.stage_config(large, build.STAGE))["tp"] == tp[1]
+    caps = [planning.resolve(c) for c in (small, large)]
+    assert caps[0].tp == 1 and caps[1].tp > 1 and caps[1].summary["tp"] == caps[1].tp
     lone = dataclasses.replace(build.STAGE, inputs=())
-    assert runner.plan(small, [lone])[0].fingerprint != runner.plan(large, [lone])[0].fingerprint
-    # negative control: without model.shape in reads the two would share a fingerprint, and the view refuses it
-    blind = dataclasses.replace(lone, reads=tuple(k for k in lone.reads if k != "model.shape"))
+    planned = [runner.preflight(c, [lone], environment=False) for c in (small, large)]
+    assert [p.capacity.tp for p in planned] == [c.tp for c in caps]
+    fps = [p.stages[0].fingerprint for p in planned]
+    assert fps[0] != fps[1]
+    assert planned[1].stages[0].parts["capacity"] == {"tp": caps[1].tp, "pp": 1, "summary": caps[1].summary}
+    assert runner.plan(large, [lone])[0].fingerprint == fps[1]  # resolved on demand when no plan is given
+    # negative control: declaring no capacity field, build would share one fingerprint across the two shapes (it
+    # reads no model.shape itself), and its run would get no capacity plan
+    blind = dataclasses.replace(lone, capacity=())
     assert runner.plan(small, [blind])[0].fingerprint == runner.plan(large, [blind])[0].fingerprint
+    assert "capacity" not in runner.plan(large, [blind])[0].parts
     with pytest.raises(ConfigAttributeError):
-        planning.effective_tp(runner.stage_config(large, blind))
+        runner.stage_config(large, build.STAGE).model  # the shape reaches build only through the plan
+
+
+def test_a_stage_sees_only_the_capacity_fields_it_declares(tmp_path):
+    cfg = _cfg(tmp_path, "target=h100", "runtime=reference", "quant=fp8", "build.tp_size=2")
+
+    def uses_tp(ctx):
+        return {"tp": ctx.capacity.tp}
+
+    declared = Stage(name="a", run=uses_tp, reads=(), capacity=("tp",), label=lambda c: "t")
+    planned = {p.stage.name: p for p in runner.plan(cfg, [declared])}
+    assert runner.execute(cfg, planned["a"], planned)["result"] == {"tp": 2}
+    # negative controls: a field not declared, and a stage declaring none
+    other = Stage(name="a", run=uses_tp, reads=(), capacity=("pp",), label=lambda c: "u")
+    planned = {p.stage.name: p for p in runner.plan(cfg, [other])}
+    with pytest.raises(AttributeError, match="'tp' is not declared"):
+        runner.execute(cfg, planned["a"], planned)
+    none = Stage(name="a", run=uses_tp, reads=(), label=lambda c: "v")
+    planned = {p.stage.name: p for p in runner.plan(cfg, [none])}
+    with pytest.raises(AttributeError):
+        runner.execute(cfg, planned["a"], planned)
+    assert not planned["a"].out.exists()
+    with pytest.raises(KeyError, match="no capacity field 'tpp'"):
+        runner.plan(cfg, [dataclasses.replace(declared, capacity=("tpp",))])
+
+
+def test_quantize_takes_the_mapping_only_for_the_engine_runtime(tmp_path):
+    """Only trtllm_engine's quantize exports a TP/PP-mapped TRT-LLM checkpoint: the mapping enters its fingerprint
+    alone; the other runtimes share one quantize output whatever the build's TP."""
+    from pipeline.stages import quantize
+
+    def planned(cfg, tp: int):
+        cfg = copy.deepcopy(cfg)
+        cfg.build.tp_size = tp
+        return runner.plan(cfg, [dataclasses.replace(quantize.STAGE, inputs=(), extra=None)])[0]
+
+    engine, llmapi = config.compose_many([["model=tiny-qwen3", f"paths.root={tmp_path}", "target=h100",
+                                           f"runtime={rt}"] for rt in ("trtllm_engine", "trtllm_llmapi")])
+    one, two = planned(engine, 1), planned(engine, 2)
+    assert one.fingerprint != two.fingerprint and two.parts["capacity"] == {"tp": 2, "pp": 1}
+    # negative control: the other runtimes declare no field; TP leaves their (shared) output alone
+    one, two = planned(llmapi, 1), planned(llmapi, 2)
+    assert one.fingerprint == two.fingerprint and "capacity" not in two.parts
+    assert runner.capacity_fields(llmapi, quantize.STAGE) == ()
+    llmapi.runtime.name = "reference"
+    assert runner.capacity_fields(llmapi, quantize.STAGE) == ()
 
 
 def test_the_engine_build_spec_reads_only_declared_keys(tmp_path):
@@ -113,8 +166,11 @@ def test_the_engine_build_spec_reads_only_declared_keys(tmp_path):
 def test_package_values_read_only_declared_keys(tmp_path, runtime):
     cfg = _cfg(tmp_path, "target=h100", f"runtime={runtime}")
     view = runner.stage_config(cfg, package.STAGE)
-    assert package.values(view, {}) == package.values(cfg, {})
-    assert package.model_yaml(view, tmp_path) == package.model_yaml(cfg, tmp_path)
+    ps = runner.plan(cfg, [dataclasses.replace(package.STAGE, inputs=())])[0]
+    seen = planning.CapacityView(ps.parts["capacity"])  # what its run gets (Context.capacity)
+    full = planning.resolve(cfg)
+    assert package.values(view, {}, seen) == package.values(cfg, {}, full)
+    assert package.model_yaml(view, tmp_path, seen) == package.model_yaml(cfg, tmp_path, full)
 
 
 def test_bench_gates_and_baseline_read_only_declared_keys(tmp_path):

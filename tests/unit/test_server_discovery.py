@@ -1,4 +1,5 @@
-"""Which tritonserver ``serve.launcher=local`` starts, and the refusal where the bundled one cannot serve.
+"""Which tritonserver ``serve.launcher=local`` starts, the refusal where the bundled one cannot serve, and the one
+readiness wait every launcher uses.
 
 A fake ``tritonserver`` script on PATH stands in for the binary of NVIDIA's Triton containers in the discovery tests
 only (lookup order); nothing is started. The numpy check reads package metadata, with planted stub environments."""
@@ -88,3 +89,52 @@ def test_find_server_refuses_the_bundled_server_under_numpy_2_in_one_line(tmp_pa
 def test_dist_version_reads_the_environment_given():
     assert server._dist_version("numpy") is not None
     assert server._dist_version("numpy", Path("/nonexistent")) is None
+
+
+# ----------------------------------------------------------------------------------------------- readiness wait
+def _http_health(status: int):
+    """A loopback HTTP endpoint answering ``/v2/health/ready`` with ``status``: it stands in for Triton's health
+    endpoint here only (the e2e server tests wait on the real one)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            self.send_response(status if self.path == "/v2/health/ready" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return httpd
+
+
+@pytest.mark.parametrize("status,expected", [(200, "ready"), (503, "timeout")])
+def test_wait_ready_needs_the_health_endpoint_to_say_ready(tmp_path, status, expected):
+    import subprocess
+
+    httpd = _http_health(status)
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        s = server.Server(proc, "127.0.0.1", httpd.server_address[1], 1, tmp_path / "log")
+        waits = []
+        assert server.wait_ready(s, 0.3, on_wait=lambda: waits.append(1), poll_s=0.05) == expected
+        assert (len(waits) > 0) == (expected == "timeout")
+        assert s.responsive(0.1) == (expected == "ready")
+    finally:
+        proc.kill()
+        proc.wait()
+        httpd.shutdown()
+
+
+def test_wait_ready_stops_at_once_when_the_process_exits(tmp_path):
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(["sh", "-c", "exit 3"])
+    s = server.Server(proc, "127.0.0.1", server.free_ports("127.0.0.1", 1)[0], 1, tmp_path / "log")
+    t0 = time.monotonic()
+    assert server.wait_ready(s, 30) == "exited" and proc.returncode == 3
+    assert time.monotonic() - t0 < 5
