@@ -155,14 +155,28 @@ class QuantLinear(nn.Module):
 
 
 def _kv_quant_attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA on keys and values fake-quantized as the KV cache stores them.
+
+    FP8 quantize-dequantize with a fixed per-tensor scale is idempotent, so on a full-attention layer of a
+    ``DynamicCache`` (what this runtime decodes with), without autograd, only the new positions (the last ``query``
+    length ones) are quantized, in place: the cache tensor that ``key``/``value`` are then holds quantized values, and
+    the positions before were quantized when they were new.
+    Everywhere else (NVFP4, whose block scales follow the data; sliding-window caches, which return a copy) the
+    whole key and value are quantized on every call."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     fmt = getattr(module, "kv_format", None)
+    new = query.shape[2]
+    in_place = (fmt != "NVFP4" and getattr(module, "sliding_window", None) is None
+                and kwargs.get("sliding_window") is None and not torch.is_grad_enabled() and key.shape[2] >= new)
     for name in ("k", "v"):
         scale = getattr(module, f"kv_{name}_scale", None)
         if scale is None:
             continue
         t = key if name == "k" else value
+        if in_place:
+            t[:, :, -new:] = fake_fp8(t[:, :, -new:], scale)
+            continue
         t = fake_nvfp4(t, scale * FP8_MAX) if fmt == "NVFP4" else fake_fp8(t, scale)
         if name == "k":
             key = t

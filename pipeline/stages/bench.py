@@ -7,8 +7,8 @@ the package stage: ``ensemble`` (or ``tensorrt_llm_bls``, ``bench.model``) for `
 ``tensorrt_llm`` model with its LLM-API tensor names for ``llmapi``. Two workloads (``chat``: short prompts, long
 outputs; ``rag``: long prompts, short outputs) are drawn reproducibly from the shipped corpus (``bench.seed``),
 rendered with the chat template when ``model.chat_template`` is on, and swept over ``bench.concurrency`` after
-warm-up requests. The default sweep depends on the target device (``bench.sweep``): a short smoke on CPU, the full
-sweep on GPUs.
+``bench.warmup_requests`` warm-up requests (sent once, before the first workload). The default sweep depends on the
+target device (``bench.sweep``): a short smoke on CPU, the full sweep on GPUs.
 
 Output tokens are counted by re-tokenizing each response's returned text with the model's tokenizer (no special
 tokens), as genai-perf and aiperf do: a response without text adds nothing. Inter-token latency is (request latency -
@@ -190,8 +190,8 @@ def summary_row(lv: dict[str, Any]) -> dict[str, Any]:
 
 def _bench(ctx: Context, server, entry, tok, result: dict[str, Any], requests: list[dict[str, Any]],
            levels: list[dict[str, Any]]) -> None:
-    """Answer checks, then each workload's warm-up and concurrency levels; every request sent is appended to
-    ``requests`` (the lines of requests.jsonl), every measured level to ``levels``."""
+    """Answer checks, the warm-up (once, before the first workload), then each workload's concurrency levels; every
+    request sent is appended to ``requests`` (the lines of requests.jsonl), every measured level to ``levels``."""
     from pipeline.triton import client
 
     cfg, b = ctx.cfg, ctx.cfg.bench
@@ -218,7 +218,7 @@ def _bench(ctx: Context, server, entry, tok, result: dict[str, Any], requests: l
         plan = [(int(c), max(int(c), b.requests_per_level)) for c in b.concurrency]
         total = b.warmup_requests + sum(n for _, n in plan)
         prompts = [_render(tok, p, chat) for p in make_prompts(total, spec.prompt_words, b.seed + wi)]
-        if b.warmup_requests:
+        if b.warmup_requests and wi == 0:  # the later workloads find the server warm
             records, _ = client.run_level(url, entry, prompts, list(range(b.warmup_requests)), 1, spec.max_tokens,
                                           b.request_timeout_s)
             keep(records, "warmup", wname, 1)

@@ -35,7 +35,8 @@ from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 ENGINE_REL = "tensorrt_llm/1/engine"
 REFERENCE_SRC = Path(importlib.util.find_spec("pipeline.runtime.reference").origin)  # copied next to model.py
 BATCHING_SRC = Path(importlib.util.find_spec("pipeline.runtime.batching").origin)
-REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_batching.py": BATCHING_SRC}
+REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_batching.py": BATCHING_SRC,
+                    "reference_common.py": MODELS_DIR / "reference_common.py"}  # what both reference model.py share
 SHARED = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
 IFB, LLMAPI = "inflight_batcher_llm", "llmapi"
 MODELS = {("reference", IFB): (*SHARED, "tensorrt_llm.reference"),

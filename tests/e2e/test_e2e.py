@@ -94,6 +94,7 @@ def _copy_build(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # ~80 s on 2 cores: a second full pipeline after a quant change
 def test_rerun_is_a_noop_and_a_quant_change_reruns_only_downstream(tiny_build, tmp_path):
     root = tmp_path / "b"
     shutil.copytree(tiny_build, root)

@@ -37,7 +37,9 @@ def _quantize(root, fmt, kv, *extra):
     return planned["quantize"].out
 
 
-@pytest.mark.parametrize("fmt,kv", CPU_COMBOS, ids=[f"{f}-kv{k}" for f, k in CPU_COMBOS])
+# AWQ's scale search is the slow part (20-30 s a combination on 2 cores): those run in the slow tier
+@pytest.mark.parametrize("fmt,kv", [pytest.param(f, k, id=f"{f}-kv{k}", marks=[pytest.mark.slow] if "awq" in f else [])
+                                    for f, k in CPU_COMBOS])
 def test_format_exports_what_it_should(root, fmt, kv):
     out = _quantize(root, fmt, kv)
     ckpt = out / "checkpoint"

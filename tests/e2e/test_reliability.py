@@ -246,6 +246,7 @@ def test_random_overrides_never_crash(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ security
+@pytest.mark.slow  # ~35 s: a full build scanned for the token
 def test_hf_token_never_reaches_any_output(tmp_path):
     sentinel = "hf_SENTINEL-not-a-real-token-111111"
     root = tmp_path / "s"
@@ -696,6 +697,7 @@ def test_a_corrupted_hub_cache_blob_is_detected_by_its_sha256(tiny_build, tmp_pa
     assert "model.safetensors" in bad.stderr and "does not match its sha256" in bad.stderr
 
 
+@pytest.mark.slow  # ~30 s: two builds at once
 def test_builds_for_different_targets_run_in_parallel_and_share_one_quantize(tmp_path):
     """Two targets swept in parallel (submitit_local). Only quantize and what precedes it can run for a GPU target
     on this CPU machine; quantize is arch-independent, so one output serves both."""

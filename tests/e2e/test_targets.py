@@ -50,6 +50,7 @@ def test_trtllm_runtime_refused_clearly_without_tensorrt_llm(tmp_path):
     assert not any(tmp_path.rglob("*.safetensors"))
 
 
+@pytest.mark.slow  # ~60 s: two jobs through submitit's local executor
 def test_multirun_with_submitit_local_shares_one_quantize(tmp_path):
     root = tmp_path / "sweep"
     proc = run_cli("build", "-m", *TINY, "build.max_batch_size=4,8", "until=package",
@@ -62,6 +63,7 @@ def test_multirun_with_submitit_local_shares_one_quantize(tmp_path):
     assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 1
 
 
+@pytest.mark.slow  # ~40 s: calibration plus a TP=2 TRT-LLM checkpoint export
 def test_engine_runtime_gets_a_trtllm_checkpoint_with_the_build_mapping(tmp_path):
     proc = run_cli("build", *TINY, "target=h100", "runtime=trtllm_engine", "build.tp_size=2", "until=quantize",
                    root=tmp_path)

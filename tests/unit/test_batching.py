@@ -148,3 +148,41 @@ def test_a_failing_request_fails_alone(model, engine):
         doomed.tokens()
     assert doomed.finish_reason == batching.FINISH_ERROR
     assert fine.tokens() == alone(model, PROMPTS[0], 5)
+
+
+def _full_requant_attention(module, query, key, value, attention_mask, **kwargs):
+    """The oracle: every call fake-quantizes the whole key and value, the cached positions included."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    key, value = rt.fake_fp8(key, module.kv_k_scale), rt.fake_fp8(value, module.kv_v_scale)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _greedy_logits(model, prompt, n):
+    from transformers import DynamicCache
+
+    cache, ids, rows = DynamicCache(config=model.config), torch.tensor([prompt]), []
+    with torch.inference_mode():
+        for _ in range(n):
+            row = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].float()
+            rows.append(row)
+            ids = torch.tensor([[int(row.argmax())]])
+    return torch.stack(rows), cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kv_cache_holds_each_position_quantized_once(model, dtype):
+    import copy
+
+    from transformers import AttentionInterface
+
+    m = copy.deepcopy(model).to(dtype)
+    fast, cache = _greedy_logits(m, PROMPTS[2], 10)
+    for layer, mod in zip(cache.layers, (x for x in m.modules() if hasattr(x, "k_proj"))):
+        assert torch.equal(layer.keys, rt.fake_fp8(layer.keys, mod.kv_k_scale))  # stored quantized
+        assert torch.equal(layer.values, rt.fake_fp8(layer.values, mod.kv_v_scale))
+    AttentionInterface.register("test_full_requant", _full_requant_attention)
+    m.set_attn_implementation("test_full_requant")
+    assert torch.equal(_greedy_logits(m, PROMPTS[2], 10)[0], fast)  # quantizing once is quantizing every step
+    m.set_attn_implementation("sdpa")  # negative control: without the KV quantization the logits differ
+    assert not torch.equal(_greedy_logits(m, PROMPTS[2], 10)[0], fast)

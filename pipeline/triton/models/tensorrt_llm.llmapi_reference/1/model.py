@@ -34,10 +34,7 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-
-
-class RequestError(ValueError):
-    """A request the reference refuses or cannot parse; its message goes to the client."""
+from reference_common import RequestError, Sender as _Sender, param as _param, watch_cancellation  # noqa: E402
 
 
 def _model_yaml():
@@ -49,13 +46,6 @@ def _model_yaml():
     if "triton_config" not in doc:
         raise pb_utils.TritonModelException(f"{path} has no triton_config (max_batch_size, decoupled)")
     return doc, path
-
-
-def _param(cfg, name, default=None):
-    v = cfg.get("parameters", {}).get(name, {}).get("string_value")
-    if v is None or v == "" or (v.startswith("${") and v.endswith("}")):
-        return default
-    return v
 
 
 def _value(request, name, default=None):
@@ -77,26 +67,6 @@ def _strings(request, name):
     if t is None:
         return []
     return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in t.as_numpy().reshape(-1)]
-
-
-class _Sender:
-    """A request's response sender shared by threads: calls are serialized, and none reaches the server after the
-    final response (the server frees the request then; even ``is_cancelled`` would touch freed memory)."""
-
-    def __init__(self, sender):
-        self._sender, self._lock, self.closed = sender, threading.Lock(), False
-
-    def send(self, response=None, flags=0):
-        with self._lock:
-            if self.closed:
-                return
-            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                self.closed = True
-            self._sender.send(response, flags=flags)
-
-    def is_cancelled(self):
-        with self._lock:
-            return not self.closed and self._sender.is_cancelled()
 
 
 class _Job:
@@ -169,7 +139,7 @@ class TritonPythonModel:
         self.jobs = set()
         self.lock = threading.Lock()
         self.running = True
-        threading.Thread(target=self._watch_cancellation, daemon=True).start()
+        threading.Thread(target=watch_cancellation, args=(self,), daemon=True).start()
 
     # --- requests ----------------------------------------------------------------------------------------------
     def execute(self, requests):
@@ -248,18 +218,6 @@ class TritonPythonModel:
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             pass
-
-    def _watch_cancellation(self):
-        while self.running:
-            time.sleep(self.cancel_period_s)
-            with self.lock:
-                jobs = list(self.jobs)
-            for job in jobs:
-                try:
-                    if job.sender.is_cancelled():
-                        job.cancel()
-                except Exception:
-                    pass
 
     @staticmethod
     def _fail(sender, exc):

@@ -36,6 +36,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import RequestError, Sender as _Sender, param as _param, watch_cancellation  # noqa: E402
 
 # Inputs whose presence (non-empty) asks for something the reference cannot compute -> the feature it names.
 UNSUPPORTED = {
@@ -60,17 +61,6 @@ UNSUPPORTED = {
 }
 NP_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_BF16": np.float32, "TYPE_INT32": np.int32,
             "TYPE_INT64": np.int64, "TYPE_UINT8": np.uint8, "TYPE_BOOL": np.bool_}
-
-
-class RequestError(ValueError):
-    """A request the reference refuses or cannot parse; its message goes to the client."""
-
-
-def _param(cfg, name, default=None):
-    v = cfg.get("parameters", {}).get(name, {}).get("string_value")
-    if v is None or v == "" or (v.startswith("${") and v.endswith("}")):
-        return default
-    return v
 
 
 def _array(request, name):
@@ -119,26 +109,6 @@ def _words(request, name, b, batch):
 
 def _i32(values):
     return np.array(values, dtype=np.int32)
-
-
-class _Sender:
-    """A request's response sender shared by threads: calls are serialized, and none reaches the server after the
-    final response (the server frees the request then; even ``is_cancelled`` would touch freed memory)."""
-
-    def __init__(self, sender):
-        self._sender, self._lock, self.closed = sender, threading.Lock(), False
-
-    def send(self, response=None, flags=0):
-        with self._lock:
-            if self.closed:
-                return
-            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                self.closed = True
-            self._sender.send(response, flags=flags)
-
-    def is_cancelled(self):
-        with self._lock:
-            return not self.closed and self._sender.is_cancelled()
 
 
 class _Job:
@@ -203,7 +173,7 @@ class TritonPythonModel:
         self.jobs = set()
         self.lock = threading.Lock()
         self.running = True
-        self.watcher = threading.Thread(target=self._watch_cancellation, daemon=True)
+        self.watcher = threading.Thread(target=watch_cancellation, args=(self,), daemon=True)
         self.watcher.start()
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -316,18 +286,6 @@ class TritonPythonModel:
                 if job.user_id == user_id:
                     job.cancel()
         sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def _watch_cancellation(self):
-        while self.running:
-            time.sleep(self.cancel_period_s)
-            with self.lock:
-                jobs = list(self.jobs)
-            for job in jobs:
-                try:
-                    if job.sender.is_cancelled():
-                        job.cancel()
-                except Exception:
-                    pass
 
     @staticmethod
     def _fail(sender, exc):
