@@ -205,12 +205,6 @@ def schema_json() -> str:
     return json.dumps(BundleManifest.model_json_schema(by_alias=True), indent=2) + "\n"
 
 
-def prefix(manifest: dict[str, Any]) -> str:
-    """The directory of a bundle's entry under ``publish.dest``, from its ``bundle.json``
-    (``<model>/<quant>-kv<kv>/<target>/<runtime>``)."""
-    return ArtifactKey.of_manifest(manifest).publish_prefix
-
-
 def published_base(cfg) -> tuple[Any, str]:
     """The filesystem of ``publish.dest`` and the directory of ``cfg``'s entry on it:
     ``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>``."""
@@ -475,7 +469,7 @@ def publish(local: Path, dest: str, *, move_latest: bool, lock_dir: Path | None 
 
 def _publish(fs, root: str, local: Path, dest: str, manifest: dict[str, Any], *, move_latest: bool,
              lock_dir: Path | None) -> dict[str, Any]:
-    base = f"{root}/{prefix(manifest)}"
+    base = f"{root}/{ArtifactKey.of_manifest(manifest).publish_prefix}"
     target = f"{base}/{manifest['version']}"
     if _is_local(fs):
         from pipeline import store
@@ -496,7 +490,7 @@ def _publish(fs, root: str, local: Path, dest: str, manifest: dict[str, Any], *,
             fs.pipe_file(tmp, pointer)
             fs.mv(tmp, f"{base}/latest")  # a rename
         moved = True
-    return {"url": f"{dest.rstrip('/')}/{prefix(manifest)}/{manifest['version']}", "uploaded_files": uploaded,
+    return {"url": f"{dest.rstrip('/')}/{ArtifactKey.of_manifest(manifest).publish_prefix}/{manifest['version']}", "uploaded_files": uploaded,
             "repaired": repaired, "latest_moved": moved}
 
 

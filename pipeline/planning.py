@@ -86,11 +86,6 @@ def resolve(cfg: DictConfig) -> Capacity:
                     summary=_summary(p, float(cfg.build.kv_cache_free_gpu_mem_fraction)), plan=p)
 
 
-def effective_tp(cfg: DictConfig) -> int:
-    """TP the build uses (:func:`resolve`), for callers outside a build."""
-    return resolve(cfg).tp
-
-
 def capacity_problems(cfg: DictConfig) -> list[str]:
     p = capacity_plan(cfg)
     if p is None or p.fits:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import bundle
+from pipeline.identity import ArtifactKey
 from pipeline.errors import StageFailed, UserError
 from tests.conftest import TINY, cli_env, report, run_cli
 
@@ -266,17 +267,17 @@ def test_interrupted_object_store_upload_is_absent_until_the_next_publish_comple
     doc = json.loads((local / "bundle.json").read_text())
     dest = f"memory://{tmp_path.name}"
     fs, root = bundle._fs(dest)
-    base = f"{root}/{bundle.prefix(doc)}"
+    base = f"{root}/{ArtifactKey.of_manifest(doc).publish_prefix}"
     for f in doc["files"][:2]:
         fs.pipe_file(f"{base}/{doc['version']}/{f['path']}", (local / f["path"]).read_bytes())
     fs.pipe_file(f"{base}/latest", f"{doc['version']}\n".encode())
     assert bundle.current_version(fs, base) is None
     with pytest.raises(UserError, match="which has no bundle.json"):
-        bundle.verify(f"{dest}/{bundle.prefix(doc)}")
+        bundle.verify(f"{dest}/{ArtifactKey.of_manifest(doc).publish_prefix}")
     res = bundle.publish(local, dest, move_latest=True)
     assert res["uploaded_files"] == len(doc["files"]) + 1
     assert bundle.current_version(fs, base) == doc["version"]
-    assert _checks(f"{dest}/{bundle.prefix(doc)}")["checksums"] is True
+    assert _checks(f"{dest}/{ArtifactKey.of_manifest(doc).publish_prefix}")["checksums"] is True
 
 
 def test_republish_restores_a_damaged_or_missing_published_file(tiny_build, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import bundle, fleet
+from pipeline.identity import ArtifactKey
 from pipeline.errors import UserError
 from tests.conftest import TINY, cli_env
 from tests.helpers.bundles import make_bundle
@@ -89,7 +90,7 @@ def _cli(*args: str, env: dict[str, str], root: Path) -> subprocess.CompletedPro
 
 
 def _base(dest: str, local: Path) -> str:
-    return f"{dest}/{bundle.prefix(json.loads((local / 'bundle.json').read_text()))}"
+    return f"{dest}/{ArtifactKey.of_manifest(json.loads((local / 'bundle.json').read_text())).publish_prefix}"
 
 
 def test_publish_latest_verify_and_republish_repair(store, tmp_path):
@@ -142,7 +143,7 @@ def test_an_upload_interrupted_midway_leaves_no_visible_version(store, tmp_path,
     assert bundle.current_version(fs, base) is None  # ... and nothing reads it
     assert not fs.exists(f"{base}/latest")
     with pytest.raises(UserError, match="no bundle.json there"):
-        bundle.verify(f"{dest}/{bundle.prefix(doc)}/{doc['version']}")
+        bundle.verify(f"{dest}/{ArtifactKey.of_manifest(doc).publish_prefix}/{doc['version']}")
     monkeypatch.setattr(fs, "put_file", put)
     res = bundle.publish(local, dest, move_latest=True)  # the next publish completes it
     assert res["uploaded_files"] == len(doc["files"]) + 1

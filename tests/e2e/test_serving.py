@@ -90,7 +90,7 @@ def test_engine_ensemble_feeds_the_tokenizers_end_and_pad_ids(tiny_build, tmp_pa
 
 def llmapi_repo(tmp_path: Path, tiny_build: Path, *, extra: tuple[str, ...] = ()) -> Path:
     """An llmapi repository for Qwen3-32B NVFP4 on b200, around LLM-API options written as the build writes them."""
-    from pipeline.planning import effective_tp
+    from pipeline import planning
     from pipeline.runtime import trtllm
 
     repo = tmp_path / "llmapi"
@@ -98,7 +98,7 @@ def llmapi_repo(tmp_path: Path, tiny_build: Path, *, extra: tuple[str, ...] = ()
     eng.mkdir(parents=True)
     cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", *extra])
     (eng / "llmapi.json").write_text(json.dumps(trtllm.llmapi_options(config.to_plain(cfg.build), "fp8",
-                                                                       effective_tp(cfg), 1)))
+                                                                       planning.resolve(cfg).tp, 1)))
     _tokenizer_into(eng, tiny_build)
     assert render_repository(cfg, repo) == ["tensorrt_llm"]
     return repo

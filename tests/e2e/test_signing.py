@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import bundle
+from pipeline.identity import ArtifactKey
 from pipeline.errors import UserError
 from tests.conftest import TINY, cli_env, report, run_cli
 from tests.helpers.bundles import make_bundle, rewrite_manifest
@@ -163,7 +164,7 @@ def test_publish_uploads_the_signature_before_bundle_json_and_restores_a_lost_on
     dest = tmp_path / "published"
     res = bundle.publish(local, str(dest), move_latest=True)
     doc = json.loads((local / "bundle.json").read_text())
-    version = dest / bundle.prefix(doc) / doc["version"]
+    version = dest / ArtifactKey.of_manifest(doc).publish_prefix / doc["version"]
     assert res["uploaded_files"] == len(doc["files"]) + 2  # the files, bundle.sig, bundle.json
     assert (version / bundle.SIGNATURE).read_bytes() == (local / bundle.SIGNATURE).read_bytes()
     assert _checks(version, public_key=str(pub), require_signature=True)["signature"][0] is True

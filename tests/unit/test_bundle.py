@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pipeline import bundle, upstream
+from pipeline.identity import ArtifactKey
 from pipeline.errors import StageFailed, UserError
 from pipeline.stages import publish
 
@@ -116,7 +117,7 @@ def test_a_killed_upload_of_another_version_is_removed_from_the_published_tree_a
 
     local = make_bundle(tmp_path / "src")
     doc = json.loads((local / "bundle.json").read_text())
-    base = tmp_path / "published" / bundle.prefix(doc)
+    base = tmp_path / "published" / ArtifactKey.of_manifest(doc).publish_prefix
     old, fresh = base / ".v00000000000a.tmp-999999-abcdef", base / ".v00000000000b.tmp-999998-abcdef"
     for d in (old, fresh):
         (d / "checkpoint").mkdir(parents=True)

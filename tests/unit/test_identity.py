@@ -45,7 +45,6 @@ def test_of_manifest_and_of_report_give_the_same_key(tmp_path):
     doc = {"model": {"name": "tiny-qwen3", "source": "synthetic"}, "quant": {"format": "int4_awq", "kv_cache": "fp8"},
            "target": {"name": "h100", "sm": 90}, "runtime": {"name": "trtllm_llmapi"}}
     assert ArtifactKey.of_manifest(doc) == KEY
-    assert bundle.prefix(doc) == KEY.publish_prefix
     summary = {"model": "tiny-qwen3", "quant": "int4_awq", "kv_cache": "fp8", "target": "h100",
                "runtime": "trtllm_llmapi"}
     assert ArtifactKey.of_report(summary) == KEY
