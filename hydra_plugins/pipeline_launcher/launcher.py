@@ -22,7 +22,7 @@ def job_resources(overrides: Sequence[str]) -> dict[str, Any]:
 
     cfg = compose(list(overrides))
     t = cfg.target
-    gpus = planning.effective_tp(cfg) * int(cfg.build.pp_size) if t.device.value == "cuda" else 0
+    gpus = planning.resolve(cfg).world if t.device.value == "cuda" else 0  # TP x PP
     return {"partition": t.slurm.partition or None, "constraint": t.slurm.constraint or None,
             "gpus_per_node": gpus or None, "target": t.name}
 
