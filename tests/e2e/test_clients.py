@@ -360,3 +360,49 @@ def test_end_to_end_test_llmapi_streaming(llmapi):
     assert _errors(items) == []
     texts = [_text(r) for r in items if r.as_numpy("text_output") is not None]
     assert len(texts) > 1 and "".join(texts)
+
+
+def test_temperature_alone_decodes_greedily(ifb):
+    """TensorRT-LLM reads top-k 0 with top-p 0 (their defaults) as greedy decoding whatever the temperature
+    (TensorRT-LLM cpp/tensorrt_llm/kernels/samplingTopKKernels.h ``regularizeTopKTopP``): the request of
+    ``end_to_end_grpc_client.py`` (temperature 1.0, no top_k/top_p) answers what an explicit greedy request (top_k 1)
+    does, while sampling the whole distribution (top_p 1) answers otherwise."""
+    import tritonclient.grpc as grpcclient
+
+    s = ifb[1]
+    client = _grpc(s)
+
+    def text(**extra):
+        items = _stream(client, "ensemble", e2e_grpc_inputs([PROMPT], False, max_tokens=16)
+                        + _inputs(grpcclient, **extra), outputs=[grpcclient.InferRequestedOutput("text_output")])
+        assert _errors(items) == []
+        return "".join(_text(r) for r in items if r.as_numpy("text_output") is not None)
+
+    default = text()
+    assert default == text(top_k=np.array([[1]], dtype=np.int32))
+    assert default != text(top_p=np.array([[1.0]], dtype=np.float32))  # the control: sampling differs from greedy
+
+
+def test_each_streamed_response_carries_what_tensorrt_llm_puts_in_it(ifb):
+    """TensorRT-LLM fills every streamed response with the context logits and the log probs of every token so far,
+    and with the generation logits of the tokens it carries (cpp/include/tensorrt_llm/batch_manager/llmRequest.h
+    ``createResponse``): ``inflight_batcher_llm_client.py -S --return-context-logits --return-log-probs`` reads them
+    from the last response."""
+    import tritonclient.grpc as grpcclient
+
+    decoupled, s, repo = ifb
+    if not decoupled:
+        pytest.skip("streaming needs the decoupled tensorrt_llm model")
+    ids, inputs = _ibl_inputs(repo, True)
+    flags = {k: np.array([[True]]) for k in ("return_context_logits", "return_log_probs", "return_generation_logits")}
+    items = _stream(_grpc(s), "tensorrt_llm", inputs + _inputs(grpcclient, **flags), parameters={"Streaming": True})
+    assert _errors(items) == []
+    results = [r for r in items if r.as_numpy("output_ids") is not None]
+    generated = 0
+    for r in results:
+        new = int(r.as_numpy("sequence_length")[0][0])
+        generated += new
+        assert r.as_numpy("context_logits").shape[:2] == (1, len(ids[0]))
+        assert r.as_numpy("output_log_probs").shape == (1, 1, generated)
+        assert r.as_numpy("generation_logits").shape[:3] == (1, 1, new)
+    assert len(results) > 1 and generated > 1

@@ -13,7 +13,8 @@ so concurrent requests share each forward pass.
 - ``exclude_input_in_output`` (the request's, else the ``exclude_input_in_output`` parameter), ``end_id`` (not part
   of the output, as in TensorRT-LLM), ``pad_id`` (pads ragged outputs of one unary response), ``stop_words_list`` /
   ``bad_words_list`` in upstream's ``[2, N]`` format (flat ids; cumulative end offsets padded with -1),
-  ``embedding_bias``, ``temperature``, ``runtime_top_k``, ``runtime_top_p``, ``seed``, ``min_tokens``,
+  ``embedding_bias``, ``temperature``, ``runtime_top_k``, ``runtime_top_p`` (as TensorRT-LLM reads them: top-k and
+  top-p both 0, their defaults, decode greedily whatever the temperature), ``seed``, ``min_tokens``,
   ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``return_log_probs`` (``cum_log_probs``,
   ``output_log_probs``), ``return_context_logits``, ``return_generation_logits``, ``return_num_input_tokens``,
   ``return_num_output_tokens``, ``return_perf_metrics`` (timings measured here; the reference keeps no paged KV
@@ -105,6 +106,17 @@ def _words(request, name, b, batch):
             words.append(ids[start:end])
         start = end
     return words
+
+
+def _sampling(temperature, top_k, top_p):
+    """TensorRT-LLM's sampling semantics -> the batching engine's (temperature, top_k, top_p). TensorRT-LLM's defaults
+    are temperature 1, top-k 0, top-p 0 (cpp/tensorrt_llm/layers/defaultDecodingParams.h), and it regularizes
+    top-k 0 with top-p 0 to greedy (top-k 1) and top-k > 0 with top-p 0 to top-p 1
+    (cpp/tensorrt_llm/kernels/samplingTopKKernels.h ``regularizeTopKTopP``): a request that sets only a temperature
+    decodes greedily. The engine decodes greedily at temperature 0."""
+    if top_k == 0 and top_p == 0.0:
+        return 0.0, 0, 1.0
+    return temperature, top_k, (1.0 if top_p == 0.0 else top_p)
 
 
 def _i32(values):
@@ -228,7 +240,9 @@ class TritonPythonModel:
             bias = _array(request, "embedding_bias")
             if bias is not None:
                 bias = (bias.reshape(batch, -1)[b] if bias.size % batch == 0 and bias.ndim > 1 else bias.reshape(-1))
-            top_p = float(_scalar(request, "runtime_top_p", b, batch, 1.0))
+            temperature, top_k, top_p = _sampling(float(_scalar(request, "temperature", b, batch, 1.0)),
+                                                  int(_scalar(request, "runtime_top_k", b, batch, 0)),
+                                                  float(_scalar(request, "runtime_top_p", b, batch, 0.0)))
             n_seq = int(_scalar(request, "num_return_sequences", b, batch, 1))
             if n_seq < 1:
                 raise RequestError(f"num_return_sequences must be >= 1, got {n_seq}")
@@ -237,9 +251,9 @@ class TritonPythonModel:
                 input_ids=ids[b, :length].astype(np.int64).tolist(),
                 max_new_tokens=int(_scalar(request, "request_output_len", b, batch, 0)),
                 end_ids=frozenset([int(end_id)]) if end_id is not None else self.model_eos,
-                temperature=float(_scalar(request, "temperature", b, batch, 0.0)),
-                top_k=int(_scalar(request, "runtime_top_k", b, batch, 0)),
-                top_p=top_p if top_p > 0 else 1.0,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
                 stop_words=_words(request, "stop_words_list", b, batch),
                 bad_words=_words(request, "bad_words_list", b, batch),
                 min_tokens=int(_scalar(request, "min_tokens", b, batch, 0)),
@@ -342,11 +356,14 @@ class TritonPythonModel:
 
     def _response(self, job, prompts, new):
         """Tensors for ``prompts`` (rows; one row when answering one sequence). ``new``: the slice of each row's
-        tokens to send (streaming), or None for the whole output (with the prompt unless excluded)."""
+        tokens to send (streaming), or None for the whole output (with the prompt unless excluded). As TensorRT-LLM
+        fills each response (cpp/include/tensorrt_llm/batch_manager/llmRequest.h ``createResponse``): the log probs
+        of every token generated so far and the context logits in each response, the generation logits of the
+        tokens it carries."""
         rows, lengths, lps, cums = [], [], [], []
         for p in prompts:
             toks = p["tokens"][new] if new is not None else p["tokens"]
-            lp = p["log_probs"][new] if new is not None else p["log_probs"]
+            lp = p["log_probs"]
             if new is None and not p["exclude"]:
                 toks = list(p["request"].input_ids) + toks
             rows.append(toks)
@@ -367,15 +384,13 @@ class TritonPythonModel:
                 arr[r, 0, :len(x)] = x
             out["output_log_probs"] = arr
             out["cum_log_probs"] = np.array(cums, dtype=np.float32)[:, None]
-        if p0["request"].return_context_logits and not p0.get("ctx_sent"):
+        if p0["request"].return_context_logits:
             ctx = [p["handle"].context_logits for p in prompts]
             if all(c is not None for c in ctx):
                 arr = np.zeros((len(ctx), max(c.shape[0] for c in ctx), self.engine.vocab_size), self.logits_np)
                 for r, c in enumerate(ctx):
                     arr[r, :c.shape[0]] = c.numpy()
                 out["context_logits"] = arr
-                if new is not None:  # streaming: with the first response of the sequence only
-                    p0["ctx_sent"] = True
         if p0["request"].return_generation_logits:
             rows_l = [(p["gen_logits"][new] if new is not None else p["gen_logits"]) for p in prompts]
             n = max(len(x) for x in rows_l)
