@@ -1,10 +1,11 @@
 """Step-synchronous batched decoding for the reference runtime: concurrent requests share every forward pass.
 
-One engine thread owns the model. At each step boundary it admits waiting requests (each is prefilled on its own,
-then its KV cache is merged into the batch), advances every active sequence by one token in a single forward pass,
-and retires the ones that finished or were cancelled. The batch cache is left-padded: an attention mask hides the
-padding and explicit position ids keep each sequence's positions what they would be alone, so a greedy request yields
-the same tokens whether it runs alone or beside others. The forward pass is the model's own, so whatever attention
+One engine thread owns the model. At each step boundary it admits waiting requests (their prompts are prefilled
+together, left-padded, in forward passes of up to ``max_prefill_tokens`` padded tokens, then their KV caches are merged
+into the batch), advances every active sequence by one token in a single forward pass, and retires the ones that
+finished or were cancelled. Prefill and batch are left-padded: an attention mask hides the padding and explicit
+position ids keep each sequence's positions what they would be alone, so a greedy request yields the same tokens
+whether it runs alone or beside others. The forward pass is the model's own, so whatever attention
 implementation it was loaded with (the reference loader's FP8/NVFP4 KV-cache fake quantization included) is what
 the batch runs.
 
@@ -139,10 +140,12 @@ class BatchEngine:
     """Serves :class:`GenerationRequest` s from one background thread, batching whatever is active at each step.
 
     ``max_batch_size`` bounds the sequences decoded together (more wait in a queue); ``max_seq_len`` bounds prompt +
-    output of each sequence.
+    output of each sequence; ``max_prefill_tokens`` bounds one prefill pass (joining prompts × the longest of them;
+    a longer prompt is prefilled alone).
     """
 
-    def __init__(self, model: torch.nn.Module, *, max_batch_size: int = 8, max_seq_len: int | None = None):
+    def __init__(self, model: torch.nn.Module, *, max_batch_size: int = 8, max_seq_len: int | None = None,
+                 max_prefill_tokens: int = 4096):
         from transformers import DynamicCache  # noqa: F401  (fail at construction, not on the first request)
 
         if max_batch_size < 1:
@@ -159,6 +162,7 @@ class BatchEngine:
         self.max_batch_size = 1 if sliding else int(max_batch_size)
         limit = max_seq_len or getattr(text_cfg, "max_position_embeddings", None)
         self.max_seq_len = int(limit) if limit else None
+        self.max_prefill_tokens = int(max_prefill_tokens)
         _ensure_padding_mask_support(model)
         # transformers renamed ``past_key_values`` to ``cache`` (5.x); pass whichever this model's forward takes.
         params = inspect.signature(model.forward).parameters
@@ -170,6 +174,7 @@ class BatchEngine:
         self._mask: torch.Tensor | None = None  # [B, T], 1 = real token, 0 = left padding
         self._closed = False
         self.steps = 0            # decode forward passes run (for tests and stats)
+        self.prefills = 0         # prefill forward passes run
         self.max_batch_seen = 0
         self._thread = threading.Thread(target=self._loop, name="reference-batching", daemon=True)
         self._thread.start()
@@ -239,8 +244,8 @@ class BatchEngine:
                     return
                 room = self.max_batch_size - len(self._active)
                 joining = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
-            for seq in joining:
-                self._admit(seq)
+            if joining:
+                self._admit(joining)
             self._retire_cancelled()
             if self._active:
                 try:
@@ -250,51 +255,102 @@ class BatchEngine:
                         s.handle._emit(Event(len(s.generated), finish_reason=FINISH_ERROR, error=exc))
                     self._set_batch([], None, None)
 
-    def _admit(self, seq: _Seq) -> None:
+    def _admit(self, joining: list[_Seq]) -> None:
+        """Prefill the joining sequences, together where they fit one forward pass, and add the ones that go on to
+        the batch."""
+        ready = []
+        for seq in joining:
+            if seq.handle.cancelled:
+                seq.handle._emit(Event(0, finish_reason=FINISH_CANCELLED))
+                continue
+            seq.handle.admitted_ns = time.time_ns()
+            if self._max_new(seq) == 0 and not seq.req.return_context_logits:
+                seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
+                continue
+            ready.append(seq)
+        for seq in [s for s in ready if s.req.return_context_logits]:  # every position's logits: alone
+            self._prefill([seq])
+        group: list[_Seq] = []
+        for seq in sorted((s for s in ready if not s.req.return_context_logits), key=lambda s: len(s.seen)):
+            width = max(len(seq.seen), *(len(s.seen) for s in group)) if group else len(seq.seen)
+            if group and width * (len(group) + 1) > self.max_prefill_tokens:
+                self._prefill(group)
+                group = []
+            group.append(seq)
+        if group:
+            self._prefill(group)
+
+    def _prefill(self, group: list[_Seq]) -> None:
+        """One forward pass over the prompts of ``group``, left-padded to the longest, each at its own positions;
+        a failure is retried one sequence at a time, so that it fails only the request that causes it."""
         from transformers import DynamicCache
 
-        if seq.handle.cancelled:
-            seq.handle._emit(Event(0, finish_reason=FINISH_CANCELLED))
-            return
-        r = seq.req
-        seq.handle.admitted_ns = time.time_ns()
+        ids, mask, positions = self._prefill_inputs(group)
+        width = ids.shape[1]
+        context = any(s.req.return_context_logits for s in group)
         try:
-            max_new = self._max_new(seq)
-            if max_new == 0 and not r.return_context_logits:
-                seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
-                return
-            ids = torch.tensor([seq.seen], dtype=torch.long, device=self.device)
             cache = DynamicCache(config=self.model.config)
+            # one prompt runs as it would alone; a padded batch gets the mask and each row's own positions
+            padded = {} if len(group) == 1 else {"attention_mask": mask, "position_ids": positions}
             with torch.inference_mode():
-                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=0 if r.return_context_logits else 1,
-                                 **{self._cache_kw: cache})
-            if r.return_context_logits:
-                seq.handle.context_logits = out.logits[0].float().clone()
-            if max_new == 0:
-                seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
-                return
-            token, event = self._choose(seq, out.logits[0, -1])
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=0 if context else 1,
+                                 **padded, **{self._cache_kw: cache})
+            self.prefills += 1
             kv = _layers(cache)
-        except Exception as exc:  # this request alone fails
-            seq.handle._emit(Event(len(seq.generated), finish_reason=FINISH_ERROR, error=exc))
+        except Exception as exc:
+            if len(group) > 1:
+                for s in group:
+                    self._prefill([s])
+                return
+            group[0].handle._emit(Event(0, finish_reason=FINISH_ERROR, error=exc))
             return
-        self._emit_token(seq, token, event)
-        if event.finish_reason is None:
-            self._merge(seq, kv)
+        keep = []
+        for i, s in enumerate(group):
+            try:
+                if s.req.return_context_logits:
+                    s.handle.context_logits = out.logits[i, width - len(s.seen):].float().clone()
+                if self._max_new(s) == 0:
+                    s.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
+                    continue
+                token, event = self._choose(s, out.logits[i, -1])
+            except Exception as exc:  # this request alone fails
+                s.handle._emit(Event(len(s.generated), finish_reason=FINISH_ERROR, error=exc))
+                continue
+            self._emit_token(s, token, event)
+            if event.finish_reason is None:
+                keep.append(i)
+        if not keep:
+            return
+        if len(keep) < len(group):
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            mask = mask.index_select(0, idx)
+            start = int(mask.any(0).nonzero()[0])
+            kv = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:]) for k, v in kv]
+            mask = mask[:, start:]
+        self._merge([group[i] for i in keep], kv, mask)
 
-    def _merge(self, seq: _Seq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Append one sequence (its prompt's KV, batch 1) to the left-padded batch cache."""
-        length = kv[0][0].shape[2]
-        mask = torch.ones(1, length, dtype=torch.long, device=self.device)
+    def _prefill_inputs(self, group: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prefill's prompts left-padded to the longest [B, T], the attention mask [B, T] (0 on the padding) and
+        position ids [B, T] (each row counted from its first real token, as if it ran alone)."""
+        width = max(len(s.seen) for s in group)
+        ids = torch.zeros(len(group), width, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(group), width, dtype=torch.long, device=self.device)
+        for i, s in enumerate(group):
+            ids[i, width - len(s.seen):] = torch.tensor(s.seen, dtype=torch.long)
+            mask[i, width - len(s.seen):] = 1
+        return ids, mask, (mask.cumsum(1) - 1).clamp(min=0)
+
+    def _merge(self, seqs: list[_Seq], kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
+        """Append prefilled sequences (their left-padded KV and mask) to the left-padded batch cache."""
         if self._cache is None:
-            self._set_batch([seq], kv, mask)
+            self._set_batch(seqs, kv, mask)
             return
-        width = max(self._mask.shape[1], length)
+        width = max(self._mask.shape[1], mask.shape[1])
         merged = [(torch.cat([_pad_left(bk, width), _pad_left(k, width)], 0),
                    torch.cat([_pad_left(bv, width), _pad_left(v, width)], 0))
                   for (bk, bv), (k, v) in zip(_layers(self._cache), kv)]
         mask = torch.cat([_pad_left(self._mask, width, dim=1), _pad_left(mask, width, dim=1)], 0)
-        self._set_batch(self._active + [seq], merged, mask)
+        self._set_batch(self._active + seqs, merged, mask)
 
     def _set_batch(self, active: list[_Seq], kv, mask) -> None:
         from transformers import DynamicCache

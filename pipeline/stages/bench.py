@@ -35,6 +35,7 @@ import json
 import random
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,8 @@ def run(ctx: Context) -> BenchResult:
     levels: list[dict[str, Any]] = []  # what the aiperf export needs of each measured level
     started = time.perf_counter()
     log_path = None
+    writer = ThreadPoolExecutor(1, thread_name_prefix="bench-reports")
+    reports = None
     try:
         with contextlib.ExitStack() as stack:  # the server is stopped on every exit path
             with status(f"starting tritonserver ({cfg.serve.launcher.value}; loading models)"):
@@ -144,27 +147,35 @@ def run(ctx: Context) -> BenchResult:
                 raise StageFailed(str(exc)) from exc
             result["decoupled"] = entry.decoupled
             _bench(ctx, server, entry, tok, result, requests, levels)
+            # measured: the reports that need only the measurements are written while the server shuts down
+            reports = writer.submit(_measurement_reports, ctx.out, result, levels, tok, bool(cfg.bench.plot))
     except srv.ServerError as exc:
         (ctx.out / "server-error.txt").write_text(str(exc) + "\n")
         raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
     finally:
+        writer.shutdown(wait=True)
         if log_path is not None and log_path.is_file():
             shutil.copy2(log_path, ctx.out / "server.log")
+    reports.result()  # raises what the writer raised
 
     result["gates"] = gates(cfg, result, baseline)
     (ctx.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     (ctx.out / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
     (ctx.out / "bench.md").write_text(markdown(cfg.model.name, result))
-    for lv in levels:
-        aiperf_export(ctx.out / "aiperf" / lv["workload"] / f"concurrency_{lv['concurrency']}", lv, tok)
-    if cfg.bench.plot:
-        plot(result, ctx.out / "bench.png")
     failed = [a for a in result["answers"] if not a["pass"]]
     why = [f"answer check failed: {a['prompt']!r} -> {a['text']!r} (expected {a['expect']})" for a in failed]
     why += result["gates"]["breaches"]
     if why:
         raise StageFailed("; ".join(why))
     return bench_result(result)
+
+
+def _measurement_reports(out: Path, result: dict[str, Any], levels: list[dict[str, Any]], tok, with_plot: bool) -> None:
+    """aiperf's export of every measured level and the plot: they read the measurements only."""
+    for lv in levels:
+        aiperf_export(out / "aiperf" / lv["workload"] / f"concurrency_{lv['concurrency']}", lv, tok)
+    if with_plot:
+        plot(result, out / "bench.png")
 
 
 GATE_KEYS = ("verdict", "breaches", "regressions", "regressions_gated", "compared_with_previous_levels", "baseline")
@@ -527,13 +538,11 @@ def markdown(model: str, r: dict[str, Any]) -> str:
 
 def plot(r: dict[str, Any], path: Path) -> None:
     """Latency (p50/p95) and output throughput against concurrency, one row per workload."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, so any thread may draw
 
     names = list(r["workloads"])
-    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.2 * len(names)), squeeze=False)
+    fig = Figure(figsize=(10, 3.2 * len(names)))
+    axes = fig.subplots(len(names), 2, squeeze=False)
     for row, name in enumerate(names):
         levels = r["workloads"][name]["levels"]
         conc = [lv["concurrency"] for lv in levels]
@@ -552,7 +561,6 @@ def plot(r: dict[str, Any], path: Path) -> None:
         ax.minorticks_off()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def env_check(cfg) -> list[str]:

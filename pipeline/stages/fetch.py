@@ -272,10 +272,11 @@ def _from_gguf(ctx: Context, loc: str) -> dict[str, Any]:
 
     path = gguf_path(loc)
     dtype = getattr(torch, ctx.cfg.model.dtype.value)
-    with _gguf_parsed_once(), status(f"reading tokenizer from {path.name}"):
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    with status(f"converting {path.name} to {ctx.cfg.model.dtype.value} safetensors"):
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    with _gguf_parsed_once():  # the tokenizer and the weights read one parse of the file
+        with status(f"reading tokenizer from {path.name}"):
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with status(f"converting {path.name} to {ctx.cfg.model.dtype.value} safetensors"):
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         # The GGUF loader marks the model as quantized; the weights are plain dequantized tensors by now.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

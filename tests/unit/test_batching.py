@@ -75,6 +75,59 @@ def test_negative_control_padded_positions_change_the_tokens(model):
     assert got != [alone(model, p, 12) for p in PROMPTS]
 
 
+def _joined_at_once(eng, prompts, n):
+    """Submit ``prompts`` while the engine thread is held, so that they join at the same step boundary."""
+    with eng._cv:
+        handles = [eng.submit(GenerationRequest(p, n)) for p in prompts]
+    return [h.tokens() for h in handles]
+
+
+def test_requests_that_join_together_share_one_prefill(model, engine):
+    expected = [alone(model, p, 8) for p in PROMPTS]
+    assert _joined_at_once(engine, PROMPTS, 8) == expected
+    assert engine.prefills == 1  # five ragged prompts, one left-padded forward pass
+
+
+def test_prefill_passes_stay_within_max_prefill_tokens(model):
+    eng = BatchEngine(model, max_batch_size=8, max_prefill_tokens=32)
+    try:
+        assert _joined_at_once(eng, PROMPTS, 4) == [alone(model, p, 4) for p in PROMPTS]
+    finally:
+        eng.close()
+    # by length: {2, 5, 7} (3 x 7 padded tokens); 12 would make 4 x 12 > 32, so {12}; 30 would make 2 x 30, so {30}
+    assert eng.prefills == 3
+
+
+def test_a_request_for_context_logits_joining_with_others_gets_every_prompt_position(model, engine):
+    with engine._cv:
+        ctx = engine.submit(GenerationRequest(PROMPTS[4], 4, return_context_logits=True))
+        others = [engine.submit(GenerationRequest(p, 4)) for p in PROMPTS[:3]]
+    assert ctx.tokens() == alone(model, PROMPTS[4], 4)
+    assert [h.tokens() for h in others] == [alone(model, p, 4) for p in PROMPTS[:3]]
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([PROMPTS[4]])).logits[0].float()
+    assert ctx.context_logits.shape == full.shape and torch.allclose(ctx.context_logits, full, atol=1e-4)
+    assert engine.prefills == 2  # its own pass (all positions' logits), and one for the others
+
+
+def test_negative_control_prefill_positions_counted_over_the_padding_change_the_tokens(model):
+    """A padded prefill whose position ids start at the padding (not at each row's first token) changes what the
+    short prompts decode: the comparison above would catch it."""
+
+    class WrongPrefillPositions(BatchEngine):
+        def _prefill_inputs(self, group):
+            ids, mask, _ = super()._prefill_inputs(group)
+            return ids, mask, torch.arange(ids.shape[1]).expand_as(ids)
+
+    eng = WrongPrefillPositions(model, max_batch_size=8)
+    try:
+        got = _joined_at_once(eng, PROMPTS, 8)
+    finally:
+        eng.close()
+    assert eng.prefills == 1
+    assert got != [alone(model, p, 8) for p in PROMPTS]
+
+
 def test_a_seed_reproduces_its_tokens_whatever_else_is_in_the_batch(engine):
     req = dict(input_ids=PROMPTS[0], max_new_tokens=16, temperature=1.0, top_k=50, top_p=0.95)
     solo = engine.generate(GenerationRequest(**req, seed=7))
