@@ -148,8 +148,13 @@ def run_stage(args_: list[str], root: Path, stage: str, log_dir: Path) -> dict:
     if stage == "fetch":
         out["fetch"] = {k: res.get(k) for k in ("params", "generated_on")}
     elif stage == "quantize":
-        out["quantize"] = {k: res.get(k) for k in ("device", "batch_size", "timings", "quant_algo", "bytes_per_param",
-                                                   "memory", "gpu_memory")}
+        out["quantize"] = {k: res.get(k) for k in ("device", "batch_size", "timings_s", "quant_algo",
+                                                   "bytes_per_param")}
+        acc_files = sorted(root.glob(".store/*quantize-*/accuracy.json"), key=lambda p: p.stat().st_mtime)
+        if acc_files:  # the batch bound and per-step GPU peaks are in accuracy.json, not the stage's result
+            mem = out["quantize"]["gpu_memory"] = json.loads(acc_files[-1].read_text()).get("gpu_memory") or {}
+            if mem.get("torch_peak_bytes") is not None:  # the stage resets torch's peak counter per step
+                out["torch_peak_gib"] = max(out.get("torch_peak_gib") or 0, round(mem["torch_peak_bytes"] / GIB, 2))
         acc = res.get("accuracy") or {}
         out["quantize"]["export_check"] = acc.get("export_check")
         out["quantize"]["gate"] = acc.get("gate")

@@ -138,36 +138,84 @@ def table(p: Plan) -> list[dict[str, Any]]:
              "max_concurrent_sequences": r.max_sequences} for r in p.rows]
 
 
-def memory_estimate(params_b: float) -> dict[str, float]:
-    """Peak memory of calibration: bf16 weights plus ~10% (activations, quantizer state; measured 1.04x on
-    Qwen3-32B with ModelOpt alone). Weights are loaded in bf16, never as an fp32 copy."""
-    weights = params_b * 1e9 * 2 / 1e9
-    return {"weights_gb": round(weights, 2), "peak_gb": round(weights * 1.1, 2)}
+# The quantize stage's GPU memory beyond the weights: at most GPU_HEADROOM × the weight bytes, of which
+# CUDA_CONTEXT_BYTES go to the CUDA context, cuBLAS workspaces and allocator slack (nvidia-smi counts them, torch's
+# max_memory_allocated does not); the rest holds one batch of activations (``row_bytes`` per row). The stage holds
+# one model at a time: the calibrated one (bf16 weights), then, for the export proof, the export dequantized to bf16.
+GPU_HEADROOM = 0.1
+CUDA_CONTEXT_BYTES = 1.0e9
+ROW_SAFETY = 1.5  # margin on the per-row estimate (kernel workspaces, allocator rounding)
+
+
+def row_bytes(shape: dict[str, Any], seq_len: int, dtype_bytes: int = 2) -> float:
+    """GPU bytes one row of ``seq_len`` tokens needs during a forward pass without KV cache, at its peak layer,
+    times ROW_SAFETY. ``shape``: hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim, vocab_size.
+
+    Per token: the residual stream and norm output (3 × hidden), q/k/v and attention output
+    ((2 × heads + 2 × kv heads) × head dim), the MLP's gate, up and product (3 × intermediate) in the model's
+    dtype, two float32 temporaries of the widest linear input (ModelOpt's fake-quant and amax), and the logits in the
+    model's dtype plus their float32 copy (evaluation computes every position's logits). Per row: attention scores
+    in float32 (heads × seq²), in case SDPA falls back to its math kernel."""
+    h, i = int(shape["hidden_size"]), int(shape.get("intermediate_size") or 0)
+    heads = int(shape["num_heads"])
+    kv, hd = int(shape.get("num_kv_heads") or heads), int(shape["head_dim"])
+    vocab = int(shape["vocab_size"])
+    per_token = ((3 * h + (2 * heads + 2 * kv) * hd + 3 * i) * dtype_bytes + 2 * max(h, i) * 4
+                 + vocab * (dtype_bytes + 4))
+    return ROW_SAFETY * (seq_len * per_token + heads * seq_len * seq_len * 4)
+
+
+def batch_budget_bytes(weight_bytes: float) -> float:
+    """GPU bytes the stage's batches may use on a device holding ``weight_bytes`` of weights."""
+    return max(0.0, GPU_HEADROOM * weight_bytes - CUDA_CONTEXT_BYTES)
+
+
+def bounded_batch_size(weight_bytes: float, per_row: float, rows: int) -> int:
+    """The largest batch within ``batch_budget_bytes`` (at least 1, at most ``rows``)."""
+    fit = int(batch_budget_bytes(weight_bytes) // per_row) if per_row > 0 else rows
+    return max(1, min(fit, rows))
+
+
+def memory_estimate(params_b: float, row: float = 0.0, devices: int = 1) -> dict[str, float]:
+    """Peak GPU memory of the quantize stage as built, in GB: the bf16 weights (loaded in bf16, never as an fp32
+    copy; the calibrated model is freed before the export proof reloads the export dequantized to bf16, so one model
+    is held at a time), plus per device the larger of GPU_HEADROOM × its weights (what the batch size is bounded
+    to) and the CUDA context with one row of activations (``row`` bytes; batches never go below one row)."""
+    weights = params_b * 1e9 * 2
+    per_device = weights / max(1, devices)
+    extra = max(GPU_HEADROOM * per_device, CUDA_CONTEXT_BYTES + row) * max(1, devices)
+    return {"weights_gb": round(weights / 1e9, 2), "activations_and_context_gb": round(extra / 1e9, 2),
+            "peak_gb": round((weights + extra) / 1e9, 2)}
 
 
 def calibration_fit_problem(model: str, params_b: float, *, device: str, target: str, memory_gb: float,
-                            gpus_per_node: int) -> str | None:
-    """Calibration runs on the target's GPUs (``device`` cuda) or on this host (target cpu): will the model fit?
-    None when it does, or when the size is unknown (``params_b`` 0)."""
+                            gpus_per_node: int, row: float = 0.0) -> str | None:
+    """Calibration runs on the target's GPUs (``device`` cuda; the model spread over the node's GPUs) or on this
+    host (target cpu): will the stage (``memory_estimate``) fit? None when it does, or when the size is unknown
+    (``params_b`` 0). ``row``: one calibration row's activation bytes (``row_bytes``)."""
     if params_b <= 0:
         return None
-    need = memory_estimate(params_b)["peak_gb"]
     if device == "cuda":
-        have = float(memory_gb) * max(1, int(gpus_per_node)) * 0.92
+        gpus = max(1, int(gpus_per_node))
+        est = memory_estimate(params_b, row, gpus)
+        need = est["peak_gb"]
+        have = float(memory_gb) * gpus * 0.92
         if need <= have:
             return None
         where = f"target {target} has {gpus_per_node}× {memory_gb:g} GB"
     else:
         import psutil
 
+        est = memory_estimate(params_b, row)
+        need = est["weights_gb"] * 1.1  # host memory: weights and activations, no CUDA context
         host = psutil.virtual_memory().total / 1e9
         if need <= host * 0.8:
             return None
         where = f"target cpu calibrates on this host, which has {host:.0f} GB of memory and no GPU"
     counts = [(max(1, -(-int(need * 1.05) // size)), size) for size in (141, 80, 48)]
     options = " or ".join(f"{n}× {size} GB GPU{'s' if n > 1 else ''}" for n, size in counts)
-    return (f"{model} needs ~{need:.0f} GB to calibrate ({params_b:g}B params in bf16 + 10%); {where}: "
-            f"run quantize on {options}")
+    return (f"{model} needs ~{need:.0f} GB to calibrate ({est['weights_gb']:g} GB of bf16 weights + "
+            f"{need - est['weights_gb']:.1f} GB of activations and CUDA context); {where}: run quantize on {options}")
 
 
 # safetensors dtype -> bytes per element

@@ -89,15 +89,47 @@ def config_shape(cfg) -> dict[str, int]:
 
 
 # -------------------------------------------------------------------------------------------------- calibration
-def batch_size(setting: str, model, seq_len: int, device: str, rows: int) -> int:
-    """``auto``: on GPU, ModelOpt's probe of the largest batch that fits; on CPU, 8. Never more than the rows."""
-    if str(setting) != "auto":
-        return max(1, min(int(setting), rows))
-    if device == "cuda":
-        from modelopt.torch.utils.dataset_utils import get_max_batch_size
+MAX_BATCH = 512
+CPU_BATCH = 8
 
-        return max(1, min(get_max_batch_size(model, max_sample_length=seq_len), rows, 512))
-    return max(1, min(8, rows))
+
+def text_shape(model) -> dict[str, int]:
+    """``row_bytes``'s shape from a loaded transformers model's (text) config."""
+    hf = model.config.get_text_config()
+    heads = hf.num_attention_heads
+    return {"hidden_size": hf.hidden_size, "intermediate_size": getattr(hf, "intermediate_size", 0) or 0,
+            "num_heads": heads, "num_kv_heads": getattr(hf, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(hf, "head_dim", None) or hf.hidden_size // heads, "vocab_size": hf.vocab_size}
+
+
+def weight_bytes_per_device(model) -> dict[str, int]:
+    """Bytes of parameters and buffers per device the model occupies."""
+    out: dict[str, int] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        out[str(t.device)] = out.get(str(t.device), 0) + t.numel() * t.element_size()
+    return out
+
+
+def batch_plan(setting: str, model, seq_len: int, device: str, rows: int) -> dict[str, Any]:
+    """The calibration and evaluation batch size, and the memory bound it follows.
+
+    ``auto`` on a GPU: the largest batch whose activations fit ``capacity.batch_budget_bytes`` of the device with
+    the least weights (ModelOpt's ``get_max_batch_size`` is not used: its probe runs a forward pass sized to fill all
+    free GPU memory, which is the peak this bound exists to avoid). ``auto`` on CPU: CPU_BATCH. An integer: that, up
+    to the rows. -> {batch_size, rule, and on a GPU: weight_bytes, budget_bytes, row_bytes}."""
+    if str(setting) != "auto":
+        return {"batch_size": max(1, min(int(setting), rows)), "rule": "quant.calib.batch_size"}
+    if device != "cuda":
+        return {"batch_size": max(1, min(CPU_BATCH, rows)), "rule": f"cpu default {CPU_BATCH}"}
+    from pipeline import capacity
+
+    per_device = {d: b for d, b in weight_bytes_per_device(model).items() if d.startswith("cuda")}
+    weights = min(per_device.values()) if per_device else 0
+    per_row = capacity.row_bytes(text_shape(model), seq_len, next(model.parameters()).element_size())
+    return {"batch_size": min(capacity.bounded_batch_size(weights, per_row, rows), MAX_BATCH),
+            "rule": f"GPU memory bound: {capacity.GPU_HEADROOM:g} x weights - CUDA context, per-row estimate",
+            "weight_bytes": int(sum(per_device.values())), "smallest_device_weight_bytes": int(weights),
+            "budget_bytes": int(capacity.batch_budget_bytes(weights)), "row_bytes": int(per_row)}
 
 
 def calibration_forward(model, rows, batch_size: int, on_batch=None) -> None:

@@ -14,12 +14,16 @@ The accuracy gate (``pipeline.quality``) compares what is deployed, the exported
 too, as a diagnostic. The export proof (``pipeline.quant.proof``) checks the export's structure, each layer and the
 reloaded logits against the fake-quant model; a stage where nothing was quantized fails. The calibrated model is
 freed before the proof, which holds one model at a time and reads the export tensor by tensor.
+
+GPU memory: the weights plus at most a tenth of them (``capacity.memory_estimate``): the calibration and evaluation
+batches are sized to that budget (``modelopt.batch_plan``), and accuracy.json records each step's torch peak.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,6 +38,7 @@ from pipeline.results import QuantizeResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import console, progress, status
 
+PROCESS_PEAK = "process"  # the key of the process's torch peak in the per-step peaks
 TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "vocab.*", "merges.txt", "*.model", "chat_template.*")
 
 
@@ -58,20 +63,89 @@ def check(cfg: DictConfig) -> list[str]:
         t = cfg.target
         problems.append(capacity.calibration_fit_problem(
             cfg.model.name, float(cfg.model.shape.params_b or 0), device=t.device.value, target=t.name,
-            memory_gb=t.memory_gb, gpus_per_node=t.gpus_per_node))
+            memory_gb=t.memory_gb, gpus_per_node=t.gpus_per_node, row=_row_bytes(cfg)))
     return [p for p in problems if p]
 
 
+def _row_bytes(cfg: DictConfig) -> float:
+    """One calibration or evaluation row's activation bytes (``capacity.row_bytes``) from the declared shape; 0 when
+    the shape does not say enough."""
+    shape = {**{k: v for k, v in to_plain(cfg.model.shape).items() if v}, **modelopt.config_shape(cfg)}
+    if cfg.model.source == "synthetic" and cfg.model.synthetic is not None:
+        c = to_plain(cfg.model.synthetic.config)
+        if c.get("num_key_value_heads"):
+            shape["num_kv_heads"] = int(c["num_key_value_heads"])
+    if not all(shape.get(k) for k in ("hidden_size", "num_heads", "head_dim", "vocab_size")):
+        return 0.0
+    seq = max(int(cfg.quant.calib.seq_len), int(cfg.quant.eval.seq_len))
+    return capacity.row_bytes(shape, seq)
+
+
 @contextlib.contextmanager
-def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
+def _timed(timings: dict[str, float], key: str, peaks: dict[str, int] | None = None) -> Iterator[None]:
+    """Time the block into ``timings[key]``; with ``peaks`` (CUDA only), also its torch peak GPU bytes. The peak
+    counter is reset per step; ``peaks[PROCESS_PEAK]`` keeps the process's peak across the resets."""
+    if peaks is not None:
+        import torch
+
+        peaks[PROCESS_PEAK] = max(peaks.get(PROCESS_PEAK, 0), torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     yield
     timings[key] = time.perf_counter() - t0
+    if peaks is not None:
+        import torch
+
+        peaks[key.removesuffix("_s")] = torch.cuda.max_memory_allocated()
 
 
 def _logits(label: str, model, rows, bs: int):
     with progress(label, -(-len(rows) // bs)) as bar:
         return quality.logits(model, rows, bs, bar.advance)
+
+
+def _free(ref) -> bool:
+    """Free the object ``ref`` (a weakref) points to; True when it is gone.
+
+    Finished frames can outlive their call and keep their locals: a library that stores an exception caught at
+    import time (pulp, imported by ModelOpt, keeps its solvers' ImportErrors) keeps the traceback's frames, and their
+    callers' frames, alive; when the import first ran inside a call that had the model as a local, that frame holds
+    the model. Such frames are cleared (``frame.clear``; frames still executing refuse it and are left alone)."""
+    import gc
+    import types
+
+    gc.collect()
+    obj = ref()
+    if obj is None:
+        return True
+    frames = [r for r in gc.get_referrers(obj) if isinstance(r, types.FrameType)]
+    del obj
+    for f in frames:
+        try:
+            f.clear()
+        except RuntimeError:  # still executing
+            pass
+    del frames
+    gc.collect()
+    return ref() is None
+
+
+def _hash_in_background(ctx: Context, ckpt: Path):
+    """Start hashing the finished export's files in threads (hashlib and file reads release the GIL), so that the
+    runner's manifest does not read tens of GB again after the stage. -> a function that waits and records the hashes
+    in ``ctx.known_hashes``; nothing may change the files in between (the proof only reads them)."""
+    import os
+
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and not p.is_symlink())
+    pool = ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2) // 2)), thread_name_prefix="sha256")
+    futures = [(p, pool.submit(store.sha256_file, p)) for p in files]
+
+    def finish() -> None:
+        for p, fut in futures:
+            ctx.known_hashes[p.relative_to(ctx.out).as_posix()] = fut.result()
+        pool.shutdown()
+
+    return finish
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
@@ -97,6 +171,7 @@ def run(ctx: Context) -> QuantizeResult:
         return QuantizeResult.model_validate(result)
 
     import gc
+    import weakref
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -107,14 +182,19 @@ def run(ctx: Context) -> QuantizeResult:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, ctx.cfg.model.dtype.value)
     timings: dict[str, float] = {}
+    detail: dict[str, float] = {}  # the export check's parts
+    peaks: dict[str, int] | None = {} if device == "cuda" else None
+    t_rows = time.perf_counter()
     rows = calib.rows(AutoTokenizer.from_pretrained(src), calib.resolve(q.calib.dataset, ctx.cfg.model.source),
                       seq_len=q.calib.seq_len, num_samples=q.calib.num_samples,
                       chat_template=bool(q.calib.chat_template), allow_short=bool(q.calib.allow_short),
                       eval_seq_len=q.eval.seq_len, eval_num_samples=q.eval.num_samples)
+    timings["calib_rows_s"] = time.perf_counter() - t_rows
     for note in rows.notes:
         console.print(f"[yellow]note:[/] {note}")
 
-    with _timed(timings, "load_s"), status(f"loading {ctx.cfg.model.name} ({ctx.cfg.model.dtype.value}) on {device}"):
+    with _timed(timings, "load_s", peaks), \
+            status(f"loading {ctx.cfg.model.name} ({ctx.cfg.model.dtype.value}) on {device}"):
         model = AutoModelForCausalLM.from_pretrained(
             src, dtype=dtype, device_map="auto" if device == "cuda" else None, use_safetensors=True,
             trust_remote_code=bool(ctx.cfg.model.trust_remote_code))
@@ -122,41 +202,59 @@ def run(ctx: Context) -> QuantizeResult:
     problem = modelopt.awq_block_problem(fmt, q.block_size, modelopt.model_shape(model), ctx.cfg.model.name)
     if problem:  # the checkpoint disagrees with model.shape: still refuse before calibrating
         raise UserError(problem)
-    bs = modelopt.batch_size(q.calib.batch_size, model, q.calib.seq_len, device, len(rows.calib))
-    with _timed(timings, "baseline_eval_s"):
+    batching = modelopt.batch_plan(q.calib.batch_size, model, max(int(q.calib.seq_len), int(q.eval.seq_len)), device,
+                                   len(rows.calib))
+    bs = batching["batch_size"]
+    with _timed(timings, "baseline_eval_s", peaks):
         base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, bs)
-    with _timed(timings, "calibrate_s"):
+    with _timed(timings, "calibrate_s", peaks):
         modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs)
     fallbacks = modelopt.use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
     if ctx.capacity is not None:  # trtllm_engine only (trtllm_mapping)
         # first: it adjusts the scales of the layers it fuses, which the HF export then writes
-        with _timed(timings, "trtllm_export_s"):
+        with _timed(timings, "trtllm_export_s", peaks):
             modelopt.export_trtllm_checkpoint(model, dtype, ctx.out / "trtllm_checkpoint", tp=ctx.capacity.tp,
                                               pp=ctx.capacity.pp)
-    ref, rounded = modelopt.prepare_reference(model, fmt, kv)
-    with _timed(timings, "quant_eval_s"):
+    with _timed(timings, "reference_s", peaks):  # the proof's record of the fake-quant weights
+        ref, rounded = modelopt.prepare_reference(model, fmt, kv)
+    with _timed(timings, "quant_eval_s", peaks):
         fq = _logits("fake-quant logits (held-out)", model, rows.heldout, bs)
-    with _timed(timings, "export_s"), status("exporting unified HF checkpoint"):
+    with _timed(timings, "export_s", peaks), status("exporting unified HF checkpoint"):
         modelopt.export_hf_checkpoint(model, ckpt)
         _copy_tokenizer(src, ckpt)
-    del model  # the proof below holds one model at a time: the calibrated one is freed first
-    gc.collect()
+    hashed = _hash_in_background(ctx, ckpt)  # overlaps the export proof
+    # the proof below holds one model at a time: the calibrated one is freed first
+    calibrated = weakref.ref(model)
+    del model
+    freed = _free(calibrated)
     if device == "cuda":
         torch.cuda.empty_cache()
+    if not freed:
+        console.print("[yellow]note:[/] the calibrated model is still referenced after export: the export proof "
+                      "holds two models in memory")
 
-    with _timed(timings, "export_check_s"):
-        with status("export proof: structure and layers, from the safetensors"):
+    with _timed(timings, "export_check_s", peaks):
+        with _timed(detail, "structure_s"), status("export proof: structure, from the safetensors"):
             structure = proof.check_structure(ckpt, fmt, kv, q.block_size)
-            layers = proof.check_layers(ckpt, ref, q.eval.export_weight_ratio, device)
-        with status("reloading the export as it is served (reference dequantizer)"):
+        # the layer check (one layer at a time) reads the export while it is reloaded: their reads overlap
+        with _timed(detail, "layers_and_reload_s"), status("export proof: layers; reloading the export as it is "
+                                                           "served (reference dequantizer)"), \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="proof-layers") as pool:
+            pending = pool.submit(proof.check_layers, ckpt, ref, q.eval.export_weight_ratio, device)
             exported = reference.load(ckpt, dtype=dtype, device=device)
-        ex = _logits("deployed-checkpoint logits (held-out)", exported, rows.heldout, bs)
+            layers = pending.result()
+        with _timed(detail, "eval_s"):
+            ex = _logits("deployed-checkpoint logits (held-out)", exported, rows.heldout, bs)
         del exported
         gc.collect()
+    with _timed(detail, "hash_wait_s"):
+        hashed()
 
+    t_assess = time.perf_counter()
     accuracy = quality.assess(base, fq, ex, rows.heldout, structure=structure, layers=layers,
                               scales=ref.to_json()["scales"], thresholds=to_plain(q.thresholds), mode=q.gate.value,
                               kl_abs=q.eval.export_kl_abs, kl_frac=q.eval.export_kl_frac)
+    timings["assess_s"] = time.perf_counter() - t_assess
     hf_quant = proof.quant_config(ckpt) or {}
     result = {"format": fmt, "kv_cache": kv, **{k: hf_quant.get(k) for k in (
                   "quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules")},
@@ -167,7 +265,13 @@ def run(ctx: Context) -> QuantizeResult:
               "calibration": rows.record(timings["calibrate_s"]),
               "heldout": {"rows": len(rows.heldout), "seq_len": q.eval.seq_len},
               "accuracy": accuracy, "timings_s": {k: round(v, 3) for k, v in timings.items()}}
-    _write_report(ctx, result)
+    # accuracy.json only (not in the stage's result record): the batch bound, per-step GPU peaks, the proof's parts
+    if peaks is not None:
+        peaks[PROCESS_PEAK] = max(peaks.get(PROCESS_PEAK, 0), torch.cuda.max_memory_allocated())
+    gpu = {"torch_peak_bytes_by_step": peaks, "torch_peak_bytes": peaks[PROCESS_PEAK]} if peaks is not None else {}
+    recorded = {"export_check_parts_s": {k: round(v, 3) for k, v in detail.items()},
+                "gpu_memory": {**batching, "calibrated_model_freed_before_proof": freed, **gpu}}
+    _write_report(ctx, {**result, **recorded})
     failure = quality.failure(accuracy, fmt, kv)
     if failure:
         raise StageFailed(failure)

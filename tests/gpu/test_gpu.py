@@ -165,7 +165,8 @@ def _manifest(root, stage):
 
 def test_the_quantize_stage_runs_on_cuda_and_sizes_its_batch_there(tmp_path):
     """The pipeline's own quantize stage (target=auto: this GPU): the model is placed on the GPU (device_map), the
-    calibration batch comes from ModelOpt's get_max_batch_size, and the export proof passes."""
+    calibration batch is bounded by a tenth of the weights (less the CUDA context), the calibrated model is freed
+    before the export proof, and the proof passes."""
     from pipeline import config, hardware
 
     target = hardware.detect_target(config.shipped_targets())
@@ -177,6 +178,12 @@ def test_the_quantize_stage_runs_on_cuda_and_sizes_its_batch_there(tmp_path):
     res = m["result"]
     assert res["device"] == "cuda"
     assert isinstance(res["batch_size"], int) and 1 <= res["batch_size"] <= 16
+    (acc_path,) = tmp_path.glob(".store/*-quantize-*/accuracy.json")
+    mem = json.loads(acc_path.read_text())["gpu_memory"]
+    assert mem["calibrated_model_freed_before_proof"] is True
+    assert mem["batch_size"] == res["batch_size"] and mem["batch_size"] * mem["row_bytes"] <= max(
+        mem["budget_bytes"], mem["row_bytes"])
+    assert set(mem["torch_peak_bytes_by_step"]) >= {"load", "calibrate", "export", "export_check"}
     assert res["accuracy"]["export_check"] == "pass"
     assert _manifest(tmp_path, "fetch")["result"]["generated_on"] == "cuda"
 

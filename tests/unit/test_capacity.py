@@ -43,19 +43,63 @@ def test_planner_picks_the_smallest_tp_that_fits_and_warns_on_worst_case_demand(
     assert crowded.warnings and "exceeds the KV pool" in crowded.warnings[0]
 
 
-def test_calibration_memory_is_bf16_weights_plus_ten_percent():
-    assert capacity.memory_estimate(32.8) == {"weights_gb": 65.6, "peak_gb": 72.16}
-    assert capacity.memory_estimate(0.5) == {"weights_gb": 1.0, "peak_gb": 1.1}
+QWEN32B_SYNTH = {"hidden_size": 5120, "intermediate_size": 25600, "num_heads": 64, "num_kv_heads": 8, "head_dim": 128,
+                 "vocab_size": 65536}
+
+
+def test_row_bytes_hand_computed():
+    s = {"hidden_size": 8, "intermediate_size": 16, "num_heads": 2, "num_kv_heads": 1, "head_dim": 4,
+         "vocab_size": 10}
+    per_token = (3 * 8 + (2 * 2 + 2 * 1) * 4 + 3 * 16) * 2 + 2 * 16 * 4 + 10 * (2 + 4)
+    assert capacity.row_bytes(s, 5) == capacity.ROW_SAFETY * (5 * per_token + 2 * 5 * 5 * 4)
+    # the logits dominate a large vocabulary: twice the vocabulary, nearly twice the bytes
+    big = capacity.row_bytes({**QWEN32B_SYNTH, "vocab_size": 151936}, 128)
+    assert 1.5 < big / capacity.row_bytes(QWEN32B_SYNTH, 128) < 2.5
+
+
+def test_the_batch_stays_within_a_tenth_of_the_weights():
+    weights = 63.8e9  # the synthetic Qwen3-32B shape in bf16
+    row = capacity.row_bytes(QWEN32B_SYNTH, 128)
+    bs = capacity.bounded_batch_size(weights, row, rows=10_000)
+    assert bs * row <= capacity.GPU_HEADROOM * weights - capacity.CUDA_CONTEXT_BYTES < (bs + 1) * row
+    assert capacity.bounded_batch_size(weights, row, rows=24) == 24  # never more than the rows
+    # negative control: a GPU-filling batch (what a free-memory probe picks on a 141 GB GPU) breaks the bound
+    probe = int((141e9 - weights) // row)
+    assert weights + probe * row + capacity.CUDA_CONTEXT_BYTES > 1.1 * weights and probe > bs
+    # too small to afford even the CUDA context: one row, never zero
+    assert capacity.bounded_batch_size(5e9, row, rows=24) == 1
+
+
+def test_calibration_memory_is_the_weights_plus_the_bounded_batch_and_context():
+    assert capacity.memory_estimate(32.8) == {"weights_gb": 65.6, "activations_and_context_gb": 6.56,
+                                              "peak_gb": 72.16}
+    # small models: the CUDA context and one row exceed a tenth of the weights
+    assert capacity.memory_estimate(0.5, row=0.2e9) == {"weights_gb": 1.0, "activations_and_context_gb": 1.2,
+                                                        "peak_gb": 2.2}
+    # spread over 8 GPUs: a tenth of each GPU's share is below the context each GPU needs
+    assert capacity.memory_estimate(32.8, row=0.1e9, devices=8)["activations_and_context_gb"] == 8.8
 
 
 def test_calibration_fit_on_gpus_names_the_gpus_that_would_do():
     args = dict(device="cuda", target="a10g", memory_gb=24.0)
     problem = capacity.calibration_fit_problem("qwen32b", 32.8, gpus_per_node=1, **args)
-    assert problem == ("qwen32b needs ~72 GB to calibrate (32.8B params in bf16 + 10%); target a10g has 1× 24 GB: "
-                       "run quantize on 1× 141 GB GPU or 1× 80 GB GPU or 2× 48 GB GPUs")
+    assert problem == ("qwen32b needs ~72 GB to calibrate (65.6 GB of bf16 weights + 6.6 GB of activations and "
+                       "CUDA context); target a10g has 1× 24 GB: run quantize on 1× 141 GB GPU or 1× 80 GB GPU or "
+                       "2× 48 GB GPUs")
     assert capacity.calibration_fit_problem("qwen32b", 32.8, gpus_per_node=4, **args) is None  # 4 × 24 × 0.92
     assert capacity.calibration_fit_problem("qwen32b", 32.8, gpus_per_node=3, **args) is not None  # 66 GB < 72
     assert capacity.calibration_fit_problem("unknown", 0.0, gpus_per_node=1, **args) is None  # size not declared
+
+
+def test_one_h100_80gb_calibrates_32b_within_the_bound_but_not_a_larger_model():
+    args = dict(device="cuda", target="h100", memory_gb=80.0, gpus_per_node=1)
+    row = capacity.row_bytes({**QWEN32B_SYNTH, "vocab_size": 151936}, 128)
+    assert capacity.calibration_fit_problem("qwen32b", 32.8, row=row, **args) is None  # 72.2 GB <= 73.6 GB
+    problem = capacity.calibration_fit_problem("qwen36b", 36.0, row=row, **args)  # 79.2 GB > 73.6 GB
+    assert problem and problem.startswith("qwen36b needs ~79 GB to calibrate")
+    assert "target h100 has 1× 80 GB" in problem
+    # what the stage peaked at before its batches were bounded (1.52 × the weights) would not have fit
+    assert 1.52 * 65.6 > 80 * 0.92
 
 
 def test_calibration_fit_on_cpu_reads_this_hosts_memory(monkeypatch):

@@ -3,9 +3,12 @@ default per model source, the AWQ group-size check and the export proof's number
 input it must reject."""
 from __future__ import annotations
 
-import pytest
+from types import SimpleNamespace
 
-from pipeline import calib, config
+import pytest
+import torch
+
+from pipeline import calib, capacity, config
 from pipeline.quant import modelopt, proof
 from pipeline.runtime import trtllm
 
@@ -88,3 +91,34 @@ def test_the_awq_check_reads_a_synthetic_models_own_config():
     assert cfg.model.shape.hidden_size == 128
     shape = modelopt.config_shape(cfg)
     assert shape["hidden_size"] == 192 and shape["num_heads"] == 4 and "params_b" not in shape
+
+
+class _Model:
+    """What ``batch_plan`` reads of a transformers model: its text config, parameters and buffers (here on CPU)."""
+
+    def __init__(self):
+        self.config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(
+            hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=256))
+        self._params = [torch.zeros(256, 64, dtype=torch.bfloat16), torch.zeros(128, 64, dtype=torch.bfloat16)]
+        self._buffers = [torch.zeros(8, dtype=torch.float32)]
+
+    def parameters(self):
+        return iter(self._params)
+
+    def buffers(self):
+        return iter(self._buffers)
+
+
+def test_the_batch_plan_reads_the_models_shape_and_weights():
+    model = _Model()
+    shape = modelopt.text_shape(model)
+    assert shape == {"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+                     "vocab_size": 256}
+    assert modelopt.weight_bytes_per_device(model) == {"cpu": (256 + 128) * 64 * 2 + 8 * 4}
+    assert modelopt.batch_plan("auto", model, 128, "cpu", 24) == {"batch_size": 8, "rule": "cpu default 8"}
+    assert modelopt.batch_plan("5", model, 128, "cuda", 3)["batch_size"] == 3  # an explicit size, up to the rows
+    # on a GPU, with no weights there (here: on CPU), the budget is nothing: one row at a time
+    plan = modelopt.batch_plan("auto", model, 128, "cuda", 24)
+    assert plan["batch_size"] == 1 and plan["budget_bytes"] == 0
+    assert plan["row_bytes"] == int(capacity.row_bytes(shape, 128))
