@@ -159,7 +159,9 @@ def run_stage(args_: list[str], root: Path, stage: str, log_dir: Path) -> dict:
         out["quantize"]["export_check"] = acc.get("export_check")
         out["quantize"]["gate"] = acc.get("gate")
     elif stage == "build":
-        out["build"] = {k: res.get(k) for k in ("device", "gpu_name", "check")}
+        builds = sorted(root.glob("engines/**/build.json"), key=lambda p: p.stat().st_mtime)
+        rec = json.loads(builds[-1].read_text()) if builds else {}  # the device is in build.json, not the result
+        out["build"] = {k: rec.get(k, res.get(k)) for k in ("device", "gpu_name", "check")}
     elif stage == "bench":
         out["bench"] = _bench_summary(res, summary)
     elif stage == "publish":

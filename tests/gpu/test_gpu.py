@@ -202,9 +202,10 @@ def test_the_reference_runtime_is_built_and_served_on_cuda(tmp_path):
                 "bench.requests_per_level=4", "bench.warmup_requests=1", "bench.chat.max_tokens=8",
                 "bench.rag.prompt_words=120", "bench.rag.max_tokens=4", "until=bench", root=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _manifest(tmp_path, "build")["result"]["device"] == "cuda"
+    (build_json,) = tmp_path.glob("engines/**/build.json")  # the build stage's record, next to the engine
+    assert json.loads(build_json.read_text())["device"] == "cuda"
     bench = _manifest(tmp_path, "bench")["result"]
-    levels = [lv for w in bench["workloads"].values() for lv in w["levels"]]
+    levels = [lv for w in bench["workloads"].values() for lv in w]  # {workload: [level, ...]}
     assert levels and all(lv["error_count"] == 0 and lv["request_count"] >= 1 for lv in levels)
     repo_cfg = next((tmp_path / "triton_repo").rglob("tensorrt_llm/config.pbtxt")).read_text()
     assert 'key: "device" value: { string_value: "cuda" }' in repo_cfg  # the served model runs on the GPU
