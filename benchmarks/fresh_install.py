@@ -101,6 +101,34 @@ def run_make_build(clone: Path, env: dict[str, str], log: Path, timeout_s: float
             "pipeline_s": round(end - stamp_at, 1) if stamp_at else None}
 
 
+TEST_TARGET_S = 600  # `make test` on a fresh 2-core machine
+
+
+def run_make_test(work: Path, sha: str, timeout_s: float) -> dict[str, object]:
+    """``make test`` in a second fresh clone with its own empty pip cache (so it pays for its own venv and installs),
+    as CI runs it: the exit code, the wall time, pytest's summary lines, and the carriage returns in the log (a
+    progress bar redrawn in place; a CI log should have none)."""
+    twork = work / "test"
+    twork.mkdir()
+    clone = twork / "repo"
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)], check=True)
+    git("checkout", "--quiet", sha, cwd=clone)
+    env = fresh_env(twork)
+    log = twork / "make-test.log"
+    t0 = time.time()
+    with open(log, "wb") as out:
+        try:
+            rc = subprocess.run(["make", "test"], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    total = round(time.time() - t0, 1)
+    text = log.read_bytes().decode(errors="replace")
+    summaries = re.findall(r"^=*\s*(\d+ (?:passed|failed|errors?)\b.*?) in [0-9.]+s\b", text, re.M)
+    return {"returncode": rc, "total_s": total, "pytest_summaries": summaries,
+            "carriage_returns": text.count("\r"), "log_bytes": len(text)}
+
+
 def pipeline_report(clone: Path) -> dict[str, object]:
     path = clone / DEFAULT_REPORT
     if not path.is_file():
@@ -166,8 +194,24 @@ a fresh `git clone`, no `.venv`, `PIP_CACHE_DIR` a new empty directory; packages
 Target ≤ {TARGET_S} s including installs: {verdict}. Pipeline target ≤ {PIPELINE_TARGET_S} s, of which bench ≤
 {BENCH_TARGET_S} s: {pipeline_verdict}. Packages built from source during the install: {built}.
 Stages as the pipeline reported them: {stage_line}. Bench output tokens/s, measured by the bench stage: {bench_line}.
-Raw data: `benchmarks/results/{raw_name}`.
+{cr_line(doc)}{test_section(doc.get("make_test"))}Raw data: `benchmarks/results/{raw_name}`.
 """
+
+
+def cr_line(doc: dict) -> str:
+    n = doc.get("make_build_carriage_returns")
+    return "" if n is None else f"Carriage returns (progress frames) in the `make build` log: {n}.\n"
+
+
+def test_section(t: dict | None) -> str:
+    if not t:
+        return ""
+    ok = t["returncode"] == 0
+    verdict = ("met" if t["total_s"] <= TEST_TARGET_S else "NOT met") if ok else "not judged: `make test` failed"
+    return (f"`make test` in a second fresh clone with its own empty pip cache (its venv and installs included): "
+            f"{t['total_s']:.1f} s, exit code {t['returncode']} ({'; '.join(t['pytest_summaries']) or 'no summary'}); "
+            f"target ≤ {TEST_TARGET_S} s and green: {verdict}. Carriage returns (progress frames) in its log: "
+            f"{t['carriage_returns']}.\n")
 
 
 def record(doc: dict) -> Path:
@@ -185,6 +229,8 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="clone and print what would run; measure nothing")
     ap.add_argument("--keep", action="store_true", help="keep the temporary clone, pip cache and logs")
     ap.add_argument("--timeout", type=float, default=1800, help="give up on `make build` after this many seconds")
+    ap.add_argument("--with-test", action="store_true",
+                    help="also run `make test` in a second fresh clone with its own empty pip cache")
     args = ap.parse_args()
 
     sha = git("rev-parse", args.ref)
@@ -208,6 +254,9 @@ def main() -> None:
                "dirty": dirty, "machine": machine(), "pip_sources": pip_sources(), "timing": timing,
                "target_s": TARGET_S, "built_from_source": built_from_source(work / "pip.log"),
                "pipeline": pipeline_report(clone)}
+        doc["make_build_carriage_returns"] = (work / "make-build.log").read_bytes().count(b"\r")
+        if args.with_test:
+            doc["make_test"] = run_make_test(work, sha, args.timeout)
         if timing["returncode"] != 0:
             tail = (work / "make-build.log").read_text(errors="replace")[-3000:]
             print(f"make build failed (exit {timing['returncode']}); log tail:\n{tail}", file=sys.stderr)

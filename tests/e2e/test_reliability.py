@@ -567,8 +567,8 @@ def _ready_server_under(root: Path, timeout_s: float):
         for pid in _tritonservers_under(root):
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
-                port = next(a.split("=", 1)[1] for a in proc.cmdline() if a.startswith("--http-port="))
-                if _ready(f"http://127.0.0.1:{port}"):
+                port = next((a.split("=", 1)[1] for a in proc.cmdline() if a.startswith("--http-port=")), None)
+                if port and _ready(f"http://127.0.0.1:{port}"):  # a process still exec-ing may show no args yet
                     return proc
         time.sleep(0.25)
     raise AssertionError(f"no tritonserver under {root} became ready in {timeout_s:.0f}s")
