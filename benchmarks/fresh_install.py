@@ -125,7 +125,8 @@ def run_make_test(work: Path, sha: str, timeout_s: float) -> dict[str, object]:
     total = round(time.time() - t0, 1)
     text = log.read_bytes().decode(errors="replace")
     summaries = re.findall(r"^=*\s*(\d+ (?:passed|failed|errors?)\b.*?) in [0-9.]+s\b", text, re.M)
-    return {"returncode": rc, "total_s": total, "pytest_summaries": summaries,
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
+    return {"returncode": rc, "total_s": total, "pytest_summaries": summaries, "failed_tests": failed,
             "carriage_returns": text.count("\r"), "log_bytes": len(text)}
 
 
@@ -210,7 +211,8 @@ def test_section(t: dict | None) -> str:
     verdict = ("met" if t["total_s"] <= TEST_TARGET_S else "NOT met") if ok else "not judged: `make test` failed"
     return (f"`make test` in a second fresh clone with its own empty pip cache (its venv and installs included): "
             f"{t['total_s']:.1f} s, exit code {t['returncode']} ({'; '.join(t['pytest_summaries']) or 'no summary'}); "
-            f"target ≤ {TEST_TARGET_S} s and green: {verdict}. Carriage returns (progress frames) in its log: "
+            f"target ≤ {TEST_TARGET_S} s and green: {verdict}"
+            f"{'; failed: ' + ', '.join(t.get('failed_tests') or []) if t.get('failed_tests') else ''}. Carriage returns (progress frames) in its log: "
             f"{t['carriage_returns']}.\n")
 
 
