@@ -69,21 +69,24 @@ def awq_block_problem(fmt: str, block: int | None, shape: dict[str, int], model:
 
 
 def model_shape(model) -> dict[str, int]:
-    """The linear-layer sizes of a loaded transformers model (its text config), as ``awq_block_problem`` reads them."""
+    """The shape of a loaded transformers model (its text config): the linear-layer sizes ``awq_block_problem``
+    reads, and the KV heads and vocabulary that ``capacity.row_bytes`` also needs."""
     hf = model.config.get_text_config()
-    return {"hidden_size": hf.hidden_size, "intermediate_size": getattr(hf, "intermediate_size", 0),
-            "num_heads": hf.num_attention_heads,
-            "head_dim": getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads}
+    heads = hf.num_attention_heads
+    return {"hidden_size": hf.hidden_size, "intermediate_size": getattr(hf, "intermediate_size", 0) or 0,
+            "num_heads": heads, "num_kv_heads": getattr(hf, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(hf, "head_dim", None) or hf.hidden_size // heads, "vocab_size": hf.vocab_size}
 
 
 def config_shape(cfg) -> dict[str, int]:
-    """The linear-layer sizes the config declares (``model.shape``, or a synthetic model's own config)."""
+    """The shape the config declares (``model.shape``, or a synthetic model's own config)."""
     shape = {k: int(v) for k, v in to_plain(cfg.model.shape).items() if k != "params_b" and v}
     if cfg.model.source == "synthetic" and cfg.model.synthetic is not None:
         c = to_plain(cfg.model.synthetic.config)
         shape.update({k: int(c[src]) for k, src in (("hidden_size", "hidden_size"),
                                                       ("intermediate_size", "intermediate_size"),
                                                       ("num_heads", "num_attention_heads"),
+                                                      ("num_kv_heads", "num_key_value_heads"),
                                                       ("head_dim", "head_dim")) if src in c})
     return shape
 
@@ -91,15 +94,6 @@ def config_shape(cfg) -> dict[str, int]:
 # -------------------------------------------------------------------------------------------------- calibration
 MAX_BATCH = 512
 CPU_BATCH = 8
-
-
-def text_shape(model) -> dict[str, int]:
-    """``row_bytes``'s shape from a loaded transformers model's (text) config."""
-    hf = model.config.get_text_config()
-    heads = hf.num_attention_heads
-    return {"hidden_size": hf.hidden_size, "intermediate_size": getattr(hf, "intermediate_size", 0) or 0,
-            "num_heads": heads, "num_kv_heads": getattr(hf, "num_key_value_heads", None) or heads,
-            "head_dim": getattr(hf, "head_dim", None) or hf.hidden_size // heads, "vocab_size": hf.vocab_size}
 
 
 def weight_bytes_per_device(model) -> dict[str, int]:
@@ -125,7 +119,7 @@ def batch_plan(setting: str, model, seq_len: int, device: str, rows: int) -> dic
 
     per_device = {d: b for d, b in weight_bytes_per_device(model).items() if d.startswith("cuda")}
     weights = min(per_device.values()) if per_device else 0
-    per_row = capacity.row_bytes(text_shape(model), seq_len, next(model.parameters()).element_size())
+    per_row = capacity.row_bytes(model_shape(model), seq_len, next(model.parameters()).element_size())
     return {"batch_size": min(capacity.bounded_batch_size(weights, per_row, rows), MAX_BATCH),
             "rule": f"GPU memory bound: {capacity.GPU_HEADROOM:g} x weights - CUDA context, per-row estimate",
             "weight_bytes": int(sum(per_device.values())), "smallest_device_weight_bytes": int(weights),

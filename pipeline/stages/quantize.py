@@ -70,11 +70,7 @@ def check(cfg: DictConfig) -> list[str]:
 def _row_bytes(cfg: DictConfig) -> float:
     """One calibration or evaluation row's activation bytes (``capacity.row_bytes``) from the declared shape; 0 when
     the shape does not say enough."""
-    shape = {**{k: v for k, v in to_plain(cfg.model.shape).items() if v}, **modelopt.config_shape(cfg)}
-    if cfg.model.source == "synthetic" and cfg.model.synthetic is not None:
-        c = to_plain(cfg.model.synthetic.config)
-        if c.get("num_key_value_heads"):
-            shape["num_kv_heads"] = int(c["num_key_value_heads"])
+    shape = modelopt.config_shape(cfg)
     if not all(shape.get(k) for k in ("hidden_size", "num_heads", "head_dim", "vocab_size")):
         return 0.0
     seq = max(int(cfg.quant.calib.seq_len), int(cfg.quant.eval.seq_len))

@@ -112,7 +112,7 @@ class _Model:
 
 def test_the_batch_plan_reads_the_models_shape_and_weights():
     model = _Model()
-    shape = modelopt.text_shape(model)
+    shape = modelopt.model_shape(model)
     assert shape == {"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
                      "vocab_size": 256}
     assert modelopt.weight_bytes_per_device(model) == {"cpu": (256 + 128) * 64 * 2 + 8 * 4}
