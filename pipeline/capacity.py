@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Bytes per parameter of quantized linear weights, scales included (group 128 fp32 scales for AWQ; one e4m3 per 16
-# values for NVFP4).
-WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5 + 4 / 128, "w4a8_awq": 0.5 + 4 / 128,
-                "nvfp4": 0.5 + 1 / 16}
-KV_BYTES = {"bf16": 2.0, "none": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+from pipeline.quant.formats import FORMATS, KV_FORMATS
+
+# Bytes per parameter of quantized linear weights (scales included) and per cached K/V value, from the registry.
+WEIGHT_BYTES = {n: f.weight_bytes for n, f in FORMATS.items()}
+KV_BYTES = {"bf16": KV_FORMATS["none"].bytes, **{n: k.bytes for n, k in KV_FORMATS.items()}}
 
 
 @dataclass

@@ -14,12 +14,11 @@ from pipeline.config import to_plain
 from pipeline.errors import StageFailed
 from pipeline.ui import progress, status
 
-# ModelOpt preset per format; the KV config is merged in with update_quant_cfg_with_kv_cache_quant
-PRESETS = {"fp8": "FP8_DEFAULT_CFG", "int4_awq": "INT4_AWQ_CFG", "nvfp4": "NVFP4_DEFAULT_CFG",
-           "w4a8_awq": "W4A8_AWQ_BETA_CFG", "int8_sq": "INT8_SMOOTHQUANT_CFG"}
-KV_PRESETS = {"fp8": "FP8_KV_CFG", "nvfp4": "NVFP4_KV_CFG"}
-AWQ_FORMATS = ("int4_awq", "w4a8_awq")
-AWQ_DEFAULT_BLOCK = 128
+from pipeline.quant.formats import AWQ_FORMATS, FORMATS, KV_FORMATS
+
+# ModelOpt preset per format (the registry's); the KV config is merged in with update_quant_cfg_with_kv_cache_quant
+PRESETS = {n: f.preset for n, f in FORMATS.items() if f.preset}
+KV_PRESETS = {n: k.preset for n, k in KV_FORMATS.items() if k.preset}
 CPU_NVFP4_BACKEND = "pipeline_nvfp4_cpu"
 
 
@@ -56,7 +55,7 @@ def awq_block_problem(fmt: str, block: int | None, shape: dict[str, int], model:
     """An AWQ group size must divide every linear input size; name the largest one that does."""
     if fmt not in AWQ_FORMATS:
         return None
-    block = block or AWQ_DEFAULT_BLOCK
+    block = FORMATS[fmt].export_group(block)
     sizes = linear_in_sizes(shape)
     bad = {k: v for k, v in sizes.items() if v % block}
     if not bad:
