@@ -48,8 +48,7 @@ def cmd_serve(args: list[str]) -> int:
     import urllib.request
 
     from pipeline.config import compose
-    from pipeline.stages.package import ENTRY_POINTS
-    from pipeline.triton import lint, server
+    from pipeline.triton import layouts, server
 
     where = [a for a in args if "=" not in a or Path(a).exists()]
     overrides = [a for a in args if a not in where]
@@ -59,7 +58,7 @@ def cmd_serve(args: list[str]) -> int:
     cfg = compose(overrides)
     if cfg.serve.launcher.value == "external":
         raise UserError("serve.launcher=external points at a server that already runs; use local or docker")
-    layout = lint.layout_of({d.name: d for d in repo.iterdir() if d.is_dir()})
+    layout = layouts.of_repository({d.name: d for d in repo.iterdir() if d.is_dir()})
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
@@ -73,7 +72,7 @@ def cmd_serve(args: list[str]) -> int:
             with urllib.request.urlopen(req, timeout=10) as r:
                 index = json.loads(r.read())
             ready = sorted(m["name"] for m in index if m.get("state") == "READY")
-            print(f"serving {repo} ({layout} layout; entry points: {', '.join(ENTRY_POINTS[layout])})")
+            print(f"serving {repo} ({layout} layout; entry points: {', '.join(layouts.get(layout).entry_points)})")
             print(f"HTTP  {s.http_url}")
             print(f"gRPC  {s.grpc_url}")
             print(f"ready {', '.join(ready)}")

@@ -45,10 +45,9 @@ from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
 from pipeline.runner import Context, Stage
 from pipeline.triton import server as srv
+from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS  # the tokenizer lives with the engine in every layout
 from pipeline.ui import progress, status
 
-ENGINE_REL = "tensorrt_llm/1/engine"  # the tokenizer lives with the engine/checkpoint in every layout
-ENTRY_POINTS = {"inflight_batcher_llm": ("ensemble", "tensorrt_llm_bls"), "llmapi": ("tensorrt_llm",)}
 COUNTING = ("output tokens: each response's returned text re-tokenized with the model's tokenizer (no special "
             "tokens), as genai-perf/aiperf count them, so responses without text add none; inter-token latency: "
             "(request latency - TTFT) / (output tokens - 1) per request")
