@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import UserError
+from pipeline.errors import ServerError, UserError
 from pipeline.triton import stubenv
 
 
-class ServerError(Exception):
-    """The server failed to start or died; carries the log tail."""
+__all__ = ["ServerError"]  # part of the error hierarchy (pipeline.errors); raised here
 
 
 @dataclass
