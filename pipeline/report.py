@@ -51,7 +51,7 @@ def bench_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def bench_gate(summary: dict[str, Any]) -> str | None:
     """The bench stage's gate verdict and regression baseline, one line (None without a bench result)."""
-    from pipeline.stages.bench import baseline_line
+    from pipeline.stages.bench.gates import baseline_line
 
     res = stage_result(summary, "bench")
     if res is None:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import __version__, planning, store
+from pipeline import __version__, errors, planning, store
 from pipeline.config import resolved_paths, slice_of, to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
@@ -352,7 +352,7 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
     def waiting(msg: str) -> None:
         (console.print if console else log.info)(f"[yellow]{st.name}: {msg}[/]" if console else f"{st.name}: {msg}")
 
-    with store.locked(ps.out, on_wait=waiting):
+    with store.locked(ps.out, on_wait=waiting, lock_dir=paths["store"] / "locks"):
         if ps.reason != "forced":
             reason = _stale_reason(ps.out, ps.fingerprint, st, planned)
             if reason == "cached":  # another run finished it while we waited
@@ -409,22 +409,7 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
     return manifest
 
 
-def disk_full(exc: BaseException) -> int | None:
-    """errno of a full disk / file-size limit / quota anywhere in the exception chain, else None."""
-    import errno
-
-    codes = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError) and exc.errno in codes:
-            return exc.errno
-        text = str(exc)
-        for code in codes:
-            if f"os error {code})" in text or os.strerror(code) in text:
-                return code
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return None
+disk_full = errors.disk_full  # the one mapping, kept under its old name for callers of the runner
 
 
 def upstream_missing(ps: PlannedStage, planned: dict[str, PlannedStage]) -> None:

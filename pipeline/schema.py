@@ -247,9 +247,21 @@ class ServeConfig:
 
 # ----------------------------------------------------------------------------------------------------------- bench
 @dataclass
+class WorkloadSize:
+    """A workload's sizes on one target device (``bench.workloads.<name>.by_device.<device>``)."""
+
+    prompt_words: Optional[int] = rng(None, 1, 100_000)
+    max_tokens: Optional[int] = rng(None, 1, 65_536)
+
+
+@dataclass
 class Workload:
-    prompt_words: int = rng(24, 1, 100_000)
-    max_tokens: int = rng(32, 1, 65_536)
+    """One bench workload (``bench.workloads.<name>``): prompts of about ``prompt_words`` words, ``max_tokens`` output
+    tokens each. By default both come from ``by_device.<target.device>``; a value set directly wins."""
+
+    by_device: Dict[str, WorkloadSize] = field(default_factory=dict)
+    prompt_words: int = rng("${.by_device.${target.device}.prompt_words}", 1, 100_000)
+    max_tokens: int = rng("${.by_device.${target.device}.max_tokens}", 1, 65_536)
 
 
 @dataclass
@@ -279,21 +291,19 @@ class BenchSweep:
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     requests_per_level: int = rng(8, 1, 100_000)
     warmup_requests: int = rng(2, 0, 10_000)
-    chat: Workload = field(default_factory=lambda: Workload(prompt_words=24, max_tokens=32))
-    rag: Workload = field(default_factory=lambda: Workload(prompt_words=300, max_tokens=8))
 
 
 @dataclass
 class BenchConfig:
-    # conf/bench/default.yaml sets concurrency, requests_per_level, warmup_requests, chat and rag from
-    # bench.sweep.<target.device>; a value set directly wins
+    # conf/bench/default.yaml sets concurrency, requests_per_level and warmup_requests from
+    # bench.sweep.<target.device>, and each workload's sizes from its by_device.<target.device>; a value set directly
+    # wins
     sweep: Dict[str, BenchSweep] = field(default_factory=dict)
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     requests_per_level: int = rng(8, 1, 100_000)  # at least the concurrency of the level
     warmup_requests: int = rng(2, 0, 10_000)
-    workloads: List[str] = field(default_factory=lambda: ["chat", "rag"])
-    chat: Workload = field(default_factory=lambda: Workload(prompt_words=24, max_tokens=32))  # short in, long out
-    rag: Workload = field(default_factory=lambda: Workload(prompt_words=300, max_tokens=8))  # long in, short out
+    workloads: Dict[str, Workload] = field(default_factory=dict)  # name -> workload (conf/bench/default.yaml)
+    only: Optional[List[str]] = None  # the workloads to run, in order; null: every one of bench.workloads
     seed: int = 0
     request_timeout_s: float = rng(120.0, 1.0, 3600.0)
     answer_max_tokens: int = rng(24, 1, 4096)

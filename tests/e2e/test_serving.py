@@ -353,7 +353,7 @@ def _copy(tiny_build: Path, dst: Path) -> Path:
 
 def test_bls_entry_point_and_an_absolute_gate_breach(tiny_build, tmp_path):
     root = _copy(tiny_build, tmp_path / "g")
-    proc = run_cli("build", *TINY, "bench.model=tensorrt_llm_bls", "bench.workloads=[chat]",
+    proc = run_cli("build", *TINY, "bench.model=tensorrt_llm_bls", "bench.only=[chat]",
                    "bench.gates.ttft_p95_ms=0.001", root=root)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "chat at concurrency 1: TTFT p95" in proc.stderr and "> 0.001 ms" in proc.stderr
