@@ -39,6 +39,19 @@ log = logging.getLogger("pipeline")
 
 @dataclass(frozen=True)
 class Stage:
+    """One stage of the pipeline, and its lifecycle:
+
+    1. ``check(cfg)``, at plan time, for every selected stage: incompatibilities of the config (quant x GPU, block
+       sizes); no work, no download. Any problem refuses the whole build before anything is written.
+    2. ``env_check(cfg)``, at plan time too, for the stages that will run on this machine: what this machine lacks
+       (memory, a GPU, a server binary). ``plan`` lists these without failing.
+    3. ``run(ctx)``, when the stage is not cached: writes into ``ctx.out`` (a temp directory renamed into place) and
+       returns its typed result (``pipeline.results``), which the manifest records. It reads the config only through
+       ``ctx.cfg`` (its declared ``reads``) and its inputs only through ``ctx.result(name)`` and ``ctx.inputs``.
+    4. ``after(cfg, out)``, after every planned stage ran or was found cached: side effects that are no property of
+       the output (publish: the upload to ``publish.dest``).
+    """
+
     name: str
     run: Callable[["Context"], Any]  # returns the stage's result (a pipeline.results model)
     # config keys (dotted) whose values enter the fingerprint; the only keys ``run`` can read (Context.cfg)
@@ -77,6 +90,15 @@ class Context:
     known_hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 already known (hard links)
     extra: dict[str, Any] = field(default_factory=dict)  # the stage's ``extra`` fingerprint inputs, as fingerprinted
     capacity: planning.CapacityView | None = None  # the declared fields of the resolved capacity plan, as fingerprinted
+
+    def result(self, name: str) -> Any:
+        """The typed result (a ``pipeline.results`` model) of upstream stage ``name``, read from its manifest: how a
+        stage reads what an input stage made, never by parsing that stage's report files."""
+        from pipeline import results
+
+        if name not in self.stage.inputs:
+            raise KeyError(f"{self.stage.name} does not declare {name} among its inputs")
+        return results.read(name, (self.manifests.get(name) or {}).get("result"))
 
     def link_input(self, name: str, src_rel: str = "", dst_rel: str = "", *, link: bool = True) -> Path:
         """Hard-link (copy where linking fails; ``link=False``: copy) the file or directory ``src_rel`` of upstream

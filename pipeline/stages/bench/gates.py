@@ -5,11 +5,11 @@ import json
 from typing import Any
 
 from pipeline.identity import ArtifactKey
-from pipeline.results import BenchGates
+from pipeline.results import BenchVerdict
 from pipeline.runner import Context
 
 # What the typed result keeps of bench.json's gates (everything but the per-check list)
-GATE_FIELDS = tuple(BenchGates.model_fields)
+GATE_FIELDS = tuple(BenchVerdict.model_fields)
 
 
 def summary_row(lv: dict[str, Any]) -> dict[str, Any]:

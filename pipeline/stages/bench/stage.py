@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pipeline import results
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
@@ -63,7 +62,7 @@ def run(ctx: Context) -> BenchResult:
 
     cfg = ctx.cfg
     repo = ctx.inputs["package"]
-    pkg = results.load("package", ctx.manifests["package"]["result"])
+    pkg = ctx.result("package")
     layout = pkg.layout
     entry_model = choose_entry(cfg.bench.model.value, layout, pkg.entry_points)
     tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
