@@ -47,7 +47,11 @@ class KVRow:
 
 
 @dataclass
-class Plan:
+class KVPlan:
+    """The KV-capacity plan of one model × quant × GPU × TP/PP: weights per GPU, the KV pool and the tokens and
+    sequences it holds per KV dtype (``rows``), and the KV dtype chosen. ``planning.Capacity`` is what a build takes
+    from it; ``runner.BuildPlan`` is the build's stage plan."""
+
     tp: int
     pp: int
     gpus: int
@@ -91,7 +95,7 @@ def activation_reserve(shape: Shape, max_num_tokens: int, tp: int) -> float:
 
 
 def plan_for(shape: Shape, quant: str, kv: str, memory_gb: float, *, tp: int, pp: int, fraction: float,
-             max_num_tokens: int, seq_tokens: int) -> Plan:
+             max_num_tokens: int, seq_tokens: int) -> KVPlan:
     gpu = memory_gb * 1e9
     w = weight_bytes(shape, quant) / (tp * pp)
     act = activation_reserve(shape, max_num_tokens, tp)
@@ -102,13 +106,13 @@ def plan_for(shape: Shape, quant: str, kv: str, memory_gb: float, *, tp: int, pp
         tokens = int(pool // per_tok)
         rows.append(KVRow(dtype, per_tok, pool, tokens, tokens // max(1, seq_tokens)))
     chosen = "bf16" if kv == "none" else kv
-    return Plan(tp, pp, tp * pp, w, act, gpu, rows, chosen, False, False, [])
+    return KVPlan(tp, pp, tp * pp, w, act, gpu, rows, chosen, False, False, [])
 
 
 def plan(shape: Shape, quant: str, kv: str, memory_gb: float, gpus_per_node: int, *, tp: int = 0, pp: int = 1,
          fraction: float = 0.9, max_num_tokens: int = 8192, max_batch_size: int = 8, max_seq_len: int = 2048,
-         input_len: int = 1024, output_len: int = 256) -> Plan:
-    """Plan for the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
+         input_len: int = 1024, output_len: int = 256) -> KVPlan:
+    """The KV-capacity plan for the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
     sequence. ``fits`` is False when nothing within ``gpus_per_node`` does."""
     seq_tokens = input_len + output_len
     candidates = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
@@ -132,7 +136,7 @@ def plan(shape: Shape, quant: str, kv: str, memory_gb: float, gpus_per_node: int
     return result
 
 
-def table(p: Plan) -> list[dict[str, Any]]:
+def table(p: KVPlan) -> list[dict[str, Any]]:
     return [{"kv_dtype": r.kv_dtype, "kv_kib_per_token_per_gpu": round(r.kv_bytes_per_token / 1024, 2),
              "kv_pool_gb_per_gpu": round(r.pool_bytes / 1e9, 2), "max_tokens": r.max_tokens,
              "max_concurrent_sequences": r.max_sequences} for r in p.rows]

@@ -464,7 +464,7 @@ def plan_checks(cfg: DictConfig, stages: list[Stage], *, environment: bool = Tru
 
 
 @dataclass
-class Plan:
+class BuildPlan:
     """The selected stages of one config, checked and fingerprinted, and its capacity plan, resolved once; nothing
     run, nothing written."""
 
@@ -477,7 +477,7 @@ class Plan:
         self.by_name = {p.stage.name: p for p in self.stages}
 
 
-def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> Plan:
+def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> BuildPlan:
     """Every plan-time check of the stages ``cfg`` selects from ``registry``, then their fingerprints. Config
     incompatibilities come first (and alone); then, with ``environment``, what this machine lacks to run the stages.
     Raises one :class:`UserError` naming every problem found. The capacity plan (TP, PP, KV pool) is resolved here,
@@ -489,7 +489,7 @@ def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, env
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
     capacity = planning.resolve(cfg)
-    return Plan(cfg, plan(cfg, stages, capacity), capacity)
+    return BuildPlan(cfg, plan(cfg, stages, capacity), capacity)
 
 
 @dataclass
@@ -526,7 +526,7 @@ def _quiet(log_path: Path, stage: str | None = None):
         yield
 
 
-def run(plan: Plan, console: Any = None) -> BuildReport:
+def run(plan: BuildPlan, console: Any = None) -> BuildReport:
     """Run every planned stage that is not cached (in order, each under its lock), then each stage's ``after`` hook
     with the full config. Stage output and library logs go to the run log (the root logger's file; one is opened in
     ``<store>/logs`` when none is); ``console`` shows progress."""

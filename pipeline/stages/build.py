@@ -30,6 +30,7 @@ from pipeline.identity import ArtifactKey
 from pipeline.results import BuildRecord
 from pipeline.runner import Context, Stage, lib_versions
 from pipeline.ui import status
+from pipeline.tokenizer_files import is_tokenizer_file
 
 
 def run(ctx: Context) -> BuildRecord:
@@ -146,7 +147,7 @@ def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None
     own = ctx.out / TIMING_CACHE
     seed_timing_cache(timing_cache_path(ctx.paths["store"], int(ctx.cfg.target.sm), tensorrt), own)
     for p in ckpt.iterdir():
-        if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+        if p.is_file() and is_tokenizer_file(p.name):
             ctx.link_input("quantize", f"checkpoint/{p.name}", f"engine/{p.name}")
     args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo,
                                     str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))

@@ -37,9 +37,9 @@ from pipeline.quant import modelopt
 from pipeline.results import QuantizeResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import console, progress, status
+from pipeline.tokenizer_files import TOKENIZER_GLOBS
 
 PROCESS_PEAK = "process"  # the key of the process's torch peak in the per-step peaks
-TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "vocab.*", "merges.txt", "*.model", "chat_template.*")
 
 
 def check(cfg: DictConfig) -> list[str]:

@@ -617,7 +617,7 @@ def test_soak_500_requests_at_concurrency_32(tiny_build, tmp_path):
     def rss(p):
         return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
 
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
         proc = psutil.Process(s.proc.pid)
         r1, _ = client.run_level(s.grpc_url, "ensemble", prompts, list(range(100)), 32, 8, 120)
         rss_100 = rss(proc)
