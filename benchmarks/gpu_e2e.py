@@ -43,7 +43,8 @@ SHAPES = {  # Qwen3-4B / Qwen3-32B config.json values (the vocabulary is the syn
             "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False, "params_b": 32.8},
 }
 BENCH = ["bench.concurrency=[1,4]", "bench.requests_per_level=8", "bench.warmup_requests=2",
-         "bench.workloads.chat.max_tokens=32", "bench.workloads.rag.prompt_words=300", "bench.workloads.rag.max_tokens=8"]
+         "bench.workloads.chat.max_tokens=32", "bench.workloads.rag.prompt_words=300",
+         "bench.workloads.rag.max_tokens=8"]
 
 # Runs the pipeline's CLI and, at exit, records the process's torch CUDA peak (to the file GPU_E2E_TORCH_PEAK names).
 WRAPPER = """

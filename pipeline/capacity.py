@@ -112,7 +112,7 @@ def plan_for(shape: Shape, quant: str, kv: str, memory_gb: float, *, tp: int, pp
 def plan(shape: Shape, quant: str, kv: str, memory_gb: float, gpus_per_node: int, *, tp: int = 0, pp: int = 1,
          fraction: float = 0.9, max_num_tokens: int = 8192, max_batch_size: int = 8, max_seq_len: int = 2048,
          input_len: int = 1024, output_len: int = 256) -> KVPlan:
-    """The KV-capacity plan for the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
+    """The KV-capacity plan at the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
     sequence. ``fits`` is False when nothing within ``gpus_per_node`` does."""
     seq_tokens = input_len + output_len
     candidates = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)

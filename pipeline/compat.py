@@ -44,7 +44,8 @@ def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: st
     if sm not in QUANT_SM[quant].sms:
         use = " or ".join(alt[:2]) if alt else "no quantized format"
         hint = ""
-        if quant == "nvfp4" and sm >= 89:  # NVFP4 calibrates on sm89+ (ModelOpt's kernel); only serving needs Blackwell
+        calibrates = FORMATS[quant].calibrates_from_sm  # e.g. NVFP4: ModelOpt's kernel runs on sm89+, serving needs
+        if calibrates is not None and sm >= calibrates:  # Blackwell
             hint = ", or target=b200 to calibrate here for Blackwell"
         out.append(f"{quant} needs {QUANT_SM[quant].needs}; for {target} use {use}{hint}")
     elif quant not in RUNTIME_QUANT[runtime]:

@@ -53,6 +53,7 @@ class QuantFormat:
     group_size: int | None = None  # exported group_size: AWQ's default, or the fixed NVFP4 block
     fp8_context_fmha: bool = False  # TensorRT-LLM allows use_fp8_context_fmha with this algorithm
     preference: int | None = None  # rank among the alternatives a refusal suggests (lower first)
+    calibrates_from_sm: int | None = None  # fake-quant kernels run from this SM, below the SMs that serve it
 
     def export_group(self, block_size: int | None = None) -> int | None:
         """The ``group_size`` the export records for a ``quant.block_size`` (None: ModelOpt's preset)."""
@@ -72,6 +73,7 @@ class KVFormat:
     sms: tuple[int, ...]
     sm_needs: str
     runtimes: frozenset[str]
+    awq_calibrates_on_cpu: bool = True  # ModelOpt's AWQ search with this KV format has a CPU kernel
 
 
 _ALL = frozenset(RUNTIMES)
@@ -93,7 +95,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                 _ALL,
                 ExportLayout("U8", "in", {"weight_scale": (("F8_E4M3",), "groups"), "weight_scale_2": _SCALAR_F32,
                                           "input_scale": _SCALAR_F32}, weight_bits=4, bf16_fraction_max=0.4),
-                group_size=NVFP4_BLOCK, fp8_context_fmha=True, preference=2),
+                group_size=NVFP4_BLOCK, fp8_context_fmha=True, preference=2, calibrates_from_sm=89),
     QuantFormat("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", _AWQ_WEIGHT_BYTES, (89, 90),
                 "Ada or Hopper (sm89/sm90)", _ALL,
                 ExportLayout("U8", "out", {"weight_scale": (FLOAT_DTYPES, "groups"), "weight_scale_2": _SCALAR_F32,
@@ -110,7 +112,8 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
 KV_FORMATS: dict[str, KVFormat] = {k.name: k for k in (
     KVFormat("none", None, None, 2.0, ALL_GPUS, "any supported GPU", _ALL),
     KVFormat("fp8", "FP8_KV_CFG", "FP8", 1.0, ALL_GPUS, "an Ampere or newer GPU (sm80+)", _ALL),
-    KVFormat("nvfp4", "NVFP4_KV_CFG", "NVFP4", 0.5 + 1 / NVFP4_BLOCK, BLACKWELL, "Blackwell (sm100/sm120)", _ALL),
+    KVFormat("nvfp4", "NVFP4_KV_CFG", "NVFP4", 0.5 + 1 / NVFP4_BLOCK, BLACKWELL, "Blackwell (sm100/sm120)", _ALL,
+             awq_calibrates_on_cpu=False),
 )}
 
 # Derived views, for the modules that look a format up by one fact.

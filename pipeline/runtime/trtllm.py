@@ -99,7 +99,8 @@ def plugin_config(build: dict[str, Any], quant_algo: str | None) -> dict[str, An
     """``PluginConfig`` fields for the engine build."""
     return {"gemm_plugin": build["gemm_plugin"],
             "use_paged_context_fmha": bool(build["use_paged_context_fmha"]),
-            "use_fp8_context_fmha": bool(build["use_fp8_context_fmha"]) and quant_algo in BY_ALGO and BY_ALGO[quant_algo].fp8_context_fmha,
+            "use_fp8_context_fmha": bool(build["use_fp8_context_fmha"]) and quant_algo in BY_ALGO
+            and BY_ALGO[quant_algo].fp8_context_fmha,
             "multiple_profiles": bool(build["multiple_profiles"])}
 
 

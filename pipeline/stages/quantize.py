@@ -34,6 +34,7 @@ from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
+from pipeline.quant.formats import KV_FORMATS
 from pipeline.results import QuantizeResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import console, progress, status
@@ -56,9 +57,10 @@ def check(cfg: DictConfig) -> list[str]:
         problems.append(str(exc))
     problems.append(modelopt.awq_block_problem(fmt, cfg.quant.block_size, modelopt.config_shape(cfg),
                                                cfg.model.name))
-    if kv == "nvfp4" and fmt in modelopt.AWQ_FORMATS and cfg.target.device.value != "cuda":
-        problems.append(f"quant.kv_cache=nvfp4 with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
-                        f"runs NVFP4 KV kernels that have no CPU version); use quant.kv_cache=fp8 on target cpu")
+    if not KV_FORMATS[kv].awq_calibrates_on_cpu and fmt in modelopt.AWQ_FORMATS and cfg.target.device.value != "cuda":
+        problems.append(f"quant.kv_cache={kv} with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
+                        f"runs {KV_FORMATS[kv].quant_algo} KV kernels that have no CPU version); use "
+                        f"quant.kv_cache=fp8 on target cpu")
     if not (fmt == "none" and kv == "none"):
         t = cfg.target
         problems.append(capacity.calibration_fit_problem(

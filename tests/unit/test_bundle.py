@@ -1,5 +1,5 @@
-"""Bundle manifest pieces that need no build: the bench gate read from the bench stage's typed result, ``verify --container`` against the
-recorded container pairs, and one-line errors of object-store clients."""
+"""Bundle manifest pieces that need no build: the bench gate from the bench stage's typed result, ``verify --container``
+against the recorded container pairs, and one-line errors of object-store clients."""
 from __future__ import annotations
 
 import json
