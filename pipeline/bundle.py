@@ -52,6 +52,8 @@ class QuantInfo(BaseModel):
     group_size: Optional[int]
     exclude_modules: Optional[list[str]]
     calibration_sha256: Optional[str]
+    # dataset, rows, seq_len, tokens, short and short_reasons of the quantize stage's calibration
+    calibration: Optional[dict[str, Any]] = None
 
 
 class RuntimeVersions(BaseModel):

