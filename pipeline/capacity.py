@@ -142,49 +142,40 @@ def table(p: KVPlan) -> list[dict[str, Any]]:
              "max_concurrent_sequences": r.max_sequences} for r in p.rows]
 
 
-# The quantize stage's GPU memory beyond the weights: at most GPU_HEADROOM × the weight bytes, of which
-# CUDA_CONTEXT_BYTES go to the CUDA context, cuBLAS workspaces and allocator slack (nvidia-smi counts them, torch's
-# max_memory_allocated does not); the rest holds one batch of activations (``row_bytes`` per row). The stage holds
-# one model at a time: the calibrated one (bf16 weights), then, for the export proof, the export dequantized to bf16.
+# The quantize stage's GPU memory beyond the weights, as planned: at least GPU_HEADROOM × the weight bytes, or the
+# CUDA context (CUDA_CONTEXT_BYTES: context, cuBLAS workspaces, allocator slack; nvidia-smi counts them, torch's
+# max_memory_allocated does not) and one row of activations (``row_bytes``). When it runs, the stage sizes its
+# batches to the memory it finds free (``pipeline.quant.modelopt.batch_plan``), keeping a margin of each GPU free. It
+# holds one model at a time: the calibrated one (bf16 weights), then, for the export proof, the export dequantized.
 GPU_HEADROOM = 0.1
 CUDA_CONTEXT_BYTES = 1.0e9
 ROW_SAFETY = 1.5  # margin on the per-row estimate (kernel workspaces, allocator rounding)
 
 
-def row_bytes(shape: dict[str, Any], seq_len: int, dtype_bytes: int = 2) -> float:
+def row_bytes(shape: dict[str, Any], seq_len: int, dtype_bytes: int = 2, logits: bool = True) -> float:
     """GPU bytes one row of ``seq_len`` tokens needs during a forward pass without KV cache, at its peak layer,
     times ROW_SAFETY. ``shape``: hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim, vocab_size.
 
     Per token: the residual stream and norm output (3 × hidden), q/k/v and attention output
     ((2 × heads + 2 × kv heads) × head dim), the MLP's gate, up and product (3 × intermediate) in the model's
     dtype, two float32 temporaries of the widest linear input (ModelOpt's fake-quant and amax), and the logits in the
-    model's dtype plus their float32 copy (evaluation computes every position's logits). Per row: attention scores
-    in float32 (heads × seq²), in case SDPA falls back to its math kernel."""
+    model's dtype plus their float32 copy (evaluation computes every position's logits; calibration, ``logits``
+    False, only the last position's). Per row: attention scores in float32 (heads × seq²), in case SDPA falls back to
+    its math kernel."""
     h, i = int(shape["hidden_size"]), int(shape.get("intermediate_size") or 0)
     heads = int(shape["num_heads"])
     kv, hd = int(shape.get("num_kv_heads") or heads), int(shape["head_dim"])
     vocab = int(shape["vocab_size"])
-    per_token = ((3 * h + (2 * heads + 2 * kv) * hd + 3 * i) * dtype_bytes + 2 * max(h, i) * 4
-                 + vocab * (dtype_bytes + 4))
-    return ROW_SAFETY * (seq_len * per_token + heads * seq_len * seq_len * 4)
-
-
-def batch_budget_bytes(weight_bytes: float) -> float:
-    """GPU bytes the stage's batches may use on a device holding ``weight_bytes`` of weights."""
-    return max(0.0, GPU_HEADROOM * weight_bytes - CUDA_CONTEXT_BYTES)
-
-
-def bounded_batch_size(weight_bytes: float, per_row: float, rows: int) -> int:
-    """The largest batch within ``batch_budget_bytes`` (at least 1, at most ``rows``)."""
-    fit = int(batch_budget_bytes(weight_bytes) // per_row) if per_row > 0 else rows
-    return max(1, min(fit, rows))
+    per_token = (3 * h + (2 * heads + 2 * kv) * hd + 3 * i) * dtype_bytes + 2 * max(h, i) * 4
+    logit_tokens = seq_len if logits else 1
+    return ROW_SAFETY * (seq_len * per_token + logit_tokens * vocab * (dtype_bytes + 4) + heads * seq_len * seq_len * 4)
 
 
 def memory_estimate(params_b: float, row: float = 0.0, devices: int = 1) -> dict[str, float]:
-    """Peak GPU memory of the quantize stage as built, in GB: the bf16 weights (loaded in bf16, never as an fp32
+    """The least GPU memory the quantize stage needs, in GB: the bf16 weights (loaded in bf16, never as an fp32
     copy; the calibrated model is freed before the export proof reloads the export dequantized to bf16, so one model
-    is held at a time), plus per device the larger of GPU_HEADROOM × its weights (what the batch size is bounded
-    to) and the CUDA context with one row of activations (``row`` bytes; batches never go below one row)."""
+    is held at a time), plus per device the larger of GPU_HEADROOM × its weights and the CUDA context with one row
+    of activations (``row`` bytes; batches never go below one row). More free memory buys larger batches."""
     weights = params_b * 1e9 * 2
     per_device = weights / max(1, devices)
     extra = max(GPU_HEADROOM * per_device, CUDA_CONTEXT_BYTES + row) * max(1, devices)
