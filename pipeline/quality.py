@@ -22,7 +22,7 @@ def logits(model, rows: torch.Tensor, batch_size: int = 4, on_batch: Callable[[]
     out = []
     with torch.inference_mode():
         for i in range(0, len(rows), batch_size):
-            out.append(model(input_ids=rows[i:i + batch_size].to(device)).logits.float().cpu())
+            out.append(model(input_ids=rows[i:i + batch_size].to(device), use_cache=False).logits.float().cpu())
             if on_batch:
                 on_batch()
     return torch.cat(out)

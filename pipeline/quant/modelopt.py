@@ -205,8 +205,9 @@ def batched(rows, batch_size: int, fn, *, step: str, events: list[dict[str, Any]
 
 def calibration_forward(model, rows, batch_size: int, on_rows=None, events: list[dict[str, Any]] | None = None) -> int:
     """Run the calibration rows through ``model`` (ModelOpt's quantizers observe every layer) -> the batch size it
-    ended with. Only the last position's logits are computed: calibration needs the activations, not a
-    [batch, seq, vocab] logits tensor. A batch that runs out of memory is halved and re-run (``batched``); ModelOpt's
+    ended with. Only the last position's logits are computed and no KV cache is kept (``use_cache=False``, as
+    ModelOpt's own forward loop runs): calibration needs the activations, not a [batch, seq, vocab] logits tensor or
+    the keys and values. A batch that runs out of memory is halved and re-run (``batched``); ModelOpt's
     max calibration sees those rows twice, which leaves every amax as it is."""
     import torch
 
@@ -214,7 +215,7 @@ def calibration_forward(model, rows, batch_size: int, on_rows=None, events: list
 
     def one(chunk) -> None:
         with torch.inference_mode():
-            model(input_ids=chunk.to(dev), logits_to_keep=1)
+            model(input_ids=chunk.to(dev), logits_to_keep=1, use_cache=False)
 
     return batched(rows, batch_size, one, step="calibrate", events=events, on_rows=on_rows)[1]
 
