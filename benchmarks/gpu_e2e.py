@@ -98,6 +98,7 @@ class SmiSampler:
         if visible:
             cmd.insert(1, f"--id={visible}")
         self.cmd, self.peak_mib, self.samples, self.baseline_mib = cmd, 0.0, 0, None
+        self.peak_by_gpu_mib: dict[str, float] = {}  # each GPU's own peak (a model split over several GPUs)
 
     def _read(self) -> None:
         current: dict[str, float] = {}
@@ -107,6 +108,7 @@ class SmiSampler:
                 current[idx] = float(used)
             except ValueError:
                 continue
+            self.peak_by_gpu_mib[idx] = max(self.peak_by_gpu_mib.get(idx, 0.0), current[idx])
             total = sum(current.values())
             self.samples += 1
             if self.baseline_mib is None:
@@ -140,6 +142,7 @@ def run_stage(args_: list[str], root: Path, stage: str, log_dir: Path) -> dict:
     (log_dir / f"{stage}.stderr.log").write_text(proc.stderr)
     out = {"stage": stage, "returncode": proc.returncode, "process_s": round(wall, 1),
            "nvidia_smi_peak_gib": round(smi.peak_mib / 1024, 2),
+           "nvidia_smi_peak_by_gpu_gib": {k: round(v / 1024, 2) for k, v in smi.peak_by_gpu_mib.items()},
            "nvidia_smi_before_gib": round((smi.baseline_mib or 0) / 1024, 2),
            "nvidia_smi_samples": smi.samples}
     if peak_file.is_file():

@@ -160,7 +160,7 @@ class HostSampler:
 
 
 class _NoSmi:
-    peak_mib, baseline_mib, samples = None, None, 0
+    peak_mib, baseline_mib, samples, peak_by_gpu_mib = None, None, 0, {}
 
     def __enter__(self):
         return self
@@ -181,7 +181,9 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> dict[s
     return {"returncode": proc.returncode, "process_s": round(wall, 2), "stdout": stdout,
             "nvidia_smi_peak_gib": None if smi.peak_mib is None else round(smi.peak_mib / 1024, 2),
             "nvidia_smi_before_gib": None if smi.baseline_mib is None else round(smi.baseline_mib / 1024, 2),
-            "nvidia_smi_samples": smi.samples, "host_peak_rss_gib": round(host.peak_rss / GIB, 2),
+            "nvidia_smi_samples": smi.samples,
+            "nvidia_smi_peak_by_gpu_gib": {k: round(v / 1024, 2) for k, v in smi.peak_by_gpu_mib.items()},
+            "host_peak_rss_gib": round(host.peak_rss / GIB, 2),
             "host_peak_anon_rss_gib": round(host.peak_anon / GIB, 2)}
 
 

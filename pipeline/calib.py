@@ -143,9 +143,10 @@ def spec(cfg) -> Spec:
 # Dense bf16 tensor rates (TFLOP/s, datasheets: NVIDIA A100, L40S, H100/H200 SXM, B200, GB200 per GPU) for the plan's
 # calibration estimate; a target not listed gets none.
 BF16_TFLOPS = {"a100": 312, "l40s": 362, "h100": 989, "h200": 989, "b200": 2250, "gb200": 2500}
-# Calibration runs at about half the datasheet rate: hf_ptq.py's FP8 calibration of the Qwen3-14B shape at 512 × 512
-# on one H200 ran at 0.48 of it (docs/benchmarks.md); awq_lite's search adds ~19× (Qwen3-32B, 256 × 512, 5.4 min).
-CALIB_EFFICIENCY = 0.5
+# The quantize stage's calibration ran at 0.33 of the datasheet rate: the Qwen3-14B shape, NVFP4, 512 × 512 on one
+# H200 (21.2 s for 2 × 13.24e9 × 262,144 FLOP; docs/benchmarks.md); awq_lite's search adds ~19× (Qwen3-32B at
+# 256 × 512: ~5.4 min on one H200, extrapolated from a few layers; docs/benchmarks.md as of commit 0bc39f2).
+CALIB_EFFICIENCY = 0.33
 AWQ_FACTOR = 19.0
 
 

@@ -46,8 +46,9 @@ def test_plan_for_qwen32b_nvfp4_b200_calibrates_on_the_recipe(online):
     assert s["dataset"] == "cnn_nemotron_v2_mix" and s["num_samples"] >= 512 and s["seq_len"] >= 512
     assert s["tokens"] >= 512 * 512 and not s["short"] and s["short_reasons"] == []
     assert HF_PTQ in s["basis"]
-    # 2 × 32.8e9 × 524288 / (0.5 × 2250e12) ≈ 30.6 s
-    assert s["estimated_s"] == pytest.approx(2 * 32.8e9 * 1024 * 512 / (0.5 * 2250e12), rel=0.01)
+    # 2 × 32.8e9 × 524288 / (0.33 × 2250e12) ≈ 46 s
+    assert calib.CALIB_EFFICIENCY == 0.33
+    assert s["estimated_s"] == pytest.approx(2 * 32.8e9 * 1024 * 512 / (0.33 * 2250e12), rel=0.01)
 
 
 @pytest.mark.parametrize("quant", ["fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"])
@@ -152,4 +153,4 @@ def test_plan_prints_the_calibration_line(online, capsys):
         report.print_plan(doc)
     line = next(ln for ln in cap.get().splitlines() if ln.startswith("calibration:"))
     assert re.search(r"cnn_nemotron_v2_mix, 1024 rows × 512 tokens \(524,288 tokens; size from ModelOpt", line)
-    assert "~31 s on b200" in line
+    assert "~46 s on b200" in line
