@@ -49,9 +49,9 @@ def _get(request, name):
     return None if t is None else t.as_numpy()
 
 
-def _call(model, inputs, outputs, decoupled=False):
-    return pb_utils.InferenceRequest(model_name=model, inputs=inputs,
-                                     requested_output_names=list(outputs)).exec(decoupled=decoupled)
+def _call(model, inputs, outputs, decoupled=False, request_id=""):
+    return pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=list(outputs),
+                                     request_id=request_id or "").exec(decoupled=decoupled)
 
 
 def _check(resp):
@@ -124,9 +124,13 @@ class TritonPythonModel:
         for src, dst in TO_LLM.items():
             arr = _get(request, src)
             if arr is not None:
+                if arr.ndim == 1:  # an input with reshape [] arrives as [batch]; tensorrt_llm takes [batch, 1]
+                    arr = arr.reshape(-1, 1)
                 inputs.append(pb_utils.Tensor(dst, arr))
-        # the tensorrt_llm model shares this model's transaction policy (both from decoupled_mode)
-        results = _call(self.llm, inputs, ("output_ids", "sequence_length", *PASS_THROUGH), decoupled=self.decoupled)
+        # the tensorrt_llm model shares this model's transaction policy (both from decoupled_mode); the request id
+        # goes with it, so that upstream's stop request for that id reaches the generation
+        results = _call(self.llm, inputs, ("output_ids", "sequence_length", *PASS_THROUGH), decoupled=self.decoupled,
+                        request_id=request.request_id())
         if not self.decoupled:
             results = [results]
         acc = None

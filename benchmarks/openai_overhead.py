@@ -1,0 +1,160 @@
+"""The OpenAI front end's overhead: the same requests, side by side in one run, through the OpenAI endpoint and
+directly to Triton over gRPC, on the tiny model (so the model's own compute is small).
+
+    python benchmarks/openai_overhead.py [--repo TRITON_REPO] [--requests 24] [--rounds 3] [--max-tokens 32]
+
+Without ``--repo`` the tiny-qwen3 build is made first (until the package stage) in a temporary root. One Triton
+server serves the repository; the front end runs in a process of its own (``python -m pipeline.serving``), as
+``pipeline serve`` deploys it. At each concurrency (1 and 8), rounds alternate direct gRPC (``ensemble`` over
+tritonclient gRPC streams: the bench's own generator) and OpenAI (``/v1/completions``, streamed, the same prompt
+text, greedy on both paths), so drift on the shared 2 cores hits both alike. Output tokens are counted from each
+returned text with the model's tokenizer on both paths. Targets: TTFT p50 within 2 ms or 5 % (whichever is larger)
+of the direct path, inter-token latency p50 within 5 %, output tokens/s at least 0.95x the direct path.
+Writes ``benchmarks/results/openai_overhead-DATE-COMMIT.json`` and a section of ``docs/benchmarks.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rebuild_noop import REPO, commit, machine, prepend  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+
+TINY = ["model=tiny-qwen3", "quant.gate=warn", "until=package"]
+
+
+def _build(root: Path) -> Path:
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", *TINY, f"paths.root={root}"], cwd=root,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"tiny build failed:\n{proc.stderr[-3000:]}")
+    return next(root.glob("triton_repo/*-package-*/manifest.json")).parent
+
+
+def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
+    from pipeline.triton import client
+
+    flat = [r for rs in records_by_round for r in rs]
+    out = client.summarize(flat, sum(walls))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repo", type=Path, help="a packaged inflight_batcher_llm repository (default: build tiny)")
+    ap.add_argument("--requests", type=int, default=24, help="requests per round and path")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--no-doc", action="store_true", help="print only; do not write docs/benchmarks.md")
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from pipeline.serving import model as served_model
+    from pipeline.serving import client as oa_client
+    from pipeline.serving import run as front
+    from pipeline.triton import client, server
+
+    prompts = [f"Question {i}: write one sentence about the number {i * 13} and the colour of the sky."
+               for i in range(64)]
+    levels = []
+    with tempfile.TemporaryDirectory(prefix="openai-overhead-") as tmp:
+        tmp = Path(tmp)
+        repo = args.repo.resolve() if args.repo else _build(tmp)
+        served = served_model.load(repo, load_tokenizer=False)
+        tok = AutoTokenizer.from_pretrained(str(served.tokenizer_dir))
+        with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp / "w", timeout_s=600) as s, \
+                front.child(repo, s.grpc_url, [f"serve.openai.model_name={served.name}"], tmp / "front.log") as url:
+            entry = client.entry_point(s.grpc_url, "ensemble", "inflight_batcher_llm")
+            warm = list(range(8))
+            client.run_level(s.grpc_url, entry, prompts, warm, 2, args.max_tokens, 120)
+            oa_client.run_level(url, served.name, prompts, warm, 2, args.max_tokens, 120, chat=False)
+            for conc in (int(c) for c in args.concurrency.split(",")):
+                got = {"grpc": ([], []), "openai": ([], [])}
+                for rnd in range(args.rounds):
+                    order = [(rnd * args.requests + k) % len(prompts) for k in range(args.requests)]
+                    for path in (("grpc", "openai") if rnd % 2 == 0 else ("openai", "grpc")):
+                        if path == "grpc":
+                            recs, wall = client.run_level(s.grpc_url, entry, prompts, order, conc, args.max_tokens,
+                                                          120)
+                        else:
+                            recs, wall = oa_client.run_level(url, served.name, prompts, order, conc,
+                                                             args.max_tokens, 120, chat=False)
+                        client.count_output_tokens(recs, tok)
+                        got[path][0].append(recs)
+                        got[path][1].append(wall)
+                summary = {p: _pooled(*got[p]) for p in got}
+                raw = {p: [r.as_dict() | {"round": k} for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
+                levels.append({"concurrency": conc, "summary": summary, "requests": raw})
+                g, o = summary["grpc"], summary["openai"]
+                print(f"c={conc}: TTFT p50 {g['time_to_first_token']['p50']:.2f} / "
+                      f"{o['time_to_first_token']['p50']:.2f} ms, ITL p50 {g['inter_token_latency']['p50']:.2f} / "
+                      f"{o['inter_token_latency']['p50']:.2f} ms, tok/s {g['output_token_throughput']['avg']:.1f} / "
+                      f"{o['output_token_throughput']['avg']:.1f}, errors {g['error_count']} / {o['error_count']}",
+                      file=sys.stderr)
+
+    rows, verdicts = [], []
+    for lv in levels:
+        g, o = lv["summary"]["grpc"], lv["summary"]["openai"]
+        ttft_g, ttft_o = g["time_to_first_token"]["p50"], o["time_to_first_token"]["p50"]
+        itl_g, itl_o = g["inter_token_latency"]["p50"], o["inter_token_latency"]["p50"]
+        tps_g, tps_o = g["output_token_throughput"]["avg"], o["output_token_throughput"]["avg"]
+        ttft_ok = ttft_o - ttft_g <= max(2.0, 0.05 * ttft_g)
+        itl_ok = itl_o <= 1.05 * itl_g
+        tps_ok = tps_o >= 0.95 * tps_g
+        errors_ok = g["error_count"] == 0 and o["error_count"] == 0
+        lv["targets"] = {"ttft_p50_ms_added": ttft_o - ttft_g, "ttft_met": ttft_ok, "itl_p50_ratio": itl_o / itl_g,
+                         "itl_met": itl_ok, "throughput_ratio": tps_o / tps_g, "throughput_met": tps_ok,
+                         "no_errors": errors_ok}
+        verdicts.append(ttft_ok and itl_ok and tps_ok and errors_ok)
+        rows.append((lv["concurrency"], g, o, lv["targets"]))
+
+    stamp, sha = dt.datetime.now(dt.timezone.utc), commit()
+    result = {"benchmark": "openai_overhead", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
+              "machine": machine(), "max_tokens": args.max_tokens, "requests_per_round": args.requests,
+              "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
+              "levels": levels, "all_targets_met": all(verdicts)}
+    out = REPO / "benchmarks" / "results" / f"openai_overhead-{stamp:%Y-%m-%d}-{sha}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+    def ms(x):
+        return f"{x:.2f}"
+
+    lines = [f"## OpenAI front end vs direct gRPC (`benchmarks/openai_overhead.py`)",
+             f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime) on a real "
+             f"tritonserver; the front end in its own process (`python -m pipeline.serving`), the load generators "
+             f"in this one, all on the same cores. {args.rounds} alternating rounds of {args.requests} requests per "
+             f"path and level, {args.max_tokens} tokens max, greedy, the same prompt text on both paths "
+             f"(`/v1/completions` streamed vs `ensemble` over gRPC streams).", "",
+             "| concurrency | path | TTFT p50 (ms) | ITL p50 (ms) | request latency p50 / p95 (ms) | output tokens/s | "
+             "errors |", "|---|---|---|---|---|---|---|"]
+    for conc, g, o, t in rows:
+        for name, sm in (("direct gRPC", g), ("OpenAI", o)):
+            lat = sm["request_latency"]
+            lines.append(f"| {conc} | {name} | {ms(sm['time_to_first_token']['p50'])} | "
+                         f"{ms(sm['inter_token_latency']['p50'])} | {ms(lat['p50'])} / {ms(lat['p95'])} | "
+                         f"{sm['output_token_throughput']['avg']:.1f} | {sm['error_count']} |")
+    lines.append("")
+    for conc, g, o, t in rows:
+        lines.append(f"- concurrency {conc}: TTFT p50 +{t['ttft_p50_ms_added']:.2f} ms (target ≤ max(2 ms, 5 %): "
+                     f"{'met' if t['ttft_met'] else 'NOT met'}); ITL p50 {t['itl_p50_ratio']:.3f}× (target ≤ 1.05×: "
+                     f"{'met' if t['itl_met'] else 'NOT met'}); throughput {t['throughput_ratio']:.3f}× (target ≥ "
+                     f"0.95×: {'met' if t['throughput_met'] else 'NOT met'}).")
+    lines.append(f"\nRaw data: `{out.relative_to(REPO).as_posix()}`.")
+    text = "\n".join(lines) + "\n"
+    if not args.no_doc:
+        prepend(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

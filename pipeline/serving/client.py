@@ -1,0 +1,108 @@
+"""Streaming load generator over the OpenAI API (aiohttp), measuring what an application sees: the same
+:class:`pipeline.triton.client.RequestRecord` per request as the gRPC generator, so both summarize alike.
+
+Each request is a streamed ``POST /v1/chat/completions`` (or ``/v1/completions``) with ``temperature: 0`` (greedy,
+as the gRPC entry point decodes by default) and ``max_tokens``; TTFT is the first server-sent chunk that carries
+text, inter-chunk gaps are the gaps between such chunks, the request ends at ``data: [DONE]``. Output tokens are
+counted from the returned text with the model's tokenizer afterwards (``count_output_tokens``), exactly as for the
+gRPC rows. ``concurrency`` workers share one connection pool in one event loop on a thread of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Callable
+
+from pipeline.triton.client import RequestRecord
+
+
+async def _one(session, url: str, body: dict, rec: RequestRecord, chat: bool, timeout_s: float) -> None:
+    import aiohttp
+
+    rec.sent_ns, rec.sent = time.time_ns(), time.perf_counter()
+    parts: list[str] = []
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:
+                try:
+                    msg = (await r.json()).get("error", {}).get("message", "")
+                except Exception:
+                    msg = (await r.text())[:200]
+                rec.error = f"HTTP {r.status}: {msg}"[:300]
+                rec.done = time.perf_counter()
+                return
+            buf = b""
+            async for chunk in r.content.iter_any():
+                t = time.perf_counter()
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            rec.done = t
+                            continue
+                        doc = json.loads(data)
+                        rec.responses += 1
+                        if "error" in doc:
+                            rec.error = str(doc["error"].get("message"))[:300]
+                            continue
+                        for ch in doc.get("choices") or []:
+                            piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+                            if piece:
+                                parts.append(piece)
+                                if rec.first is None:
+                                    rec.first = t
+                                rec.chunk_times.append(t)
+            if rec.done is None and rec.error is None:
+                rec.error = "the stream ended without data: [DONE]"
+                rec.done = time.perf_counter()
+    except asyncio.TimeoutError:
+        rec.error = f"timed out after {timeout_s:.0f}s"
+    except Exception as exc:  # a broken connection is this request's error
+        rec.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        rec.done = time.perf_counter()
+    rec.text = "".join(parts)
+
+
+def run_level(base_url: str, model: str, prompts: list[str], order: list[int], concurrency: int, max_tokens: int,
+              timeout_s: float, chat: bool = True, extra: dict | None = None,
+              on_done: Callable[[], None] | None = None) -> tuple[list[RequestRecord], float]:
+    """Send ``order`` (indices into ``prompts``) with ``concurrency`` workers to the OpenAI endpoint at
+    ``base_url`` (``http://HOST:PORT/v1``). Returns the records and the wall time."""
+    import aiohttp
+
+    url = f"{base_url}/chat/completions" if chat else f"{base_url}/completions"
+
+    def body(i: int) -> dict:
+        b = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0, **(extra or {})}
+        if chat:
+            b["messages"] = [{"role": "user", "content": prompts[i]}]
+        else:
+            b["prompt"] = prompts[i]
+        return b
+
+    async def main() -> tuple[list[RequestRecord], float]:
+        todo: asyncio.Queue = asyncio.Queue()
+        for i in order:
+            todo.put_nowait(i)
+        records: list[RequestRecord] = []
+        conn = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
+        async with aiohttp.ClientSession(connector=conn) as session:
+            async def worker(k: int) -> None:
+                while not todo.empty():
+                    i = todo.get_nowait()
+                    rec = RequestRecord(i, worker=k)
+                    await _one(session, url, body(i), rec, chat, timeout_s)
+                    records.append(rec)
+                    if on_done:
+                        on_done()
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(k) for k in range(concurrency)))
+            return records, time.perf_counter() - t0
+
+    return asyncio.run(main())
