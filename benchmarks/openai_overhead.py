@@ -72,7 +72,7 @@ def main() -> None:
         repo = args.repo.resolve() if args.repo else _build(tmp)
         served = served_model.load(repo, load_tokenizer=False)
         tok = AutoTokenizer.from_pretrained(str(served.tokenizer_dir))
-        with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp / "w", timeout_s=600) as s, \
+        with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp / "w", timeout_s=600) as s, \
                 front.child(repo, s.grpc_url, [f"serve.openai.model_name={served.name}"], tmp / "front.log") as url:
             entry = client.entry_point(s.grpc_url, "ensemble", "inflight_batcher_llm")
             warm = list(range(8))

@@ -354,6 +354,7 @@ class BenchConfig:
     model: BenchModel = BenchModel.auto  # which entry point the load goes through
     gates: BenchGates = field(default_factory=BenchGates)
     plot: bool = True
+    openai: bool = True  # every level also through the OpenAI front end (pipeline.serving), beside the gRPC rows
 
 
 # --------------------------------------------------------------------------------------------------------- publish

@@ -129,7 +129,10 @@ class Driver:
 
     def __init__(self, url: str, served: ServedModel, entry: str | None = None, timeout_s: float = 600.0):
         self.url, self.served, self.timeout_s = url, served, timeout_s
-        self.entry_name = entry or ("ensemble" if served.layout == "inflight_batcher_llm" else "tensorrt_llm")
+        from pipeline.triton import layouts
+
+        self.layout = layouts.get(served.layout)  # its entry points and text-request tensors
+        self.entry_name = entry or self.layout.entry_points[0]
         self.client = None
         self.entry: Spec | None = None
         self.llm: Spec | None = None  # inflight_batcher_llm: the tensorrt_llm model (token-level requests)
@@ -212,7 +215,7 @@ class Driver:
         if req.stream and not spec.decoupled:
             pass  # a unary model answers once; the front end still streams that one answer
         stream = req.stream and spec.decoupled
-        self._set(spec, inputs, "streaming" if kind != "text" else "stream", stream)
+        self._set(spec, inputs, "streaming" if kind == "tokens" else self.layout.stream, stream)
         request = self._request(spec, inputs, [o for o in (outputs or []) if o in spec.outputs], req.request_id)
         state = {"ids": [], "sent_text": "", "so_far": "", "prompt_done": False}
         if spec.decoupled:
@@ -469,9 +472,10 @@ class Driver:
                                     f"model (it has no input '{name}')", param=fld)
 
     def _text_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
-        out: dict[str, Any] = {"text_input": req.prompt_text, "max_tokens": req.max_tokens}
-        if "exclude_input_in_output" in spec.inputs:
-            out["exclude_input_in_output"] = True
+        lay = self.layout
+        out: dict[str, Any] = {lay.text_input: req.prompt_text, lay.max_tokens: req.max_tokens}
+        if lay.exclude_input in spec.inputs:
+            out[lay.exclude_input] = True
         names = {k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",
                                 "repetition_penalty", "min_tokens")}
         self._sampling(spec, req, names, out)
@@ -520,9 +524,10 @@ class Driver:
         return out
 
     def _llmapi_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
-        out: dict[str, Any] = {"text_input": req.prompt_text, "sampling_param_max_tokens": req.max_tokens}
-        if "sampling_param_exclude_input_from_output" in spec.inputs:
-            out["sampling_param_exclude_input_from_output"] = True
+        lay = self.layout
+        out: dict[str, Any] = {lay.text_input: req.prompt_text, lay.max_tokens: req.max_tokens}
+        if lay.exclude_input in spec.inputs:
+            out[lay.exclude_input] = True
         if "return_finish_reason" in spec.inputs:
             out["return_finish_reason"] = True
         names = {k: f"sampling_param_{k}" for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty",

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.triton.layouts import ENGINE_REL
 
 TRUE = ("true", "1", "t", "y", "yes")
-ENGINE_REL = "tensorrt_llm/1/engine"
 
 
 def _params(config_pbtxt: Path) -> dict[str, str]:
@@ -120,11 +120,11 @@ def _int(v) -> int | None:
 
 def load(repo: Path, name: str | None = None, load_tokenizer: bool = True) -> ServedModel:
     """Read a model repository (a bundle's ``triton_repo/`` included). Raises ``UserError`` naming what is missing."""
-    from pipeline.triton import lint
+    from pipeline.triton import layouts
 
     repo = Path(repo).resolve()
     dirs = {d.name: d for d in repo.iterdir() if d.is_dir()}
-    layout = lint.layout_of(dirs)
+    layout = layouts.of_repository(dirs)
     max_seq: int | None = None
     if layout == "llmapi":
         import yaml

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import config
-from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline.stages.package import render_repository
+from pipeline.triton.layouts import ENGINE_REL
 from pipeline.triton import lint, server
 from tests.conftest import TINY
 
@@ -37,7 +38,7 @@ def layout(request, tiny_build, tmp_path_factory):
     name, decoupled = request.param
     dest = tmp_path_factory.mktemp(f"oa-{name}-{decoupled}")
     repo = _render(tiny_build, dest, name, decoupled)
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=dest / "w", timeout_s=600) as s:
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=dest / "w", timeout_s=600) as s:
         yield name, decoupled, repo, s
 
 

@@ -313,18 +313,22 @@ def test_requests_jsonl_has_one_line_per_request_sent(tiny_build):
     out = next(tiny_build.glob(".store/*-bench-*/manifest.json")).parent
     doc = json.loads((out / "bench.json").read_text())
     lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    fields = {"phase", "workload", "concurrency", "prompt_index", "time_to_first_token_ms", "inter_token_latency_ms",
+    fields = {"phase", "path", "workload", "concurrency", "prompt_index", "time_to_first_token_ms", "inter_token_latency_ms",
               "inter_chunk_latencies_ms", "request_latency_ms", "output_tokens", "responses", "error"}
     assert all(set(r) == fields for r in lines)
-    measured = [r for r in lines if r["phase"] == "measure"]
+    measured = [r for r in lines if r["phase"] == "measure" and r["path"] == "grpc"]
+    via_openai = [r for r in lines if r["phase"] == "measure" and r["path"] == "openai"]
     for wname, w in doc["workloads"].items():
-        for lv in w["levels"]:
-            here = [r for r in measured if r["workload"] == wname and r["concurrency"] == lv["concurrency"]]
-            assert len(here) == lv["request_count"] and sum(r["error"] is not None for r in here) == lv["error_count"]
+        for key, rows in (("levels", measured), ("openai_levels", via_openai)):  # the OpenAI rows beside the gRPC
+            assert [lv["concurrency"] for lv in w[key]] == [lv["concurrency"] for lv in w["levels"]]
+            for lv in w[key]:
+                here = [r for r in rows if r["workload"] == wname and r["concurrency"] == lv["concurrency"]]
+                assert len(here) == lv["request_count"]
+                assert sum(r["error"] is not None for r in here) == lv["error_count"]
     first = list(doc["workloads"])[0]  # TINY: 1 warm-up, sent once before the first workload
     assert [r["workload"] for r in lines if r["phase"] == "warmup"] == [first]
     assert len([r for r in lines if r["phase"] == "check"]) == len(doc["answers"])
-    assert len(lines) == len(measured) + 1 + len(doc["answers"])
+    assert len(lines) == len(measured) + len(via_openai) + 1 + len(doc["answers"])
     for r in lines:
         assert r["error"] is None and r["request_latency_ms"] > 0
         # every response that carried text is a chunk; the stream may end with an empty final response

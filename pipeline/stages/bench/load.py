@@ -51,9 +51,10 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
 
     def keep(records, phase: str, workload: str | None, concurrency: int) -> None:
         client.count_output_tokens(records, tok)
-        requests.extend({"phase": phase, "workload": workload, "concurrency": concurrency, **r.as_dict()}
-                        for r in records)
+        requests.extend({"phase": phase, "path": "grpc", "workload": workload, "concurrency": concurrency,
+                         **r.as_dict()} for r in records)
 
+    front = _front_end(ctx, server) if b.get("openai", False) else None
     if cfg.model.checks:  # fixed prompts, greedy, through the same entry point as the load
         w = client.StreamWorker(url, entry, b.request_timeout_s)
         try:
@@ -69,12 +70,15 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
         spec = b.workloads[wname]
         plan = [(int(c), max(int(c), b.requests_per_level)) for c in b.concurrency]
         total = b.warmup_requests + sum(n for _, n in plan)
-        prompts = [_render(tok, p, chat) for p in make_prompts(total, spec.prompt_words, b.seed + wi)]
+        raw = make_prompts(total, spec.prompt_words, b.seed + wi)
+        prompts = [_render(tok, p, chat) for p in raw]
         if b.warmup_requests and wi == 0:  # the later workloads find the server warm
             records, _ = client.run_level(url, entry, prompts, list(range(b.warmup_requests)), 1, spec.max_tokens,
                                           b.request_timeout_s)
             keep(records, "warmup", wname, 1)
-        offset, out = b.warmup_requests, []
+        if front is not None and wi == 0 and b.warmup_requests:
+            front.level(raw, list(range(b.warmup_requests)), 1, spec.max_tokens, chat)
+        offset, out, oa_out = b.warmup_requests, [], []
         for conc, n in plan:
             order = list(range(offset, offset + n))
             offset += n
@@ -94,5 +98,64 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
                            "summary": summary, "prompts": prompts, "max_tokens": spec.max_tokens,
                            "entry": entry,  # an external server's HTTP port is unknown: Triton's default
                            "http_url": server.http_url if server.http_port else f"http://{server.host}:8000"})
+            if front is not None:  # the same requests as apps send them, right after the gRPC level
+                with progress(f"bench {wname}: concurrency {conc} (OpenAI)", n) as bar:
+                    oa_records, oa_wall = front.level(raw, order, conc, spec.max_tokens, chat, bar.advance)
+                client.count_output_tokens(oa_records, tok)
+                requests.extend({"phase": "measure", "path": "openai", "workload": wname, "concurrency": conc,
+                                 **r.as_dict()} for r in oa_records)
+                oa = client.summarize(oa_records, oa_wall)
+                oa_out.append({"concurrency": conc, **oa, "overhead": overhead(summary, oa)})
         result["workloads"][wname] = {"prompt_words": spec.prompt_words, "max_tokens": spec.max_tokens,
                                       "levels": out}
+        if front is not None:
+            result["workloads"][wname]["openai_levels"] = oa_out
+    if front is not None:
+        front.close()
+        result["openai"] = {"endpoint": "/v1/chat/completions" if chat else "/v1/completions", "stream": True,
+                            "front_end": "python -m pipeline.serving (its own process)"}
+
+
+def overhead(direct: dict[str, Any], via: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI front end's cost at one level: TTFT p50 added (ms), ITL p50 and output-throughput ratios."""
+    def p50(s, key):
+        return s[key]["p50"]
+
+    out: dict[str, Any] = {"ttft_p50_added_ms": None, "itl_p50_ratio": None, "throughput_ratio": None}
+    if p50(direct, "time_to_first_token") is not None and p50(via, "time_to_first_token") is not None:
+        out["ttft_p50_added_ms"] = p50(via, "time_to_first_token") - p50(direct, "time_to_first_token")
+    if p50(direct, "inter_token_latency") and p50(via, "inter_token_latency") is not None:
+        out["itl_p50_ratio"] = p50(via, "inter_token_latency") / p50(direct, "inter_token_latency")
+    if direct["output_token_throughput"]["avg"]:
+        out["throughput_ratio"] = via["output_token_throughput"]["avg"] / direct["output_token_throughput"]["avg"]
+    return out
+
+
+class _Front:
+    """The OpenAI front end in a process of its own, in front of the bench's server."""
+
+    def __init__(self, ctx: Context, server):
+        import contextlib
+
+        from pipeline.serving import model as served_model
+        from pipeline.serving import run
+
+        repo = ctx.inputs["package"]
+        self.name = served_model.load(repo, load_tokenizer=False).name
+        self.timeout = ctx.cfg.bench.request_timeout_s
+        self._stack = contextlib.ExitStack()
+        self.url = self._stack.enter_context(run.child(repo, server.grpc_url, [f"serve.openai.model_name={self.name}"],
+                                                       ctx.out / "openai-front-end.log"))
+
+    def level(self, prompts, order, conc, max_tokens, chat, on_done=None):
+        from pipeline.serving import client as oa_client
+
+        return oa_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
+                                   on_done=on_done)
+
+    def close(self):
+        self._stack.close()
+
+
+def _front_end(ctx: Context, server):
+    return _Front(ctx, server)

@@ -35,6 +35,23 @@ def markdown(model: str, r: dict[str, Any]) -> str:
             lines.append(f"| {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
                          f"{f('time_to_first_token')} | {f('inter_token_latency')} | {f('request_latency')} | "
                          f"{lv['output_token_throughput']['avg']:.1f} | {lv['request_throughput']['avg']:.2f} |")
+        if w.get("openai_levels"):
+            ep = (r.get("openai") or {}).get("endpoint", "the OpenAI endpoint")
+            lines += ["", f"Through the OpenAI front end ({ep}, streamed), the same prompts:", "",
+                      "| concurrency | requests | errors | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | "
+                      "latency p50/p95/p99 ms | output tok/s | req/s | front-end overhead: TTFT p50 / ITL p50 / "
+                      "tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+            for lv in w["openai_levels"]:
+                def f(key):
+                    return "/".join("-" if lv[key][p] is None else f"{lv[key][p]:.1f}" for p in ("p50", "p95", "p99"))
+                o = lv["overhead"]
+                ov = " / ".join(["-" if o["ttft_p50_added_ms"] is None else f"{o['ttft_p50_added_ms']:+.1f} ms",
+                                 "-" if o["itl_p50_ratio"] is None else f"{o['itl_p50_ratio']:.2f}x",
+                                 "-" if o["throughput_ratio"] is None else f"{o['throughput_ratio']:.2f}x"])
+                lines.append(f"| {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
+                             f"{f('time_to_first_token')} | {f('inter_token_latency')} | {f('request_latency')} | "
+                             f"{lv['output_token_throughput']['avg']:.1f} | {lv['request_throughput']['avg']:.2f} | "
+                             f"{ov} |")
     return "\n".join(lines) + "\n"
 
 

@@ -156,7 +156,7 @@ def env_check(cfg) -> list[str]:
 
 STAGE = Stage(
     env_check=env_check,
-    volatile=("bench.json", "bench.md", "bench.png", "server.log", "requests.jsonl"),
+    volatile=("bench.json", "bench.md", "bench.png", "server.log", "requests.jsonl", "openai-front-end.log"),
     name="bench",
     run=run,
     reads=("bench", "model.name", "model.checks", "model.chat_template", "quant.format", "quant.kv_cache",
