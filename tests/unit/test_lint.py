@@ -120,10 +120,10 @@ def test_an_engine_from_another_trtllm_names_the_matching_container(rendered, tm
     repo = copy(rendered, "engine", tmp_path)
     cfg = repo / ENGINE_REL / "config.json"
     cfg.write_text(cfg.read_text().replace('"1.2.1"', '"1.1.0"'))
-    findings = lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    findings = lint.lint(repo, container="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3")
     assert findings == ["tensorrt_llm/config.pbtxt: engine built by TensorRT-LLM 1.1.0, serving container has 1.2.1; "
-                        "rebuild with 1.2.1 or serve with nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"]
-    assert lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3") == []
+                        "rebuild with 1.2.1 or serve with nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"]
+    assert lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3") == []  # ships 1.1.0
 
 
 @pytest.mark.parametrize("change, expected", [
