@@ -123,8 +123,13 @@ def test_record_holds_what_nvidias_clients_send_and_the_backend_requires():
     pre = upstream.tensor_names("1.2.1", "inflight_batcher_llm", "preprocessing")
     assert {"REQUEST_OUTPUT_LEN", "BAD_WORDS_DICT", "STOP_WORDS_DICT"} <= set(pre)
     reads = upstream.reads("1.2.1", "inflight_batcher_llm")
-    assert set(reads["tensorrt_llm"]["required"]) == {"gpt_model_path", "tokenizer_dir",
+    # gpt_model_type: read with no try/catch (model_instance_state.cc getBatchingTypeFromParams)
+    assert set(reads["tensorrt_llm"]["required"]) == {"gpt_model_path", "gpt_model_type", "tokenizer_dir",
                                                       "xgrammar_tokenizer_info_path", "guided_decoding_backend"}
+    trt = upstream.interface("1.2.1", "inflight_batcher_llm")["tensorrt_llm"]
+    pet = next(t for t in trt["inputs"] if t["name"] == "prompt_embedding_table")
+    assert pet["data_type"] == "${prompt_embedding_table_data_type}"  # templated upstream @ 0c8de69
+    assert "enable_trt_overlap" in trt["parameters"]
     assert "engine_dir" not in upstream.interface("1.2.1", "inflight_batcher_llm")["tensorrt_llm"]["parameters"]
     llm = upstream.interface("1.2.1", "llmapi")["tensorrt_llm"]
     assert "max_batch_size" not in llm or llm["max_batch_size"] == 0  # from model.yaml's triton_config
