@@ -197,11 +197,11 @@ def check_parameter(name: str, value: str) -> str | None:
         return f"{name}={v!r}: does not parse as {'an integer' if kind == 'int32' else 'a float'} (std::sto" \
                f"{'i' if kind == 'int32' else 'f'})"
     if kind == "int32" and not -2**31 <= num < 2**31:
-        return f"{name}={v}: out of int32 range"
+        return f"{name}={v!r}: out of int32 range"
     if "gt" in rule and not num > rule["gt"]:
-        return f"{name}={v}: must be > {rule['gt']} ({rule['says']})"
+        return f"{name}={v!r}: must be > {rule['gt']} ({rule['says']})"
     if "lt" in rule and not num < rule["lt"]:
-        return f"{name}={v}: must be < {rule['lt']} ({rule['says']})"
+        return f"{name}={v!r}: must be < {rule['lt']} ({rule['says']})"
     return None
 
 
