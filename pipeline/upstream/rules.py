@@ -15,8 +15,11 @@ from typing import Any, Callable
 
 import yaml
 
+from pipeline.quant import formats
+
 DATA = Path(__file__).resolve().parent / "rules.yaml"
-FP8_CONTEXT_FMHA_QUANTS = ("fp8", "w4a8_awq", "nvfp4")  # QuantAlgo.FP8, W4A8_AWQ, NVFP4 (builder.py)
+# QuantAlgo.FP8, W4A8_AWQ, NVFP4: the workflows builder.py gives FP8 context FMHA (the format registry's flag)
+FP8_CONTEXT_FMHA_QUANTS = tuple(n for n, f in formats.FORMATS.items() if f.fp8_context_fmha)
 TRUE_WORDS, FALSE_WORDS = ("True", "true", "TRUE", "1"), ("False", "false", "FALSE", "0")  # GetParameter<bool>
 
 
