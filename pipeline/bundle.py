@@ -599,7 +599,7 @@ def _same_version(a: str | None, b: str | None) -> bool:
 
 def container_check(want: dict[str, Any], container: str) -> tuple[str, bool, str]:
     """The ``runtime`` check against a serving image: the image's TensorRT-LLM and TensorRT versions, from the
-    recorded container pairs (NVIDIA's tensorrtllm_backend Dockerfile), against the versions the bundle was built
+    recorded container pairs (NVIDIA's Release Compatibility Matrix), against the versions the bundle was built
     with. An image not in the record is a usage error naming the recorded ones."""
     from pipeline import upstream
 

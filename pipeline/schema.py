@@ -210,7 +210,7 @@ class RuntimeConfig:
     check_tokens: int = rng(8, 1, 512)
     # TRT-LLM runtimes: the version the serving container has (e.g. "1.2.1"); the build refuses another one
     trtllm_version: Optional[str] = None
-    container: str = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"  # intended serving image (recorded)
+    container: str = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # intended serving image (recorded)
 
 
 # ----------------------------------------------------------------------------------------------------------- build
@@ -283,7 +283,7 @@ class ServeConfig:
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = True
     repo_mount: str = "/models"  # where ops mount the model repository in the serving container (engine_dir)
-    image: str = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"  # serve.launcher=docker (TRT-LLM 1.2.1)
+    image: str = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # serve.launcher=docker (TRT-LLM 1.2.1)
     url: Optional[str] = None  # serve.launcher=external: host:grpc_port of a running server
     torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)

@@ -82,8 +82,12 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
              "output": str(p.out)} for p in plan.stages]
     key = ArtifactKey.of(cfg)
+    from pipeline.upstream import rules
+
+    adjusted = [f.message for f in rules.adjustments(cfg)]
     doc = {"model": key.model, "quant": key.quant, "kv_cache": key.kv, "target": key.target, "runtime": key.runtime,
-           "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here}
+           "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here,
+           "adjusted": adjusted}
     if any(p.stage.name == "quantize" for p in plan.stages):
         from pipeline import calib
 
@@ -92,6 +96,12 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
         print(json.dumps(doc, indent=2))
     else:
         report.print_plan(doc)
+        from rich.markup import escape
+
+        from pipeline.ui import console
+
+        for a in adjusted:
+            console.print(f"[cyan]adjusted:[/] {escape(a)}")
     return doc
 
 

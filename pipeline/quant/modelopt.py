@@ -329,15 +329,22 @@ def export_trtllm_checkpoint(model, dtype, export_dir: Path, *, tp: int, pp: int
     """ModelOpt's TRT-LLM checkpoint export (config.json + rank{N}.safetensors) for the TP x PP mapping. Run it
     before the HF export, which replaces the model's weights in place, and before the proof's reference is
     recorded: it adjusts the quantizers of layers it fuses (q/k/v, gate/up), and the HF export then writes those
-    adjusted scales."""
+    adjusted scales. Its ``config.json`` is then rewritten as TensorRT-LLM's own ``from_hugging_face`` would write it
+    (``pipeline.runtime.trtllm_checkpoint``), so it does not depend on whether ``tensorrt_llm`` imports here."""
+    import warnings
+
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
+    from pipeline.runtime import trtllm_checkpoint
     from pipeline.runtime.trtllm import decoder_type
 
-    with status(f"exporting TRT-LLM checkpoint (TP={tp}, PP={pp})"):
-        export_tensorrt_llm_checkpoint(model, decoder_type(model.config.model_type), dtype,
-                                       export_dir=str(export_dir), inference_tensor_parallel=tp,
-                                       inference_pipeline_parallel=pp)
+    decoder = decoder_type(model.config.model_type)
+    with status(f"exporting TRT-LLM checkpoint (TP={tp}, PP={pp})"), warnings.catch_warnings():
+        # without tensorrt_llm ModelOpt warns and writes its manual config, which the rewrite below corrects
+        warnings.filterwarnings("ignore", message="Cannot export tensorrt_llm checkpoint config")
+        export_tensorrt_llm_checkpoint(model, decoder, dtype, export_dir=str(export_dir),
+                                       inference_tensor_parallel=tp, inference_pipeline_parallel=pp)
+        trtllm_checkpoint.rewrite(export_dir, model.config.to_dict(), decoder)
 
 
 def export_hf_checkpoint(model, export_dir: Path) -> None:

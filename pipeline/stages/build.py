@@ -185,7 +185,9 @@ def publish_timing_cache(own: Path, shared: Path) -> None:
 
 
 def check(cfg) -> list[str]:
-    return planning.compat_problems(cfg) or planning.capacity_problems(cfg)
+    from pipeline.upstream import rules
+
+    return planning.compat_problems(cfg) or rules.refusals(cfg) or planning.capacity_problems(cfg)
 
 
 def env_check(cfg) -> list[str]:

@@ -75,7 +75,10 @@ CAPACITY = ("tp", "pp", "world", "kv_tokens")  # what the repository takes from 
 
 def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any]]:
     """Every placeholder of every template, from the config, the build record and the resolved capacity plan
-    (:data:`CAPACITY` of a ``planning.Capacity``)."""
+    (:data:`CAPACITY` of a ``planning.Capacity``). Where one of TensorRT-LLM's rules changes a setting by itself
+    (``pipeline/upstream/rules.yaml``, action ``adjust``), the value upstream would use is rendered."""
+    from pipeline.upstream import rules
+
     b, sv = cfg.build, cfg.serve
     engine_bs = (engine_cfg.get("build_config") or {}).get("max_batch_size")
     bs = min(int(b.max_batch_size), int(engine_bs)) if engine_bs else int(b.max_batch_size)
@@ -88,9 +91,13 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
     llm = {**common, **queue, "decoupled_mode": sv.decoupled, "max_beam_width": b.max_beam_width,
            "batching_strategy": "inflight_fused_batching", "engine_dir": in_container,
            "encoder_input_features_data_type": "TYPE_FP16", "logits_datatype": "TYPE_FP32",
-           "max_tokens_in_paged_kv_cache": kv_tokens, "batch_scheduler_policy": "guaranteed_no_evict",
+           # 0 (no capacity plan) is refused by the backend's KvCacheConfig; empty leaves the pool to the fraction
+           "max_tokens_in_paged_kv_cache": kv_tokens if kv_tokens > 0 else "",
+           "batch_scheduler_policy": "guaranteed_no_evict",
            "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction,
-           "exclude_input_in_output": True, "enable_kv_cache_reuse": sv.enable_kv_cache_reuse,
+           "exclude_input_in_output": True,
+           "enable_kv_cache_reuse": rules.rendered_kv_cache_reuse(cfg.runtime.name.value, b.use_paged_context_fmha,
+                                                                  sv.enable_kv_cache_reuse),
            "enable_chunked_context": sv.enable_chunked_context, "tokenizer_dir": in_container,
            "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
     python_reference = {"checkpoint_dir": ENGINE_REL, "dtype": cfg.runtime.dtype.value, "device": device,
@@ -186,8 +193,40 @@ def run(ctx: Context) -> PackageResult:
                          decoupled=cfg.serve.decoupled)
 
 
+ENGINE_TEMPLATE = "tensorrt_llm.engine"
+
+
+def rendered_engine_parameters(cfg, capacity=None) -> dict[str, str]:
+    """The ``tensorrt_llm`` parameters rendered for ``trtllm_engine``, from the config alone (the engine's own batch
+    size, known after the build, can only lower ``triton_max_batch_size``)."""
+    import string
+
+    from pipeline.triton.render import _pbtxt_value
+    from pipeline.upstream.pbtxt import parse_template
+
+    vals = values(cfg, {}, capacity if capacity is not None else planning.resolve(cfg))[ENGINE_TEMPLATE]
+    text = (MODELS_DIR / ENGINE_TEMPLATE / "config.pbtxt.tmpl").read_text()
+    params = parse_template(text, name=ENGINE_TEMPLATE).get("parameters", {})
+    fill = {k: _pbtxt_value(v) for k, v in vals.items()}
+    return {k: string.Template(str(v)).safe_substitute(fill) for k, v in params.items()}
+
+
+def check(cfg) -> list[str]:
+    """Plan time: every rendered ``tensorrt_llm`` parameter of an engine repository against what the C++ backend
+    accepts (``pipeline/upstream/rules.yaml``, ``parameters``)."""
+    from pipeline.upstream import rules
+
+    if cfg.runtime.name.value != "trtllm_engine":
+        return []
+    try:
+        return [f"tensorrt_llm/config.pbtxt {p}" for p in rules.parameter_problems(rendered_engine_parameters(cfg))]
+    except UserError as exc:
+        return [str(exc)]
+
+
 STAGE = Stage(
     name="package",
+    check=check,
     run=run,
     reads=("build", "runtime", "target", "quant.format", "quant.kv_cache", "serve.decoupled",
            "serve.layout",

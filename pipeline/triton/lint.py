@@ -214,6 +214,10 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
     for key in ("gpt_model_path", "engine_dir"):
         if paths.get(key) is not None and not paths[key].is_dir():
             out.append(f"{rel}: {key} {params[key]} does not exist")
+    if cfg.backend == "tensorrtllm":  # every value against what the C++ backend accepts (upstream/rules.yaml)
+        from pipeline.upstream import rules
+
+        out += [f"{rel}: {p}" for p in rules.parameter_problems(params)]
     if cfg.backend == "tensorrtllm" and paths.get("gpt_model_path") is not None and paths["gpt_model_path"].is_dir():
         out += _check_engine(paths["gpt_model_path"], rel, cfg, params, trtllm_version)
     if cfg.backend == "python" and not (mdir / "1" / "model.py").is_file():

@@ -2,7 +2,8 @@
 
 Every data file here names the upstream repository, commit and path each part was read from:
 
-- ``containers.yaml``: serving container image <-> TensorRT-LLM / TensorRT / Triton versions;
+- ``containers.yaml``: serving container image <-> TensorRT-LLM / TensorRT / Triton / CUDA / torch / driver
+  versions, per NGC tag, from NVIDIA's Release Compatibility Matrix;
 - ``trtllm-<line>.yaml``: for one TensorRT-LLM line, the Triton model repository layouts (``inflight_batcher_llm``,
   ``llmapi``): every model's inputs and outputs (name, data type, dims, optional, reshape), the parameters the
   backend or ``model.py`` reads (required ones marked), batching and instance settings; plus the ``trtllm-build``
@@ -33,22 +34,58 @@ def _load(name: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def container_pairs() -> dict[str, dict[str, str]]:
-    """``{image: {"trtllm": ..., "tensorrt": ..., "triton": ...}}`` for every recorded serving container."""
-    return {image: {k: str(v[k]) for k in ("trtllm", "tensorrt", "triton")}
+FIGURES = ("trtllm", "tensorrt", "triton", "cuda", "torch", "python", "cuda_driver", "min_driver")
+
+
+def container_pairs() -> dict[str, dict[str, str | None]]:
+    """``{image: {"trtllm", "tensorrt", "triton", "cuda", "torch", "python", "cuda_driver", "min_driver", "tag"}}``
+    for every recorded ``trtllm-python-py3`` tag (NVIDIA's Release Compatibility Matrix); a figure NVIDIA's pages do
+    not give is None."""
+    return {image: {k: (None if v.get(k) is None else str(v[k])) for k in ("tag", *FIGURES)}
             for image, v in _load("containers.yaml")["pairs"].items()}
 
 
 def container_source(image: str) -> dict[str, str]:
-    """Where the pair of ``image`` was read: ``{"repo", "path", "commit"}``."""
+    """Where each figure of ``image`` was read: ``{figure: "page / repo path @ commit"}`` (None-valued figures say
+    so)."""
     doc = _load("containers.yaml")
     if image not in doc["pairs"]:
         raise UserError(f"container {image} is not in the recorded pairs ({', '.join(doc['pairs'])})")
-    return {**doc["source"], "commit": str(doc["pairs"][image]["commit"])}
+    entry, m, t = doc["pairs"][image], doc["source"]["matrix"], doc["source"]["triton"]
+    matrix = f"{m['page']} (row {entry['tag']}; {m['repo']} {m['path']} @ {m['commit'][:10]})"
+    out = {k: matrix for k in ("trtllm", "tensorrt", "cuda", "torch", "python", "cuda_driver")}
+    own = entry.get("sources") or {}
+    tv = own.get("triton") or {}
+    out["triton"] = f"{t['repo']} {t['path']} on {tv.get('ref')} @ {tv.get('commit')}"
+    out["min_driver"] = (own.get("min_driver") if entry.get("min_driver") is not None
+                         else "unknown: no NVIDIA page reached gives it")
+    return out
+
+
+def check_pair(trtllm_version: str | None, image: str, setting: str = "runtime.container") -> list[str]:
+    """Problems of naming ``image`` as the container that serves TensorRT-LLM ``trtllm_version`` (empty: the pair
+    exists in NVIDIA's matrix)."""
+    pairs = container_pairs()
+    if image not in pairs:
+        return [f"{setting}={image} is not a recorded trtllm-python-py3 serving image; recorded for TensorRT-LLM "
+                f"{trtllm_version}: {_for_hint(trtllm_version)}"]
+    have = pairs[image]["trtllm"]
+    if trtllm_version and have != str(trtllm_version):
+        return [f"{setting}={image} ships TensorRT-LLM {have} (NVIDIA's compatibility matrix), not "
+                f"runtime.trtllm_version={trtllm_version}; use {_for_hint(trtllm_version)}"]
+    return []
+
+
+def _for_hint(trtllm_version: str | None) -> str:
+    try:
+        return container_for(str(trtllm_version))
+    except UserError:
+        known = ", ".join(sorted({v["trtllm"] for v in container_pairs().values()}))
+        return f"a TensorRT-LLM version with a recorded image ({known})"
 
 
 def container_for(trtllm_version: str) -> str:
-    """The serving image upstream pairs with ``trtllm_version`` (the newest one when several do)."""
+    """The serving image NVIDIA pairs with ``trtllm_version`` (the newest tag when several ship it)."""
     matches = [image for image, v in container_pairs().items() if v["trtllm"] == str(trtllm_version)]
     if not matches:
         known = ", ".join(sorted({v["trtllm"] for v in container_pairs().values()}))
@@ -58,7 +95,7 @@ def container_for(trtllm_version: str) -> str:
 
 
 def trtllm_for(image: str) -> str | None:
-    """The TensorRT-LLM version upstream pairs with ``image``; None for an image not recorded."""
+    """The TensorRT-LLM version NVIDIA's matrix pairs with ``image``; None for an image not recorded."""
     pair = container_pairs().get(image)
     return pair["trtllm"] if pair else None
 

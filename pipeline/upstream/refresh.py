@@ -7,6 +7,15 @@
 ``python -m pipeline.upstream refresh --checkout PATH --line L --layout X --commit SHA [--repo OWNER/NAME]``
     rewrites that layout's models in the record from the checkout (hand-recorded parts, the parameters each
     backend reads and the build surface, are kept).
+``python -m pipeline.upstream containers``
+    prints every recorded serving image with each figure and the page, file and commit it was read from.
+``python -m pipeline.upstream rules``
+    prints TensorRT-LLM's build and load rules the plan applies (``rules.yaml``), each with its upstream source.
+``python -m pipeline.upstream refresh --matrix PATH --commit SHA``
+    re-reads the ``trtllm-python-py3`` table of NVIDIA's compatibility matrix (``docs/introduction/compatibility.md``
+    of a triton-inference-server/server checkout, at commit SHA) into ``containers.yaml``: the matrix's figures of
+    every recorded tag are replaced, new tags from 24.12 on are added (their ``triton`` and ``min_driver`` unknown
+    until recorded by hand), and each difference is printed.
 ``python -m pipeline.upstream verify --installed [--line L]``
     compares the recorded ``BuildConfig`` fields, ``trtllm-build`` flags and LLM-API argument names with the
     installed ``tensorrt_llm`` (needs TensorRT-LLM; refuses with the reason otherwise).
@@ -122,6 +131,73 @@ def refresh_checkout(checkout: Path, line: str, layout: str, commit: str, repo: 
     return path
 
 
+MATRIX_COLUMNS = ("tag", "image", "python", "torch", "tensorrt", "trtllm", "cuda", "cuda_driver", "size")
+FIRST_TAG = (24, 12)
+
+
+def parse_matrix(text: str) -> dict[str, dict[str, str]]:
+    """``{image: {column: value}}`` from the ``trtllm-python-py3`` table of NVIDIA's compatibility matrix (Markdown).
+    Refuses a table whose header is not the nine columns this record reads."""
+    if "## Container Name: trtllm-python-py3" not in text:
+        raise UserError("no 'Container Name: trtllm-python-py3' section: not NVIDIA's compatibility matrix")
+    sec = text.split("## Container Name: trtllm-python-py3", 1)[1].split("## Container Name:", 1)[0]
+    lines = [ln for ln in sec.splitlines() if ln.strip().startswith("|")]
+    if not lines:
+        raise UserError("the trtllm-python-py3 section has no table")
+    header = [c.strip().lower() for c in lines[0].strip().strip("|").split("|")]
+    want = ["triton release version", "ngc tag", "python version", "torch version", "tensorrt version",
+            "tensorrt-llm version", "cuda version", "cuda driver version", "size"]
+    if header != want:
+        raise UserError(f"the trtllm-python-py3 table's columns are {header}, expected {want}; the matrix changed "
+                        f"shape: update MATRIX_COLUMNS")
+    out = {}
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if len(cells) != len(MATRIX_COLUMNS):
+            raise UserError(f"matrix row {ln.strip()!r} has {len(cells)} cells, expected {len(MATRIX_COLUMNS)}")
+        row = dict(zip(MATRIX_COLUMNS, cells))
+        row["python"] = row["python"].removeprefix("Python ").strip()
+        out[row["image"]] = row
+    return out
+
+
+def refresh_containers(matrix: Path, commit: str) -> tuple[Path, list[str]]:
+    """Rewrite the matrix's figures in ``containers.yaml`` from a compatibility.md; returns the file and one line
+    per figure that changed or tag that was added."""
+    rows = parse_matrix(Path(matrix).read_text())
+    path = upstream.DATA / "containers.yaml"
+    doc = yaml.safe_load(path.read_text())
+    changes = []
+    for image, row in rows.items():
+        y, m = (int(p) for p in row["tag"].split("."))
+        if (y, m) < FIRST_TAG:
+            continue
+        entry = doc["pairs"].setdefault(image, {"tag": row["tag"], "triton": None, "min_driver": None})
+        if "trtllm" not in entry:
+            changes.append(f"{image}: new tag (triton and min_driver unknown until recorded)")
+        for k in ("trtllm", "tensorrt", "cuda", "torch", "python", "cuda_driver"):
+            if str(entry.get(k)) != row[k]:
+                if k in entry:
+                    changes.append(f"{image}: {k} {entry.get(k)} -> {row[k]}")
+                entry[k] = row[k]
+    for image in sorted(set(doc["pairs"]) - set(rows)):
+        changes.append(f"{image}: recorded, but not in the matrix (kept)")
+    doc["source"]["matrix"]["commit"] = commit
+    doc["pairs"] = dict(sorted(doc["pairs"].items(), key=lambda kv: upstream._tag_key(kv[0]), reverse=True))
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+    return path, changes
+
+
+def show_containers() -> str:
+    lines = []
+    for image, figs in upstream.container_pairs().items():
+        src = upstream.container_source(image)
+        lines.append(image)
+        for k in upstream.FIGURES:
+            lines.append(f"  {k:<12} {figs[k] if figs[k] is not None else 'unknown':<30} {src[k]}")
+    return "\n".join(lines)
+
+
 def verify_installed(line: str) -> list[str]:
     """Recorded build surface vs the installed tensorrt_llm."""
     try:
@@ -198,7 +274,8 @@ def main(argv: list[str]) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m pipeline.upstream")
-    p.add_argument("verb", choices=("verify", "refresh", "show"))
+    p.add_argument("verb", choices=("verify", "refresh", "show", "containers", "rules"))
+    p.add_argument("--matrix")
     p.add_argument("--checkout")
     p.add_argument("--installed", action="store_true")
     p.add_argument("--line", default="1.2.1")
@@ -222,6 +299,22 @@ def main(argv: list[str]) -> int:
                 print(f)
             print(f"{len(findings)} difference(s) from the record for TensorRT-LLM {a.line}")
             return 1 if findings else 0
+        if a.verb == "rules":
+            from pipeline.upstream import rules
+
+            print(rules.describe())
+            return 0
+        if a.verb == "containers":
+            print(show_containers())
+            return 0
+        if a.matrix:
+            if not a.commit:
+                raise UserError("refresh --matrix needs --commit SHA (the server commit the file was read at)")
+            path, changes = refresh_containers(Path(a.matrix), a.commit)
+            for c in changes:
+                print(c)
+            print(f"{path}: {len(changes)} change(s)")
+            return 0
         if not (a.checkout and a.commit and a.layout):
             raise UserError("refresh needs --checkout PATH --layout NAME --commit SHA")
         for layout in a.layout:

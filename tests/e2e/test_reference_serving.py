@@ -274,3 +274,58 @@ def test_llmapi_unary_request_with_1d_tensors(served, reference):
             client.infer("tensorrt_llm", inputs + [_t("sampling_param_best_of", np.array([2], np.int32))])
     finally:
         client.close()
+
+
+def test_llmapi_stop_perf_metrics_and_reasons_behave_as_upstreams_model(served, reference):
+    """Upstream's llmapi model.py @ 044a90d (TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py):
+    ``stop=true`` with a request's id aborts it and answers "Request cancelled by client" (CANCELLED); without an id,
+    "A request id must be provided for request cancellation"; ``sampling_param_return_perf_metrics`` adds the KV-cache
+    and timing outputs, absent otherwise; ``return_finish_reason``/``return_stop_reason`` are strings (``str()`` of
+    the LLM API's values: "length", "None")."""
+    import tritonclient.grpc as grpcclient
+
+    url, _repo = served("llmapi", True)
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        long = [_t("text_input", np.array([PROMPTS[1].encode()], dtype=object)),
+                _t("sampling_param_max_tokens", np.array([400], np.int32)), _t("streaming", np.array([True]))]
+        client.async_stream_infer("tensorrt_llm", long, request_id="victim", enable_empty_final_response=True)
+        first = q.get(timeout=120)  # generation is under way
+        assert first[1] is None
+        client.async_stream_infer("tensorrt_llm", [_t("text_input", np.array([b""], dtype=object)),
+                                                   _t("stop", np.array([True]))], request_id="victim")
+        errors = []
+        deadline = time.monotonic() + 120
+        while len(errors) < 2 and time.monotonic() < deadline:
+            result, error = q.get(timeout=120)
+            if error is not None:
+                errors.append(str(error))
+        assert len(errors) == 2 and all("Request cancelled by client" in e for e in errors), errors
+        # negative control: a stop without a request id names what is missing
+        client.async_stream_infer("tensorrt_llm", [_t("text_input", np.array([b""], dtype=object)),
+                                                   _t("stop", np.array([True]))])
+        _result, error = q.get(timeout=60)
+        assert error is not None and "A request id must be provided for request cancellation" in str(error)
+    finally:
+        client.stop_stream()
+        client.close()
+
+    def ask(perf: bool):
+        inputs = [_t("text_input", np.array([PROMPTS[0].encode()], dtype=object)),
+                  _t("sampling_param_max_tokens", np.array([4], np.int32)),
+                  _t("sampling_param_return_perf_metrics", np.array([perf])),
+                  _t("return_finish_reason", np.array([True])), _t("return_stop_reason", np.array([True]))]
+        return _stream(url, "tensorrt_llm", [inputs])[0][-1][1]
+
+    with_perf, without = ask(True), ask(False)
+    assert with_perf.as_numpy("finish_reason")[0].decode() == "length"
+    assert with_perf.as_numpy("stop_reason")[0].decode() == "None"
+    for name in ("kv_cache_reused_block", "kv_cache_hit_rate", "arrival_time_ns", "first_token_time_ns",
+                 "last_token_time_ns"):
+        assert with_perf.as_numpy(name) is not None, name
+        assert without.as_numpy(name) is None, name  # control: only when asked for
+    arrival, first_tok, last_tok = (int(with_perf.as_numpy(n)[0]) for n in
+                                    ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"))
+    assert 0 < arrival <= first_tok <= last_tok

@@ -431,7 +431,7 @@ def test_external_launcher_uses_a_running_server_of_this_package_only(tiny_build
 
 
 def test_docker_launcher_command_and_its_clear_refusal(tmp_path):
-    cmd = server.docker_command(Path("/srv/repo"), image="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3",
+    cmd = server.docker_command(Path("/srv/repo"), image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
                                 mount="/models", host="127.0.0.1", http_port=18000, grpc_port=18001, name="b")
     assert cmd[:2] == ["docker", "run"] and "--gpus" in cmd and "/srv/repo:/models:ro" in cmd
     assert "127.0.0.1:18001:8001" in cmd and "--model-repository=/models" in cmd

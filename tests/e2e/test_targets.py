@@ -72,6 +72,8 @@ def test_engine_runtime_gets_a_trtllm_checkpoint_with_the_build_mapping(tmp_path
     trt = json.loads((out / "trtllm_checkpoint" / "config.json").read_text())
     assert trt["mapping"]["tp_size"] == 2 and trt["mapping"]["world_size"] == 2
     assert trt["quantization"]["quant_algo"] == "FP8" and trt["quantization"]["kv_cache_quant_algo"] == "FP8"
+    # written as TensorRT-LLM's QWenConfig.from_hugging_face would, though tensorrt_llm does not import here
+    assert (trt["architecture"], trt["qwen_type"], trt["attn_bias"]) == ("Qwen3ForCausalLM", "qwen3", False)
     assert sorted(p.name for p in (out / "trtllm_checkpoint").glob("rank*.safetensors")) == \
         ["rank0.safetensors", "rank1.safetensors"]
     assert (out / "checkpoint" / "hf_quant_config.json").is_file()  # the unified checkpoint, always

@@ -87,7 +87,7 @@ def test_a_removed_output_and_a_renamed_input_are_named(rendered, tmp_path):
     assert any('upstream input "exclude_input_in_output" is missing' in f for f in findings)
 
 
-@pytest.mark.parametrize("key", ["gpt_model_path", "tokenizer_dir", "xgrammar_tokenizer_info_path",
+@pytest.mark.parametrize("key", ["gpt_model_path", "gpt_model_type", "tokenizer_dir", "xgrammar_tokenizer_info_path",
                                  "guided_decoding_backend"])
 def test_a_missing_required_parameter_is_named(rendered, tmp_path, key):
     repo = copy(rendered, "engine", tmp_path)
@@ -95,6 +95,19 @@ def test_a_missing_required_parameter_is_named(rendered, tmp_path, key):
     findings = lint.lint(repo)
     assert any(f.startswith(f'tensorrt_llm/config.pbtxt: required parameter "{key}" is missing') for f in findings), \
         findings
+
+
+@pytest.mark.parametrize("key,good,bad,says", [
+    ("kv_cache_free_gpu_mem_fraction", "0.9", "1.0", "must be < 1"),
+    ("batch_scheduler_policy", "guaranteed_no_evict", "static", "not one of max_utilization, guaranteed_no_evict"),
+    ("enable_kv_cache_reuse", "true", "yes", "cannot convert it"),
+])
+def test_a_parsed_value_the_backend_refuses_is_named(rendered, tmp_path, key, good, bad, says):
+    repo = copy(rendered, "engine", tmp_path)
+    edit(repo / "tensorrt_llm" / "config.pbtxt", f'key: "{key}" value: {{ string_value: "{good}" }}',
+         f'key: "{key}" value: {{ string_value: "{bad}" }}')
+    findings = lint.lint(repo)
+    assert any(f.startswith(f"tensorrt_llm/config.pbtxt: {key}={bad!r}") and says in f for f in findings), findings
 
 
 def test_an_empty_engine_path_is_named(rendered, tmp_path):
@@ -120,10 +133,10 @@ def test_an_engine_from_another_trtllm_names_the_matching_container(rendered, tm
     repo = copy(rendered, "engine", tmp_path)
     cfg = repo / ENGINE_REL / "config.json"
     cfg.write_text(cfg.read_text().replace('"1.2.1"', '"1.1.0"'))
-    findings = lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    findings = lint.lint(repo, container="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3")
     assert findings == ["tensorrt_llm/config.pbtxt: engine built by TensorRT-LLM 1.1.0, serving container has 1.2.1; "
-                        "rebuild with 1.2.1 or serve with nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"]
-    assert lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3") == []
+                        "rebuild with 1.2.1 or serve with nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"]
+    assert lint.lint(repo, container="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3") == []  # ships 1.1.0
 
 
 @pytest.mark.parametrize("change, expected", [

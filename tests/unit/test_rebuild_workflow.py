@@ -14,8 +14,9 @@ def _build_job() -> dict:
 
 
 def test_trtllm_entries_build_in_the_recorded_container_with_the_gpus():
-    pairs = yaml.safe_load((REPO / "pipeline" / "upstream" / "containers.yaml").read_text())["pairs"]
-    (image,) = [name for name, p in pairs.items() if str(p["trtllm"]) == "1.2.1"]
+    from pipeline import upstream
+
+    image = upstream.container_for("1.2.1")
     job = _build_job()
     expr = job["container"]["image"]
     assert f"startsWith(matrix.runtime, 'trtllm') && '{image}'" in expr

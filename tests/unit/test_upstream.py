@@ -28,24 +28,78 @@ instance_group [ { count: ${postprocessing_instance_count} kind: KIND_CPU } ]
 """
 
 
-def test_container_pairs_follow_the_backends_dockerfile_pins():
+def test_container_pairs_are_nvidias_compatibility_matrix():
     pairs = upstream.container_pairs()
-    assert pairs["nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"] == {
-        "trtllm": "1.2.1", "tensorrt": "10.14.1.48", "triton": "2.64.0"}
-    assert pairs["nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"]["trtllm"] == "1.1.0"
-    assert upstream.container_for("1.2.1") == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-    assert upstream.trtllm_for("nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3") == "1.1.0"
+    # rows of NVIDIA's Release Compatibility Matrix (container trtllm-python-py3), server 4b54459 docs
+    assert {k: pairs["nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"][k] for k in
+            ("trtllm", "tensorrt", "triton", "cuda", "cuda_driver", "min_driver")} == {
+        "trtllm": "1.1.0", "tensorrt": "10.13.3.9", "triton": "2.64.0", "cuda": "13.0.2.006",
+        "cuda_driver": "580.95.05", "min_driver": "575"}
+    assert pairs["nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"]["trtllm"] == "1.0.0"
+    assert pairs["nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"]["tensorrt"] == "10.10.0.31"
+    assert pairs["nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3"]["trtllm"] == "1.2.0"
+    assert pairs["nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"]["min_driver"] is None  # no page gives it
+    tags = sorted(p["tag"] for p in pairs.values())
+    expected = [f"{y}.{m:02d}" for y in (24, 25, 26) for m in range(1, 13)]
+    assert tags == [t for t in expected if "24.12" <= t <= "26.07"]  # every tag from 24.12 to the newest listed
+    assert upstream.container_for("1.2.1") == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # newest of four
+    assert upstream.container_for("1.1.0") == "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"
+    assert upstream.trtllm_for("nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3") == "1.0.0"
     assert upstream.trtllm_for("example.com/unknown:1") is None
-    assert upstream.container_source("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")["commit"] == "8addf2f"
+    src = upstream.container_source("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    assert "compatibility.html" in src["trtllm"] and "row 25.12" in src["trtllm"]
+    assert "TRITON_VERSION on r25.12" in src["triton"] and "rel-25-12.html" in src["min_driver"]
+    assert src.keys() == set(upstream.FIGURES)
     with pytest.raises(UserError, match="no serving container recorded for TensorRT-LLM 9.9.9"):
         upstream.container_for("9.9.9")
+
+
+def test_a_wrong_pair_is_refused():
+    good = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    assert upstream.check_pair("1.2.1", good) == []
+    # negative controls: 25.12 ships 1.1.0, not 1.2.1 (the old record's mistake); an image not in the matrix
+    (wrong,) = upstream.check_pair("1.2.1", "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    assert "ships TensorRT-LLM 1.1.0" in wrong and "26.07-trtllm-python-py3" in wrong
+    (unknown,) = upstream.check_pair("1.2.1", "nvcr.io/nvidia/tritonserver:25.12-py3", "serve.image")
+    assert unknown.startswith("serve.image=") and "not a recorded" in unknown
+
+
+def test_refresh_reads_nvidias_matrix_table_and_refuses_another_shape(tmp_path):
+    table = ("## Container Name: trtllm-python-py3\n\n"
+             "| Triton release version | NGC Tag | Python version | Torch version | TensorRT version | "
+             "TensorRT-LLM version | CUDA version | CUDA Driver version | Size |\n"
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+             "| 26.07 | nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 | Python 3.12.3 | 2.10.0a0 | 10.14.1.48 | "
+             "1.2.1 | 13.1.0.036 | 590.44.01 | 14.20 GB |\n\n## Container Name: vllm-python-py3\n")
+    rows = refresh.parse_matrix(table)
+    assert rows["nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"]["trtllm"] == "1.2.1"
+    assert rows["nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"]["python"] == "3.12.3"
+    with pytest.raises(UserError, match="columns are"):
+        refresh.parse_matrix(table.replace("TensorRT-LLM version | ", ""))
+    with pytest.raises(UserError, match="not NVIDIA's compatibility matrix"):
+        refresh.parse_matrix("# something else")
+    recorded = upstream.container_pairs()["nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"]
+    assert {k: recorded[k] for k in ("trtllm", "tensorrt", "cuda", "cuda_driver")} == {
+        k: rows["nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"][k] for k in ("trtllm", "tensorrt", "cuda",
+                                                                                    "cuda_driver")}
+
+
+def test_containers_verb_names_the_source_of_every_figure(capsys):
+    assert refresh.main(["containers"]) == 0
+    out = capsys.readouterr().out
+    block = out.split("nvcr.io/nvidia/tritonserver:25.11-trtllm-python-py3\n", 1)[1].split("nvcr.io", 1)[0]
+    assert "1.0.3.2510" in block and "TRITON_VERSION on r25.11" in block
+    assert "unknown: no NVIDIA page reached gives it" in block  # min_driver of 25.11 not reached
 
 
 def test_the_default_serving_image_pairs_with_the_default_trtllm_version():
     from pipeline import config
 
-    cfg = config.compose(["model=tiny-qwen3", "runtime=trtllm_engine"])
-    assert upstream.container_for(cfg.runtime.trtllm_version) == cfg.runtime.container == cfg.serve.image
+    for runtime in ("trtllm_engine", "trtllm_llmapi"):
+        cfg = config.compose(["model=tiny-qwen3", f"runtime={runtime}"])
+        assert upstream.container_for(cfg.runtime.trtllm_version) == cfg.runtime.container == cfg.serve.image
+        # the default container ships the default TensorRT-LLM version, per NVIDIA's matrix
+        assert upstream.container_pairs()[cfg.runtime.container]["trtllm"] == cfg.runtime.trtllm_version
 
 
 def test_lines_and_layouts():
@@ -69,8 +123,13 @@ def test_record_holds_what_nvidias_clients_send_and_the_backend_requires():
     pre = upstream.tensor_names("1.2.1", "inflight_batcher_llm", "preprocessing")
     assert {"REQUEST_OUTPUT_LEN", "BAD_WORDS_DICT", "STOP_WORDS_DICT"} <= set(pre)
     reads = upstream.reads("1.2.1", "inflight_batcher_llm")
-    assert set(reads["tensorrt_llm"]["required"]) == {"gpt_model_path", "tokenizer_dir",
+    # gpt_model_type: read with no try/catch (model_instance_state.cc getBatchingTypeFromParams)
+    assert set(reads["tensorrt_llm"]["required"]) == {"gpt_model_path", "gpt_model_type", "tokenizer_dir",
                                                       "xgrammar_tokenizer_info_path", "guided_decoding_backend"}
+    trt = upstream.interface("1.2.1", "inflight_batcher_llm")["tensorrt_llm"]
+    pet = next(t for t in trt["inputs"] if t["name"] == "prompt_embedding_table")
+    assert pet["data_type"] == "${prompt_embedding_table_data_type}"  # templated upstream @ 0c8de69
+    assert "enable_trt_overlap" in trt["parameters"]
     assert "engine_dir" not in upstream.interface("1.2.1", "inflight_batcher_llm")["tensorrt_llm"]["parameters"]
     llm = upstream.interface("1.2.1", "llmapi")["tensorrt_llm"]
     assert "max_batch_size" not in llm or llm["max_batch_size"] == 0  # from model.yaml's triton_config
