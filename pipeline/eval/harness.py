@@ -1,0 +1,116 @@
+"""lm-evaluation-harness against an OpenAI endpoint, in a child process; per-item scores for the paired gate.
+
+Log-likelihood tasks (``multiple_choice``, ``loglikelihood``, ``loglikelihood_rolling``) go through lm-eval's
+``local-completions`` model: it tokenizes with the model's own tokenizer and posts ``/v1/completions`` with the token
+ids as ``prompt``, ``echo: true``, ``logprobs: 1``, ``max_tokens: 1`` and ``temperature: 0``, then sums the echoed
+prompt log probabilities of the continuation tokens. Generative tasks (``generate_until``) go through
+``local-chat-completions``: ``/v1/chat/completions`` with the task's prompt as messages (lm-eval's
+``apply_chat_template``), ``max_tokens`` from the task's ``max_gen_toks``, its stop strings and ``temperature: 0``.
+
+The child writes one JSON file: per task, lm-eval's aggregate results, and per metric the score of every item keyed by
+``doc_id``, with the lm-eval version and how each task was run. Running lm-eval in a child keeps its imports
+(``datasets``, ``pyarrow``), logging and event loops out of the stage's process; on an environment whose numpy is
+older than pyarrow needs, the child runs on the evaluation overlay (``pipeline.eval.env``).
+
+    python -m pipeline.eval.harness SPEC.json OUT.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOGLIKELIHOOD = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+GENERATE = ("generate_until",)
+
+
+def _item_scores(samples: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[str, float]]:
+    """{metric: {doc_id: score}} from lm-eval's logged samples (one per item; ``filter`` ``none`` or the task's
+    first filter)."""
+    out: dict[str, dict[str, float]] = {}
+    for s in samples:
+        for m in metrics:
+            v = s.get(m)
+            if isinstance(v, bool):
+                v = float(v)
+            if isinstance(v, (int, float)):
+                out.setdefault(m, {})[str(s["doc_id"])] = float(v)
+    return out
+
+
+def _leaves(obj: Any) -> list[Any]:
+    """The leaf Task objects of lm-eval's nested task dict (a group maps to its subtasks)."""
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _leaves(v)]
+    return [obj]
+
+
+def _evaluate(spec: dict[str, Any], tasks: list[Any], chat: bool) -> dict[str, Any]:
+    """One simple_evaluate call over ``tasks`` (Task objects) through the model of their kind."""
+    from lm_eval import simple_evaluate
+
+    model = "local-chat-completions" if chat else "local-completions"
+    path = "chat/completions" if chat else "completions"
+    args = {"model": spec["model"], "base_url": f"{spec['base_url'].rstrip('/')}/{path}",
+            "tokenizer_backend": "huggingface", "tokenizer": spec["tokenizer"], "num_concurrent": spec["concurrency"],
+            "max_retries": 1, "timeout": int(spec["timeout_s"]), "max_length": spec["max_length"],
+            "tokenized_requests": not chat}
+    res = simple_evaluate(model=model, model_args=args, tasks=tasks, limit=spec.get("limit"),
+                          num_fewshot=spec.get("num_fewshot"), log_samples=True, apply_chat_template=chat,
+                          random_seed=spec["seed"], numpy_random_seed=spec["seed"], torch_random_seed=spec["seed"],
+                          fewshot_random_seed=spec["seed"], bootstrap_iters=0)
+    return {"model": model, "endpoint": args["base_url"], "results": res["results"], "samples": res["samples"]}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every task of ``spec["tasks"]`` (a task or a group: its subtasks' items pooled) evaluated at
+    ``spec["base_url"]``; -> {"lm_eval": version, "tasks": {name: ...}, "wall_s"}."""
+    import importlib.metadata as md
+
+    from lm_eval.tasks import TaskManager
+
+    t0 = time.perf_counter()
+    tm = TaskManager(include_path=spec.get("include_path"), include_defaults=bool(spec.get("include_defaults", True)))
+    leaves: dict[str, list[Any]] = {}
+    for name in spec["tasks"]:
+        if name not in tm.all_tasks:
+            raise SystemExit(f"error: lm-eval has no task or group {name!r}")
+        leaves[name] = _leaves(tm.load_task_or_group(name))
+    runs: dict[bool, dict[str, Any]] = {}
+    for chat in (False, True):
+        todo = [t for ts in leaves.values() for t in ts if (t.config.output_type in GENERATE) == chat]
+        if todo:
+            runs[chat] = _evaluate(spec, todo, chat)
+    tasks: dict[str, Any] = {}
+    for name, ts in leaves.items():
+        items: dict[str, dict[str, float]] = {}
+        info = {"subtasks": [], "output_types": sorted({t.config.output_type for t in ts})}
+        for t in ts:
+            r = runs[t.config.output_type in GENERATE]
+            info.update(model=r["model"], endpoint=r["endpoint"])
+            metrics = [m["metric"] if isinstance(m, dict) else m for m in (t.config.metric_list or [])]
+            metrics = [m for m in metrics if isinstance(m, str)] or ["acc"]
+            prefix = "" if len(ts) == 1 else f"{t.task_name}/"
+            for m, scores in _item_scores(r["samples"].get(t.task_name, []), metrics).items():
+                items.setdefault(m, {}).update({prefix + k: v for k, v in scores.items()})
+            info["subtasks"].append(t.task_name)
+        tasks[name] = {**info, "metrics": sorted(items), "items": items,
+                       "results": {k: v for k, v in (runs[ts[0].config.output_type in GENERATE]["results"]
+                                                     .get(name) or {}).items() if isinstance(v, (int, float, str))}}
+    return {"lm_eval": md.version("lm_eval"), "tasks": tasks, "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    out = run(spec)
+    tmp = Path(argv[1]).with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.replace(argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
