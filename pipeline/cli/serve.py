@@ -105,9 +105,9 @@ def cmd_serve(args: list[str]) -> int:
                 app.state.front_end.driver.url = s.grpc_url
                 print(f"OpenAI {front_run.url_of(sock)}  (model '{served.name}')")
             if s.proc is not None:
-                print(f"HTTP   {s.http_url}")
-            print(f"gRPC   {s.grpc_url}")
-            print(f"ready  {', '.join(ready)}")
+                print(f"HTTP  {s.http_url}")
+            print(f"gRPC  {s.grpc_url}")
+            print(f"ready {', '.join(ready)}")
             print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
             if front is not None:
                 front_run.serve_forever(app, sock, alive=s.alive)
