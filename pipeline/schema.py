@@ -223,6 +223,33 @@ class BuildSettings:
 
 
 # ----------------------------------------------------------------------------------------------------------- serve
+class OpenAIEntry(str, Enum):
+    auto = "auto"  # ensemble (inflight_batcher_llm), tensorrt_llm (llmapi)
+    ensemble = "ensemble"
+    tensorrt_llm_bls = "tensorrt_llm_bls"
+    tensorrt_llm = "tensorrt_llm"
+
+
+@dataclass
+class OpenAILimits:
+    max_body_bytes: int = rng(8 << 20, 1024, 1 << 30)  # larger bodies get a 413
+    max_tokens: int = rng(4096, 1, 10_000_000)  # the default max_tokens: the remaining context, capped here
+    request_timeout_s: float = rng(600.0, 1.0, 86_400.0)  # one generation's limit on the Triton side
+
+
+@dataclass
+class OpenAIConfig:
+    """The OpenAI-compatible front end that ``pipeline serve`` starts beside Triton (``pipeline.serving``)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = rng(9000, 0, 65535)  # 0: any free port
+    api_key_env: Optional[str] = None  # an environment variable holding the key clients must send (Bearer)
+    model_name: Optional[str] = None  # the model id clients name; default the bundle's model name
+    entry_point: OpenAIEntry = OpenAIEntry.auto
+    limits: OpenAILimits = field(default_factory=OpenAILimits)
+
+
 @dataclass
 class ServeConfig:
     launcher: Launcher = Launcher.local
@@ -243,6 +270,7 @@ class ServeConfig:
     image: str = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"  # serve.launcher=docker (TRT-LLM 1.2.1)
     url: Optional[str] = None  # serve.launcher=external: host:grpc_port of a running server
     torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
 
 
 # ----------------------------------------------------------------------------------------------------------- bench

@@ -268,7 +268,8 @@ class Served:
 
     def __init__(self, repo: Path, log: Path, timeout_s: float = 600):
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(repo)], cwd=repo.parent,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(repo), "serve.openai.port=0"],
+                                     cwd=repo.parent,
                                      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []

@@ -11,12 +11,15 @@ from pipeline.errors import UserError
 
 
 def register(sub) -> None:
-    p = subcommand(sub, "serve", help="serve a model repository or published bundle on Triton until Ctrl-C",
+    p = subcommand(sub, "serve", help="serve a model repository or published bundle on Triton and the OpenAI API "
+                                      "until Ctrl-C",
                    usage="python -m pipeline serve [-h] REPO_OR_BUNDLE [OVERRIDE ...]",
                    description="Stand a model repository or a published bundle (its triton_repo/; a bundle base "
-                               "with `latest` serves that version) up on Triton with serve.launcher (local or "
-                               "docker). Prints the HTTP and gRPC addresses and the ready models, and runs until "
-                               "SIGINT or SIGTERM.")
+                               "with `latest` serves that version) up on Triton with serve.launcher (local, docker, "
+                               "or external: a running server at serve.url), with the OpenAI-compatible API beside "
+                               "it (serve.openai.*: host, port 9000, api_key_env, limits; enabled=false for Triton "
+                               "alone). Prints the OpenAI base URL, the HTTP and gRPC addresses and the ready "
+                               "models, and runs until SIGINT or SIGTERM.")
     add_overrides(p, metavar="ARG",
                   help="the repository or bundle directory, then Hydra overrides (e.g. serve.launcher=docker)")
     p.set_defaults(func=lambda a: cmd_serve(a.args))
@@ -40,12 +43,31 @@ def serve_target(where: str) -> Path:
     return p
 
 
+def staged(repo: Path, work: Path) -> Path:
+    """``repo`` as Triton can load it: a model directory without a version directory (an ensemble's empty ``1/``,
+    which a bundle's file list does not keep) gets one in a linked copy under ``work``; else ``repo`` itself."""
+    models = [d for d in sorted(repo.iterdir()) if (d / "config.pbtxt").is_file()]
+    if all(any(c.is_dir() and c.name.isdigit() for c in d.iterdir()) for d in models):
+        return repo
+    out = work / "repo"
+    for d in models:
+        (out / d.name).mkdir(parents=True)
+        for child in d.iterdir():
+            (out / d.name / child.name).symlink_to(child.resolve())
+        if not any(c.is_dir() and c.name.isdigit() for c in d.iterdir()):
+            (out / d.name / "1").mkdir()
+    for child in repo.iterdir():  # files beside the models (a bundle's repository has none that Triton reads)
+        if not (out / child.name).exists():
+            (out / child.name).symlink_to(child.resolve())
+    return out
+
+
 def cmd_serve(args: list[str]) -> int:
-    """Serve until SIGINT/SIGTERM; the server is stopped on every exit path."""
-    import json
+    """Serve until SIGINT/SIGTERM; everything started here is stopped on every exit path (the Triton server runs
+    under a supervisor that also outlives nothing after a kill -9 of this process)."""
+    import shutil
     import signal
     import tempfile
-    import urllib.request
 
     from pipeline.config import compose
     from pipeline.stages.package import ENTRY_POINTS
@@ -54,12 +76,18 @@ def cmd_serve(args: list[str]) -> int:
     where = [a for a in args if "=" not in a or Path(a).exists()]
     overrides = [a for a in args if a not in where]
     if len(where) != 1:
-        raise UserError("usage: python -m pipeline serve REPO_OR_BUNDLE [serve.launcher=local|docker] [overrides]")
+        raise UserError("usage: python -m pipeline serve REPO_OR_BUNDLE [serve.launcher=local|docker|external] "
+                        "[overrides]")
     repo = serve_target(where[0]).resolve()
     cfg = compose(overrides)
-    if cfg.serve.launcher.value == "external":
-        raise UserError("serve.launcher=external points at a server that already runs; use local or docker")
     layout = lint.layout_of({d.name: d for d in repo.iterdir() if d.is_dir()})
+    oa = cfg.serve.openai
+    front = None
+    if oa.enabled:  # everything the front end needs is checked before Triton starts
+        from pipeline.serving import run as front_run
+
+        front = front_run.build_app(repo, "", oa)  # the gRPC address is set once the server is up
+        sock = front_run.bind(str(oa.host), int(oa.port))
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
@@ -68,18 +96,24 @@ def cmd_serve(args: list[str]) -> int:
     # background job starts with it ignored
     work = Path(tempfile.mkdtemp(prefix="pipeline-serve-"))
     try:
-        with server.launched(cfg.serve, repo, work) as s:
-            req = urllib.request.Request(f"{s.http_url}/v2/repository/index", data=b"{}", method="POST")
-            with urllib.request.urlopen(req, timeout=10) as r:
-                index = json.loads(r.read())
-            ready = sorted(m["name"] for m in index if m.get("state") == "READY")
+        triton_repo = staged(repo, work) if cfg.serve.launcher.value != "external" else repo
+        with server.launched(cfg.serve, triton_repo, work) as s:
+            ready = _ready_models(s)
             print(f"serving {repo} ({layout} layout; entry points: {', '.join(ENTRY_POINTS[layout])})")
-            print(f"HTTP  {s.http_url}")
+            if front is not None:
+                app, served = front
+                app.state.front_end.driver.url = s.grpc_url
+                print(f"OpenAI {front_run.url_of(sock)}  (model '{served.name}')")
+            if s.proc is not None:
+                print(f"HTTP  {s.http_url}")
             print(f"gRPC  {s.grpc_url}")
             print(f"ready {', '.join(ready)}")
             print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
-            while s.alive():
-                time.sleep(0.5)
+            if front is not None:
+                front_run.serve_forever(app, sock, alive=s.alive)
+            else:
+                while s.alive():
+                    time.sleep(0.5)
             print(f"error: the server exited; its log {s.log_path}:\n{s.log_tail()}", file=sys.stderr)
             return 1
     except KeyboardInterrupt:
@@ -90,3 +124,17 @@ def cmd_serve(args: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if front is not None:
+            sock.close()
+        shutil.rmtree(work / "repo", ignore_errors=True)  # the staged links; the server log stays
+
+
+def _ready_models(s) -> list[str]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(s.grpc_url)
+    try:
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+    finally:
+        client.close()
+    return sorted(m["name"] for m in index if m.get("state") == "READY")

@@ -106,7 +106,7 @@ def test_serve_stands_up_a_packaged_repository_until_interrupted(tiny_build, tmp
     from tests.conftest import cli_env
 
     repo = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(repo)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(repo), "serve.openai.port=0"], cwd=tmp_path,
                             env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     try:
@@ -123,6 +123,10 @@ def test_serve_stands_up_a_packaged_repository_until_interrupted(tiny_build, tmp
         with urllib.request.urlopen(f"{http}/v2/models/ensemble/ready", timeout=10) as r:
             assert r.status == 200
         assert grpc.startswith("127.0.0.1:")
+        openai_url = next(x.split()[1] for x in lines if x.startswith("OpenAI"))
+        assert openai_url.startswith("http://127.0.0.1:") and openai_url.endswith("/v1")
+        with urllib.request.urlopen(f"{openai_url}/models", timeout=10) as r:
+            assert [m["id"] for m in json.loads(r.read())["data"]] == ["tiny-qwen3"]
         started = psutil.Process(proc.pid).children(recursive=True)
         assert any(p.name() == "tritonserver" for p in started)
         body = json.dumps({"text_input": "The capital of France is", "max_tokens": 4, "stream": True}).encode()

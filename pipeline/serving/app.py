@@ -1,0 +1,544 @@
+"""The OpenAI-compatible HTTP front end (FastAPI): ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (``stream`` true or false), ``GET /health``.
+
+- Chat prompts are rendered with the model's own chat template (``chat_template_kwargs`` passed through, e.g.
+  Qwen3's ``enable_thinking``); a tokenizer without one answers chat with a 400 (completions still work).
+- ``max_tokens``/``max_completion_tokens`` default to the remaining context, capped by ``limits.max_tokens``; a
+  request that does not fit the context is a 400 saying by how much.
+- ``usage``: ``prompt_tokens`` as the layout's tokenizer step encodes the prompt, ``completion_tokens`` the returned
+  text re-tokenized (as the bench, genai-perf and aiperf count); ``finish_reason`` ``stop`` or ``length``.
+- Stop strings are sent to the model and also enforced on the text (a stop string whose tokens differ in context
+  still stops), and are not part of the returned text, as in OpenAI's API.
+- Streaming: server-sent events, ``data: [DONE]`` last; ``stream_options.include_usage`` adds a final chunk with the
+  usage and no choices (``continuous_usage_stats``: usage in every chunk). Problems found before the first token are
+  answered with their HTTP status; later ones as an ``error`` event.
+- Errors use OpenAI's schema; a client that goes away cancels its generation on the Triton server.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from pipeline.serving import protocol as P
+from pipeline.serving.driver import Delta, Driver, GenRequest, TokenLogprob
+from pipeline.serving.model import ServedModel
+
+
+@dataclass
+class Settings:
+    api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
+    max_body_bytes: int = 8 << 20
+    max_tokens: int = 4096  # the default max_tokens is the remaining context, capped here
+    request_timeout_s: float = 600.0
+
+
+# ------------------------------------------------------------------------------------------------ stop strings
+class StopScanner:
+    """Cuts the text at the first stop string; holds back a tail that may be the start of one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.keep = max((len(s) for s in self.stops), default=1) - 1
+        self.pending = ""
+        self.hit = False
+
+    def feed(self, text: str) -> str:
+        if not self.stops:
+            return text
+        buf = self.pending + text
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit, self.pending = True, ""
+            return buf[:cut]
+        safe = len(buf) - self.keep if self.keep else len(buf)
+        # hold back only what could begin a stop string
+        while safe < len(buf) and not any(s.startswith(buf[safe:]) for s in self.stops):
+            safe += 1
+        self.pending = buf[max(safe, 0):]
+        return buf[:max(safe, 0)]
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+def _now() -> int:
+    return int(time.time())
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _error_response(exc: P.APIError):
+    from starlette.responses import Response
+
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return Response(_json(exc.body()), status_code=exc.status, media_type="application/json", headers=headers)
+
+
+@dataclass
+class _Job:
+    """One prompt's generation as the endpoint sees it."""
+
+    index: int
+    gen: GenRequest
+    prompt_tokens: int
+    echo_text: str  # the prompt text, when echoed
+    text: str = ""
+    finish: str | None = None
+    num_output_tokens: int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
+    completion_tokens: int = 0
+    zero: bool = False  # max_tokens=0 with echo: the prompt's log probs only
+
+
+class FrontEnd:
+    def __init__(self, served: ServedModel, driver: Driver, settings: Settings):
+        self.served, self.driver, self.settings = served, driver, settings
+
+    # --- request checks ---------------------------------------------------------------------------------------
+    def authorize(self, request) -> None:
+        key = self.settings.api_key
+        if not key:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, given = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise P.APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                             code="invalid_api_key")
+
+    async def body(self, request) -> dict:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise P.APIError(413, f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
+                                  f"(serve.openai.limits.max_body_bytes)")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise P.APIError(413, f"request body is over the limit of {limit} bytes "
+                                      f"(serve.openai.limits.max_body_bytes)")
+            chunks.append(chunk)
+        try:
+            data = json.loads(b"".join(chunks) or b"null")
+        except ValueError as exc:
+            raise P.APIError(400, f"the body is not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise P.APIError(400, "the body must be a JSON object")
+        return data
+
+    def check_model(self, name: str) -> None:
+        if name != self.served.name:
+            raise P.APIError(404, f"The model '{name}' does not exist; this server serves '{self.served.name}' "
+                                  f"(GET /v1/models)", param="model", code="model_not_found")
+
+    def _budget(self, prompt_tokens: int, asked: int | None, param: str) -> int:
+        ctx = self.served.max_seq_len
+        if ctx is not None and prompt_tokens >= ctx:
+            raise P.APIError(400, f"This model's maximum context length is {ctx} tokens; the prompt has "
+                                  f"{prompt_tokens} tokens", param="messages" if param == "max_completion_tokens"
+                             else "prompt", code="context_length_exceeded")
+        if asked is None:
+            room = (ctx - prompt_tokens) if ctx is not None else self.settings.max_tokens
+            return max(1, min(room, self.settings.max_tokens))
+        if ctx is not None and prompt_tokens + asked > ctx:
+            raise P.APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                                  f"{prompt_tokens + asked} tokens ({prompt_tokens} in the prompt, {asked} in the "
+                                  f"completion); lower {param}", param=param, code="context_length_exceeded")
+        return asked
+
+    def _gen(self, req, prompt_text: str | None, prompt_ids: list[int] | None, max_tokens: int,
+             prompt_logprobs: bool) -> GenRequest:
+        return GenRequest(
+            prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens, stream=req.stream,
+            temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p, top_k=req.top_k,
+            seed=req.seed, stop=req.stops(), presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+            min_tokens=req.min_tokens or None, ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
+            prompt_logprobs=prompt_logprobs, request_id=uuid.uuid4().hex[:16])
+
+    def chat_jobs(self, req: P.ChatRequest) -> list[_Job]:
+        if not self.served.has_chat_template:
+            raise P.APIError(400, f"the model '{self.served.name}' has no chat template (its tokenizer defines "
+                                  f"none); use /v1/completions with a plain prompt", param="messages")
+        messages = []
+        for i, m in enumerate(req.messages):
+            msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            if m.name:
+                msg["name"] = m.name
+            messages.append(msg)
+        try:
+            text = self.served.render_chat(messages, req.add_generation_prompt, req.chat_template_kwargs)
+        except Exception as exc:  # jinja raises TemplateError (and the template's own raise_exception)
+            raise P.APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
+        ids = self.served.encode_prompt(text)
+        max_tokens = self._budget(len(ids), req.limit(), "max_completion_tokens" if req.max_completion_tokens
+                                  is not None else "max_tokens")
+        token_level = req.num_logprobs() is not None
+        return [_Job(0, self._gen(req, text, ids if token_level else None, max_tokens, False), len(ids), "")]
+
+    def completion_jobs(self, req: P.CompletionRequest) -> list[_Job]:
+        jobs = []
+        prompt_logprobs = bool(req.echo and req.logprobs is not None)
+        for i, p in enumerate(req.prompts()):
+            if isinstance(p, list):
+                if not p or not all(isinstance(x, int) for x in p):
+                    raise P.APIError(400, f"prompt[{i}]: a token prompt is a non-empty list of token ids",
+                                     param="prompt")
+                vocab = len(self.served.tokenizer)
+                bad = [x for x in p if x < 0 or x >= vocab]
+                if bad:
+                    raise P.APIError(400, f"prompt[{i}]: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                                     param="prompt")
+                text, ids = self.served.decode(p), list(p)
+            else:
+                text, ids = p, None
+            if ids is None and (prompt_logprobs or req.logprobs is not None):
+                ids = self.served.encode_prompt(text)
+            count = len(ids) if ids is not None else len(self.served.encode_prompt(text))
+            if count == 0:
+                raise P.APIError(400, f"prompt[{i}] is empty" if len(req.prompts()) > 1 else "prompt is empty",
+                                 param="prompt")
+            asked = req.limit()
+            if asked == 0 and not req.echo:
+                raise P.APIError(400, "max_tokens=0 generates nothing; it is allowed only with echo", param="max_tokens")
+            max_tokens = self._budget(count, asked or (1 if asked == 0 else None), "max_tokens")
+            gen = self._gen(req, text, ids, max_tokens, prompt_logprobs)
+            job = _Job(i, gen, count, text if req.echo else "")
+            job.zero = asked == 0  # echo only: the one token generated for the prompt's log probs is not returned
+            jobs.append(job)
+        return jobs
+
+    # --- generation -------------------------------------------------------------------------------------------
+    async def run(self, job: _Job) -> AsyncIterator[str]:
+        """Yield the job's new text pieces (stop strings applied) and keep its record up to date."""
+        scanner = StopScanner(job.gen.stop)
+        zero = job.zero
+        reason = None
+        agen = self.driver.generate(job.gen)
+        try:
+            async for d in agen:
+                if d.prompt_logprobs is not None:
+                    job.prompt_logprobs = d.prompt_logprobs
+                if zero:
+                    continue
+                if d.logprobs:
+                    job.logprobs = (job.logprobs or []) + d.logprobs
+                if d.num_output_tokens is not None:
+                    job.num_output_tokens = d.num_output_tokens
+                if d.finish_reason:
+                    reason = d.finish_reason
+                piece = scanner.feed(d.text) if d.text else ""
+                if piece:
+                    job.text += piece
+                    yield piece
+                if scanner.hit:
+                    break
+        finally:
+            await agen.aclose()  # a stop string or a client gone: the Triton request is cancelled
+        if not scanner.hit:
+            tail = scanner.flush()
+            if tail:
+                job.text += tail
+                yield tail
+        # the engine's own count where the layout reports it and the text was not cut here; else the returned text
+        # re-tokenized (as the bench counts)
+        exact = job.num_output_tokens is not None and not scanner.hit and not zero
+        job.completion_tokens = job.num_output_tokens if exact else self.served.count(job.text)
+        if zero:
+            job.finish = "length"
+        elif scanner.hit:
+            job.finish = "stop"
+        elif reason in ("stop", "length"):
+            job.finish = reason
+        else:
+            n = job.num_output_tokens if job.num_output_tokens is not None else job.completion_tokens
+            job.finish = "length" if n >= job.gen.max_tokens else "stop"
+
+    # --- responses --------------------------------------------------------------------------------------------
+    def _usage(self, jobs: list[_Job]) -> dict:
+        p = sum(j.prompt_tokens for j in jobs)
+        c = sum(j.completion_tokens for j in jobs)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def completion_logprobs(self, job: _Job, echo: bool, offset0: int = 0) -> dict | None:
+        if job.gen.logprobs is None:
+            return None
+        items: list[TokenLogprob] = []
+        if echo and job.prompt_logprobs:
+            items += job.prompt_logprobs
+        items += job.logprobs or []
+        tokens, lps, tops, offsets = [], [], [], []
+        pos = offset0
+        for it in items:
+            s = self.served.token_str(it.token_id)
+            tokens.append(s)
+            lps.append(it.logprob)
+            offsets.append(pos)
+            pos += len(s)
+            if it.logprob is None:
+                tops.append(None)
+            else:
+                top = {self.served.token_str(t): lp for t, lp in it.top}
+                if job.gen.logprobs:
+                    top.setdefault(s, it.logprob)
+                tops.append(top if job.gen.logprobs else None)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def chat_logprobs(self, items: list[TokenLogprob] | None) -> dict | None:
+        if items is None:
+            return None
+
+        def one(t: int, lp: float) -> dict:
+            s = self.served.token_str(t)
+            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+
+        return {"content": [{**one(it.token_id, it.logprob), "top_logprobs": [one(t, lp) for t, lp in it.top]}
+                            for it in items], "refusal": None}
+
+
+# ------------------------------------------------------------------------------------------------------ app
+def create_app(served: ServedModel, driver: Driver, settings: Settings | None = None):
+    from fastapi import FastAPI
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+
+    settings = settings or Settings()
+    fe = FrontEnd(served, driver, settings)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await driver.start()
+        try:
+            yield
+        finally:
+            await driver.close()
+
+    app = FastAPI(title="llm-pipeline OpenAI front end", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.front_end = fe
+
+    @app.exception_handler(P.APIError)
+    async def _api_error(request, exc: P.APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        status = exc.status_code
+        msg = f"no route {request.method} {request.url.path}" if status in (404, 405) else str(exc.detail)
+        return _error_response(P.APIError(status, msg))
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        return _error_response(P.APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    @app.get("/health")
+    async def health():
+        if await driver.ready():
+            return JSONResponse({"status": "ok"})
+        return _error_response(P.APIError(503, f"Triton at {driver.url} is not ready"))
+
+    def model_card() -> dict:
+        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "llm-pipeline",
+                "root": served.name, "max_model_len": served.max_seq_len,
+                "metadata": {k: v for k, v in served.metadata.items() if v is not None}}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        fe.authorize(request)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request):
+        fe.authorize(request)
+        fe.check_model(name)
+        return JSONResponse(model_card())
+
+    async def parse(request: Request, cls):
+        fe.authorize(request)
+        data = await fe.body(request)
+        try:
+            req = cls.model_validate(data)
+        except ValidationError as exc:
+            raise P.from_validation(exc) from None
+        P.unsupported(req)
+        fe.check_model(req.model)
+        return req
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await parse(request, P.CompletionRequest)
+        jobs = fe.completion_jobs(req)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", _now()
+        if req.stream:
+            return await _stream(request, jobs, req, rid, created, chat=False)
+        await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
+        choices = []
+        for j in jobs:
+            text = (j.echo_text if req.echo else "") + j.text
+            offset0 = 0
+            choices.append({"index": j.index, "text": text,
+                            "logprobs": fe.completion_logprobs(j, req.echo, offset0),
+                            "finish_reason": j.finish})
+        return Response(_json({"id": rid, "object": "text_completion", "created": created, "model": served.name,
+                               "system_fingerprint": None, "choices": choices, "usage": fe._usage(jobs)}),
+                        media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = await parse(request, P.ChatRequest)
+        jobs = fe.chat_jobs(req)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", _now()
+        if req.stream:
+            return await _stream(request, jobs, req, rid, created, chat=True)
+        await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
+        j = jobs[0]
+        return Response(_json({
+            "id": rid, "object": "chat.completion", "created": created, "model": served.name,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": j.text, "refusal": None},
+                         "logprobs": fe.chat_logprobs(j.logprobs if j.gen.logprobs is not None else None),
+                         "finish_reason": j.finish}],
+            "usage": fe._usage(jobs)}), media_type="application/json")
+
+    async def _stream(request, jobs: list[_Job], req, rid: str, created: int, chat: bool):
+        """Prime every job (errors before the first token keep their status), then stream server-sent events."""
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        queue: asyncio.Queue = asyncio.Queue()
+        gens = [fe.run(j) for j in jobs]
+        firsts: list[Any] = []
+        try:
+            for g in gens:
+                try:
+                    firsts.append(await g.__anext__())
+                except StopAsyncIteration:
+                    firsts.append(None)
+        except BaseException:
+            for g in gens:
+                await g.aclose()
+            raise
+
+        def chunk(job: _Job, text: str | None, finish: str | None, logprobs=None, role: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {}
+                if role:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                choice = {"index": job.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            else:
+                choice = {"index": job.index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": served.name,
+                                    "system_fingerprint": None, "choices": [choice]}
+            if continuous:
+                body["usage"] = {"prompt_tokens": job.prompt_tokens,
+                                 "completion_tokens": served.count(job.text),
+                                 "total_tokens": job.prompt_tokens + served.count(job.text)}
+            elif include_usage:
+                body["usage"] = None
+            return b"data: " + _json(body) + b"\n\n"
+
+        def piece_logprobs(job: _Job, seen: list[int]) -> Any:
+            """The log probs of the tokens that arrived since the last chunk of this job."""
+            if job.gen.logprobs is None:
+                return None
+            have = job.logprobs or []
+            new = have[seen[0]:]
+            seen[0] = len(have)
+            if chat:
+                return fe.chat_logprobs(new)
+            items = list(new)
+            if job.prompt_logprobs is not None and seen[1] == 0 and req.echo:
+                items = job.prompt_logprobs + items
+            seen[1] = 1
+            tmp = _Job(job.index, job.gen, 0, "")
+            tmp.logprobs = items
+            return fe.completion_logprobs(tmp, False)
+
+        async def pump(k: int, job: _Job, gen, first):
+            seen = [0, 0]
+            try:
+                if chat:
+                    await queue.put(chunk(job, "", None, role=True))
+                elif req.echo and job.echo_text:
+                    await queue.put(chunk(job, job.echo_text, None, piece_logprobs(job, [0, 0])
+                                          if job.prompt_logprobs and job.gen.logprobs is not None else None))
+                    seen[1] = 1
+                if first is not None:
+                    await queue.put(chunk(job, first, None, piece_logprobs(job, seen)))
+                    async for piece in gen:
+                        await queue.put(chunk(job, piece, None, piece_logprobs(job, seen)))
+                await queue.put(chunk(job, None if chat else "", job.finish, piece_logprobs(job, seen)
+                                      if (job.logprobs or []) [seen[0]:] else None))
+            except P.APIError as exc:
+                await queue.put(b"data: " + _json(exc.body()) + b"\n\n")
+            finally:
+                await gen.aclose()
+                await queue.put(None)
+
+        async def events():
+            tasks = [asyncio.create_task(pump(k, j, g, f)) for k, (j, g, f) in enumerate(zip(jobs, gens, firsts))]
+            try:
+                done = 0
+                while done < len(tasks):
+                    item = await queue.get()
+                    if item is None:
+                        done += 1
+                        continue
+                    yield item
+                if include_usage:
+                    yield b"data: " + _json({"id": rid, "object": obj, "created": created, "model": served.name,
+                                             "system_fingerprint": None, "choices": [],
+                                             "usage": fe._usage(jobs)}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            finally:  # the client went away (Starlette cancels this generator): stop every generation
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+async def _drain(agen) -> None:
+    async for _ in agen:
+        pass
+
+
+async def _until_done_or_gone(request, coros) -> None:
+    """Run the generations; when the client disconnects first, cancel them (and so their Triton requests)."""
+    work = asyncio.ensure_future(asyncio.gather(*coros))
+
+    async def gone():
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise P.APIError(499, "client closed the request")
+    work.result()

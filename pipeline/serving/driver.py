@@ -1,0 +1,494 @@
+"""Generation over Triton's gRPC API (``tritonclient.grpc.aio``), through the layout's own entry points, with the
+tensor names and types of the recorded upstream interface (``pipeline/upstream``), read back from the server's own
+model configs at start-up:
+
+- ``inflight_batcher_llm``, text requests: ``ensemble`` (or ``tensorrt_llm_bls``) with ``text_input``,
+  ``max_tokens``, ``stream``, ``exclude_input_in_output``, ``temperature``/``top_k``/``top_p``, ``seed``,
+  ``min_tokens``, ``presence_penalty``/``frequency_penalty``/``repetition_penalty``, ``stop_words``, ``end_id`` (-1
+  for ``ignore_eos``, as the LLM API sets it) and ``return_num_output_tokens``; each streamed response holds the
+  text of its new tokens.
+- ``inflight_batcher_llm``, token-level requests (token-id prompts, ``logprobs``, ``echo``): the ``tensorrt_llm``
+  model itself, as NVIDIA's ``inflight_batcher_llm_client.py`` drives it, with ``input_ids``/``input_lengths``,
+  ``request_output_len``, ``streaming``, ``end_id``/``pad_id``, ``runtime_top_k``/``runtime_top_p``,
+  ``stop_words_list`` (TensorRT-LLM's ``[1, 2, N]`` word list), ``return_log_probs`` (``output_log_probs``),
+  ``return_context_logits`` (prompt log probabilities) and ``return_generation_logits`` (top log probabilities);
+  the front end detokenizes.
+- ``llmapi``: the python ``tensorrt_llm`` model with ``text_input``, ``streaming``, ``sampling_param_*`` and
+  ``return_finish_reason``; each streamed response holds the whole text so far.
+
+Sampling follows OpenAI's meaning: temperature 0 decodes greedily (top-k 1); any other temperature samples (top-p 1
+unless given: TensorRT-LLM decodes greedily when top-k and top-p are both unset). A field the served model has no
+input for is a 400 naming the field and the missing tensor. A decoupled model is driven over one gRPC stream per
+request (cancelled when the client goes away); a unary one with ``ModelInfer``.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from pipeline.serving.model import ServedModel
+from pipeline.serving.protocol import APIError
+
+NP = {"TYPE_BOOL": (np.bool_, "BOOL"), "TYPE_INT32": (np.int32, "INT32"), "TYPE_INT64": (np.int64, "INT64"),
+      "TYPE_UINT64": (np.uint64, "UINT64"), "TYPE_FP32": (np.float32, "FP32"), "TYPE_FP16": (np.float16, "FP16"),
+      "TYPE_STRING": (object, "BYTES"), "TYPE_UINT8": (np.uint8, "UINT8")}
+
+
+@dataclass
+class Spec:
+    """One served Triton model: its inputs (name -> (data type, dims)), outputs, batching and transaction policy."""
+
+    name: str
+    inputs: dict[str, tuple[str, list[int]]]
+    outputs: set[str]
+    batched: bool
+    decoupled: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "Spec":
+        return cls(cfg["name"],
+                   {t["name"]: (t.get("data_type", "TYPE_INVALID"), [int(d) for d in t.get("dims", [])])
+                    for t in cfg.get("input", [])},
+                   {t["name"] for t in cfg.get("output", [])},
+                   int(cfg.get("max_batch_size", 0) or 0) > 0,
+                   bool((cfg.get("model_transaction_policy") or {}).get("decoupled", False)))
+
+
+@dataclass
+class GenRequest:
+    """One generation, in OpenAI's terms (the driver maps it onto the layout's tensors)."""
+
+    prompt_text: str | None
+    prompt_ids: list[int] | None
+    max_tokens: int
+    stream: bool
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus the k most likely
+    prompt_logprobs: bool = False  # echo with logprobs: the prompt tokens' log probabilities
+    request_id: str = ""
+
+    @property
+    def token_level(self) -> bool:
+        return self.prompt_ids is not None or self.logprobs is not None or self.prompt_logprobs
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float | None  # None: the first prompt token (nothing predicts it)
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Delta:
+    """What one Triton response adds: new text, and for token-level requests the new token ids and log probs."""
+
+    text: str = ""
+    ids: list[int] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    num_output_tokens: int | None = None  # the engine's count so far, where the layout reports it
+    finish_reason: str | None = None  # llmapi's own finish reason on its last response
+    prompt_logprobs: list[TokenLogprob] | None = None  # echo with logprobs: on the first delta
+
+
+def _top(row: np.ndarray, k: int) -> tuple[np.ndarray, list[tuple[int, float]]]:
+    """log_softmax of one logits row, and its k most likely (id, log prob)."""
+    x = row.astype(np.float64)
+    m = x.max()
+    lp = x - (m + math.log(np.exp(x - m).sum()))
+    if k <= 0:
+        return lp, []
+    idx = np.argpartition(-lp, min(k, lp.size - 1))[:k]
+    idx = idx[np.argsort(-lp[idx], kind="stable")]
+    return lp, [(int(i), float(lp[i])) for i in idx]
+
+
+class Driver:
+    """Talks to one Triton server for one served model."""
+
+    def __init__(self, url: str, served: ServedModel, entry: str | None = None, timeout_s: float = 600.0):
+        self.url, self.served, self.timeout_s = url, served, timeout_s
+        self.entry_name = entry or ("ensemble" if served.layout == "inflight_batcher_llm" else "tensorrt_llm")
+        self.client = None
+        self.entry: Spec | None = None
+        self.llm: Spec | None = None  # inflight_batcher_llm: the tensorrt_llm model (token-level requests)
+
+    async def start(self) -> None:
+        import tritonclient.grpc.aio as grpcaio
+
+        # gRPC keeps one HTTP/2 connection; every request is one stream on it
+        self.client = grpcaio.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def ready(self) -> bool:
+        """Whether Triton serves the entry point now (reads the model configs the first time)."""
+        try:
+            if not await self.client.is_model_ready(self.entry_name):
+                return False
+            if self.entry is None:
+                await self._load_specs()
+            return True
+        except Exception:
+            return False
+
+    async def _load_specs(self) -> None:
+        cfg = (await self.client.get_model_config(self.entry_name, as_json=True)).get("config", {})
+        entry = Spec.from_config(cfg)
+        if "text_input" not in entry.inputs or "text_output" not in entry.outputs:
+            raise APIError(503, f"model '{self.entry_name}' on {self.url} is not a {self.served.layout} entry point "
+                                f"(no text_input/text_output)")
+        llm = None
+        if self.served.layout == "inflight_batcher_llm":
+            try:
+                if await self.client.is_model_ready("tensorrt_llm"):
+                    llm = Spec.from_config((await self.client.get_model_config("tensorrt_llm", as_json=True))
+                                           .get("config", {}))
+            except Exception:
+                llm = None
+        self.entry, self.llm = entry, llm
+
+    async def specs(self) -> tuple[Spec, Spec | None]:
+        if self.entry is None:
+            if not await self.ready():
+                raise APIError(503, f"Triton at {self.url} is not ready to serve '{self.entry_name}'; retry shortly")
+        return self.entry, self.llm
+
+    # --- requests ----------------------------------------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> AsyncIterator[Delta]:
+        entry, llm = await self.specs()
+        if self.served.layout == "llmapi":
+            if req.token_level:
+                raise APIError(400, self._why_not_token_level(req), param=self._token_param(req))
+            spec, inputs, outputs, kind = entry, self._llmapi_inputs(entry, req), None, "llmapi"
+        elif req.token_level:
+            if llm is None:
+                raise APIError(400, f"{self._token_param(req)} needs the layout's tensorrt_llm model (token ids and "
+                                    f"log probs), which this server does not serve", param=self._token_param(req))
+            spec, inputs, kind = llm, self._token_inputs(llm, req), "tokens"
+            outputs = ["output_ids", "sequence_length"]
+            if req.logprobs is not None and not req.logprobs:
+                outputs.append("output_log_probs")
+            if req.logprobs:
+                outputs.append("generation_logits")
+            if req.prompt_logprobs:
+                outputs.append("context_logits")
+        else:
+            spec, inputs, kind = entry, self._text_inputs(entry, req), "text"
+            outputs = ["text_output"] + (["num_output_tokens"] if "num_output_tokens" in entry.outputs else [])
+        if req.stream and not spec.decoupled:
+            pass  # a unary model answers once; the front end still streams that one answer
+        stream = req.stream and spec.decoupled
+        self._set(spec, inputs, "streaming" if kind != "text" else "stream", stream)
+        import tritonclient.grpc as grpcclient
+
+        requested = [grpcclient.InferRequestedOutput(o) for o in (outputs or []) if o in spec.outputs]
+        state = {"ids": [], "sent_text": "", "so_far": "", "prompt_done": False}
+        tensors = [self._tensor(spec, name, value) for name, value in inputs.items()]
+        if spec.decoupled:
+            async for result in self._stream(spec.name, tensors, requested or None, req.request_id):
+                yield self._delta(kind, result, req, state)
+        else:
+            result = await self._unary(spec.name, tensors, requested or None, req.request_id)
+            yield self._delta(kind, result, req, state)
+        tail = self._flush(kind, state)
+        if tail:
+            yield Delta(text=tail)
+
+    async def _stream(self, model: str, tensors, outputs, request_id: str):
+        from tritonclient.utils import InferenceServerException
+
+        async def one():
+            yield {"model_name": model, "inputs": tensors, "outputs": outputs, "request_id": request_id}
+
+        it = self.client.stream_infer(one(), stream_timeout=self.timeout_s)
+        try:
+            async for result, error in it:
+                if error is not None:
+                    raise _triton_error(error)
+                yield result
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    break
+        except InferenceServerException as exc:
+            raise _triton_error(exc) from None
+        finally:
+            it.cancel()  # a client gone mid-stream (or a finished stream): Triton cancels the request
+
+    async def _unary(self, model: str, tensors, outputs, request_id: str):
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return await self.client.infer(model, tensors, outputs=outputs, request_id=request_id,
+                                           client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise _triton_error(exc) from None
+
+    # --- responses ---------------------------------------------------------------------------------------------
+    def _delta(self, kind: str, result, req: GenRequest, state: dict) -> Delta:
+        if kind == "text":
+            out = result.as_numpy("text_output")
+            text = "" if out is None else "".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+                                                  for x in out.reshape(-1))
+            n = result.as_numpy("num_output_tokens")
+            return Delta(text=text, num_output_tokens=None if n is None or not n.size else int(n.reshape(-1)[0]))
+        if kind == "llmapi":
+            out = result.as_numpy("text_output")
+            whole = "" if out is None else "".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+                                                   for x in out.reshape(-1))
+            reason = result.as_numpy("finish_reason")
+            reason = None if reason is None or not reason.size else _s(reason.reshape(-1)[0])
+            prev = state["so_far"]
+            if whole.startswith(prev):
+                new = whole[len(prev):]
+            else:  # a unary answer, or a text that was re-decoded: whatever is new beyond the common prefix
+                common = len(_common_prefix(prev, whole))
+                new = whole[common:]
+            state["so_far"] = whole
+            return Delta(text=new, finish_reason=reason if reason not in ("None", "") else None)
+        # token level
+        ids_arr = result.as_numpy("output_ids")
+        lens = result.as_numpy("sequence_length")
+        new_ids: list[int] = []
+        if ids_arr is not None and ids_arr.size:
+            row = ids_arr.reshape(-1)
+            n = int(lens.reshape(-1)[0]) if lens is not None and lens.size else row.size
+            new_ids = [int(x) for x in row[:n]]
+        lps: list[TokenLogprob] | None = None
+        if req.prompt_logprobs and not state["prompt_done"]:
+            ctx = result.as_numpy("context_logits")
+            if ctx is None:
+                raise APIError(400, "the served tensorrt_llm model returned no context_logits: prompt log "
+                                    "probabilities (echo with logprobs) need an engine built with "
+                                    "--gather_context_logits", param="echo")
+            state["prompt_done"] = True
+            ctx = ctx.reshape(-1, ctx.shape[-1])[-len(req.prompt_ids):]
+            plp = [TokenLogprob(req.prompt_ids[0], None)]
+            for i in range(1, len(req.prompt_ids)):
+                lp, top = _top(ctx[i - 1], req.logprobs or 0)
+                plp.append(TokenLogprob(req.prompt_ids[i], float(lp[req.prompt_ids[i]]), top))
+            state["prompt_lps"] = plp
+        if req.logprobs is not None and new_ids:
+            lps = []
+            if req.logprobs:
+                gen = result.as_numpy("generation_logits")
+                if gen is None:
+                    raise APIError(400, "the served tensorrt_llm model returned no generation_logits: top log "
+                                        "probabilities need an engine built with --gather_generation_logits",
+                                   param="logprobs")
+                gen = gen.reshape(-1, gen.shape[-1])[-len(new_ids):]
+                for tok, row in zip(new_ids, gen):
+                    lp, top = _top(row, req.logprobs)
+                    lps.append(TokenLogprob(tok, float(lp[tok]), top))
+            else:
+                olp = result.as_numpy("output_log_probs")
+                flat = [] if olp is None else [float(x) for x in olp.reshape(-1)]
+                total = len(state["ids"]) + len(new_ids)
+                vals = flat[total - len(new_ids):total] if len(flat) >= total else flat[-len(new_ids):]
+                if len(vals) != len(new_ids):
+                    raise APIError(500, "the served tensorrt_llm model returned fewer output_log_probs than tokens")
+                lps = [TokenLogprob(t, v) for t, v in zip(new_ids, vals)]
+        state["ids"] += new_ids
+        text = self.served.decode(state["ids"])
+        emit = ""
+        if not text.endswith("\ufffd"):  # a character still incomplete waits for its next token
+            emit = text[len(state["sent_text"]):] if text.startswith(state["sent_text"]) else \
+                text[len(_common_prefix(state["sent_text"], text)):]
+            state["sent_text"] = text
+        plps, state["prompt_lps"] = state.get("prompt_lps"), None
+        return Delta(text=emit, ids=new_ids, logprobs=lps, num_output_tokens=len(state["ids"]), prompt_logprobs=plps)
+
+    def _flush(self, kind: str, state: dict) -> str:
+        """The token path's text held back at the end (an incomplete character is final now)."""
+        if kind != "tokens":
+            return ""
+        text, sent = self.served.decode(state["ids"]), state["sent_text"]
+        rest = text[len(sent):] if text.startswith(sent) else text[len(_common_prefix(sent, text)):]
+        state["sent_text"] = text
+        return rest
+
+    # --- inputs ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _token_param(req: GenRequest) -> str:
+        return "echo" if req.prompt_logprobs else "logprobs" if req.logprobs is not None else "prompt"
+
+    def _why_not_token_level(self, req: GenRequest) -> str:
+        if req.prompt_logprobs:
+            return ("echo with logprobs needs prompt log probabilities, which the llmapi layout's tensorrt_llm model "
+                    "does not return (its outputs: text, finish reason, cumulative log prob); serve the "
+                    "inflight_batcher_llm layout for log-likelihood evaluation")
+        if req.logprobs is not None:
+            return ("logprobs: the llmapi layout's tensorrt_llm model returns no per-token log probabilities (only "
+                    "cumulative_logprob); serve the inflight_batcher_llm layout for them")
+        return "prompt as token ids: the llmapi layout's tensorrt_llm model takes text only (text_input)"
+
+    def _sampling(self, spec: Spec, req: GenRequest, names: dict[str, str], out: dict[str, Any]) -> None:
+        """OpenAI sampling -> TensorRT-LLM's: temperature 0 is greedy (top-k 1); otherwise sample with top-p 1
+        unless top-p or top-k is given."""
+        if req.temperature == 0.0:
+            out[names["top_k"]] = 1
+        else:
+            if req.temperature != 1.0:
+                out[names["temperature"]] = req.temperature
+            if req.top_k not in (None, 0, -1):
+                out[names["top_k"]] = req.top_k
+            if req.top_p is not None:
+                out[names["top_p"]] = req.top_p
+            elif req.top_k in (None, 0, -1):
+                out[names["top_p"]] = 1.0
+        for fld, key in (("seed", "seed"), ("presence_penalty", "presence_penalty"),
+                         ("frequency_penalty", "frequency_penalty"), ("repetition_penalty", "repetition_penalty"),
+                         ("min_tokens", "min_tokens")):
+            v = getattr(req, fld)
+            if v is not None and key in names:
+                out[names[key]] = v
+            elif v is not None:
+                raise APIError(400, f"{fld} is not supported by the {self.served.layout} layout's '{spec.name}' "
+                                    f"model (it has no input for it)", param=fld)
+
+    def _check(self, spec: Spec, inputs: dict[str, Any], fields: dict[str, str]) -> None:
+        """Every input must exist in the served model; name the request field that asked for a missing one."""
+        for name in inputs:
+            if name not in spec.inputs:
+                fld = fields.get(name, name)
+                raise APIError(400, f"{fld} is not supported by the {self.served.layout} layout's '{spec.name}' "
+                                    f"model (it has no input '{name}')", param=fld)
+
+    def _text_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
+        out: dict[str, Any] = {"text_input": req.prompt_text, "max_tokens": req.max_tokens}
+        if "exclude_input_in_output" in spec.inputs:
+            out["exclude_input_in_output"] = True
+        names = {k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",
+                                "repetition_penalty", "min_tokens")}
+        self._sampling(spec, req, names, out)
+        if req.stop:
+            out["stop_words"] = list(req.stop)
+        if req.ignore_eos:
+            out["end_id"] = -1
+        if "return_num_output_tokens" in spec.inputs:
+            out["return_num_output_tokens"] = True
+        self._check(spec, out, {"stop_words": "stop", "end_id": "ignore_eos", "top_k": "top_k"})
+        return out
+
+    def _token_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
+        ids = req.prompt_ids
+        eos, pad = self.served.eos_id, self.served.pad_id
+        out: dict[str, Any] = {"input_ids": ids, "input_lengths": len(ids), "request_output_len": req.max_tokens,
+                               "end_id": -1 if req.ignore_eos or eos is None else eos,
+                               "pad_id": pad if pad is not None else 0}
+        if "exclude_input_in_output" in spec.inputs:
+            out["exclude_input_in_output"] = True
+        names = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
+                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                 "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens"}
+        self._sampling(spec, req, names, out)
+        if req.stop:
+            words = [self.served.tokenizer.encode(s, add_special_tokens=False) for s in req.stop]
+            flat, ends = [], []
+            for w in words:
+                if w:
+                    flat += w
+                    ends.append(len(flat))
+            width = max(1, len(flat))
+            arr = np.zeros((1, 2, width), dtype=np.int32)
+            arr[0, 1, :] = -1
+            arr[0, 0, :len(flat)] = flat
+            arr[0, 1, :len(ends)] = ends
+            out["stop_words_list"] = arr
+        if req.logprobs is not None and not req.logprobs:
+            out["return_log_probs"] = True
+        if req.logprobs:
+            out["return_generation_logits"] = True
+        if req.prompt_logprobs:
+            out["return_context_logits"] = True
+        self._check(spec, out, {"stop_words_list": "stop", "return_log_probs": "logprobs",
+                                "return_generation_logits": "logprobs", "return_context_logits": "echo"})
+        return out
+
+    def _llmapi_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
+        out: dict[str, Any] = {"text_input": req.prompt_text, "sampling_param_max_tokens": req.max_tokens}
+        if "sampling_param_exclude_input_from_output" in spec.inputs:
+            out["sampling_param_exclude_input_from_output"] = True
+        if "return_finish_reason" in spec.inputs:
+            out["return_finish_reason"] = True
+        names = {k: f"sampling_param_{k}" for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty",
+                                                    "frequency_penalty", "repetition_penalty", "min_tokens")}
+        names = {k: v for k, v in names.items() if v in spec.inputs}
+        self._sampling(spec, req, names, out)
+        if req.stop:
+            out["sampling_param_stop"] = list(req.stop)
+        if req.ignore_eos:
+            if "sampling_param_ignore_eos" not in spec.inputs:
+                raise APIError(400, f"ignore_eos is not supported by the llmapi layout's '{spec.name}' model (it has "
+                                    f"no input 'sampling_param_ignore_eos')", param="ignore_eos")
+            out["sampling_param_ignore_eos"] = True
+        self._check(spec, out, {"sampling_param_stop": "stop", **{v: k for k, v in names.items()}})
+        return out
+
+    def _set(self, spec: Spec, inputs: dict, name: str, value: Any) -> None:
+        if name in spec.inputs:
+            inputs[name] = value
+
+    def _tensor(self, spec: Spec, name: str, value: Any):
+        import tritonclient.grpc as grpcclient
+
+        dtype, dims = spec.inputs[name]
+        np_type, triton_type = NP[dtype]
+        if isinstance(value, np.ndarray):
+            arr = value.astype(np_type)
+            if not spec.batched and arr.ndim > len(dims):
+                arr = arr.reshape(arr.shape[1:])
+        else:
+            if isinstance(value, str):
+                value = value.encode("utf-8")
+            vals = value if isinstance(value, list) else [value]
+            if np_type is object:
+                vals = [v.encode("utf-8") if isinstance(v, str) else v for v in vals]
+            arr = np.array(vals, dtype=np_type)
+            if spec.batched:
+                arr = arr.reshape(1, -1)
+        t = grpcclient.InferInput(name, list(arr.shape), triton_type)
+        t.set_data_from_numpy(arr)
+        return t
+
+
+def _s(x) -> str:
+    return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+def _triton_error(exc) -> APIError:
+    """A Triton error -> the status a client should see: the server gone or not ready -> 503; a request the model
+    refused -> 400 with its message."""
+    msg = str(exc).strip()
+    status = getattr(exc, "status", lambda: None)()
+    low = msg.lower()
+    if "unavailable" in str(status).lower() or "failed to connect" in low or "connection refused" in low \
+            or "not ready" in low or "unavailable" in low:
+        return APIError(503, f"Triton is not available: {msg.splitlines()[0][:300]}")
+    if "cancel" in low:
+        return APIError(499, "the request was cancelled")
+    return APIError(400, f"the model refused the request: {msg.splitlines()[0][:500]}")

@@ -1,0 +1,202 @@
+"""What the front end knows about the repository it serves: its layout, its model's name and metadata, the
+tokenizer (for chat templates, token counts and token-level requests) and the context length.
+
+Everything is read from the repository itself, as the server will load it: the tokenizer from preprocessing's
+``tokenizer_dir`` (``inflight_batcher_llm``) or from ``model.yaml``'s ``tokenizer``/``model`` (``llmapi``), each
+resolved like the python models resolve them (a path under the serving container's mount is looked up in the
+repository); the context length from the reference model's ``max_seq_len`` parameter, the engine's
+``build_config.max_seq_len``, ``model.yaml``'s ``max_seq_len``, else the checkpoint's ``max_position_embeddings``;
+the name, quantization, target and version from the bundle's ``bundle.json`` when the repository is a bundle's.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError
+
+TRUE = ("true", "1", "t", "y", "yes")
+ENGINE_REL = "tensorrt_llm/1/engine"
+
+
+def _params(config_pbtxt: Path) -> dict[str, str]:
+    from pipeline.triton.render import parse_model_config
+
+    try:
+        cfg = parse_model_config(config_pbtxt.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{config_pbtxt}: cannot read it ({exc})") from None
+    return {k: v.string_value for k, v in cfg.parameters.items() if not v.string_value.startswith("${")}
+
+
+def resolve(repo: Path, path: str) -> Path:
+    """A path parameter as it exists here: relative -> under the repository root; absolute and present -> itself;
+    absolute and absent (the serving container's mount) -> the longest tail of it found in the repository."""
+    p = Path(path)
+    if not p.is_absolute():
+        return (repo / p).resolve()
+    if p.exists():
+        return p
+    parts = p.parts[1:]
+    for i in range(len(parts)):
+        cand = repo.joinpath(*parts[i:])
+        if cand.exists():
+            return cand
+    return p
+
+
+@dataclass
+class ServedModel:
+    repo: Path
+    layout: str  # inflight_batcher_llm | llmapi
+    name: str
+    tokenizer_dir: Path
+    max_seq_len: int | None
+    add_special_tokens: bool  # how the layout tokenizes text prompts (preprocessing's parameter; llmapi: true)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created: int = 0
+    tokenizer: Any = None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    # --- tokens --------------------------------------------------------------------------------------------
+    def encode_prompt(self, text: str) -> list[int]:
+        """The prompt's token ids as the layout's own tokenizer step makes them."""
+        return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+
+    def count(self, text: str) -> int:
+        """Tokens of generated text, counted as the bench (and genai-perf, aiperf) count them."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_str(self, token_id: int) -> str:
+        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def pad_id(self) -> int | None:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.tokenizer.eos_token_id
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict | None) -> str:
+        """The conversation in the model's own chat template. A leading BOS that the layout's tokenizer step adds
+        again is dropped from the text, so the model sees it once."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, **(kwargs or {}))
+        bos = self.tokenizer.bos_token
+        if self.add_special_tokens and bos and text.startswith(bos):
+            with_specials = self.tokenizer.encode("", add_special_tokens=True)
+            if with_specials and with_specials[0] == self.tokenizer.bos_token_id:
+                text = text[len(bos):]
+        return text
+
+
+def _bundle(repo: Path) -> dict[str, Any] | None:
+    doc = repo.parent / "bundle.json"
+    if repo.name == "triton_repo" and doc.is_file():
+        try:
+            return json.loads(doc.read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _int(v) -> int | None:
+    try:
+        return int(v) if v not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def load(repo: Path, name: str | None = None, load_tokenizer: bool = True) -> ServedModel:
+    """Read a model repository (a bundle's ``triton_repo/`` included). Raises ``UserError`` naming what is missing."""
+    from pipeline.triton import lint
+
+    repo = Path(repo).resolve()
+    dirs = {d.name: d for d in repo.iterdir() if d.is_dir()}
+    layout = lint.layout_of(dirs)
+    max_seq: int | None = None
+    if layout == "llmapi":
+        import yaml
+
+        yaml_path = repo / "tensorrt_llm" / "1" / "model.yaml"
+        doc = yaml.safe_load(yaml_path.read_text()) or {}
+        params = _params(repo / "tensorrt_llm" / "config.pbtxt")
+        tok = params.get("engine_dir") or doc.get("tokenizer") or doc.get("model") or ENGINE_REL
+        tok_dir = resolve(repo, str(tok)) if (os.path.isabs(str(tok)) or params.get("engine_dir")) \
+            else (yaml_path.parent / str(tok)).resolve()
+        if not tok_dir.exists():
+            tok_dir = resolve(repo, str(tok))
+        max_seq = _int(params.get("max_seq_len")) or _int(doc.get("max_seq_len"))
+        add_special = True  # the LLM API tokenizes text prompts with the special tokens
+    else:
+        if "preprocessing" not in dirs:
+            raise UserError(f"{repo}: an inflight_batcher_llm repository without preprocessing/ (its tokenizer)")
+        pre = _params(repo / "preprocessing" / "config.pbtxt")
+        if not pre.get("tokenizer_dir"):
+            raise UserError(f"{repo}/preprocessing/config.pbtxt: no tokenizer_dir parameter")
+        tok_dir = resolve(repo, pre["tokenizer_dir"])
+        add_special = (pre.get("add_special_tokens") or "true").lower() in TRUE
+        llm = _params(repo / "tensorrt_llm" / "config.pbtxt") if "tensorrt_llm" in dirs else {}
+        max_seq = _int(llm.get("max_seq_len"))
+        if max_seq is None:
+            engine = resolve(repo, llm.get("gpt_model_path") or ENGINE_REL) / "config.json"
+            try:
+                max_seq = _int((json.loads(engine.read_text()).get("build_config") or {}).get("max_seq_len"))
+            except (OSError, ValueError):
+                max_seq = None
+    if not tok_dir.is_dir():
+        raise UserError(f"{repo}: the tokenizer directory {tok_dir} does not exist")
+    if max_seq is None:
+        try:
+            hf = json.loads((tok_dir / "config.json").read_text())
+            max_seq = _int(hf.get("max_position_embeddings"))
+        except (OSError, ValueError):
+            max_seq = None
+    bundle = _bundle(repo)
+    meta: dict[str, Any] = {"layout": layout}
+    if bundle:
+        meta.update({"version": bundle.get("version"), "quant": bundle.get("quant", {}).get("format"),
+                     "kv_cache": bundle.get("quant", {}).get("kv_cache"),
+                     "target": bundle.get("target", {}).get("name"), "runtime": bundle.get("runtime", {}).get("name")})
+        default_name = (bundle.get("model") or {}).get("name")
+    else:
+        default_name = None
+        try:  # a package stage's output directory: its manifest holds the resolved config
+            man = json.loads((repo / "manifest.json").read_text())
+            conf = man.get("config") or {}
+            default_name = (conf.get("model") or {}).get("name")
+            meta.update({"quant": (conf.get("quant") or {}).get("format"),
+                         "kv_cache": (conf.get("quant") or {}).get("kv_cache"),
+                         "target": (conf.get("target") or {}).get("name"),
+                         "runtime": (conf.get("runtime") or {}).get("name"), "label": man.get("label")})
+        except (OSError, ValueError, AttributeError):
+            pass
+    if not default_name:
+        hf_name = None
+        try:
+            hf_name = json.loads((tok_dir / "config.json").read_text()).get("_name_or_path")
+        except (OSError, ValueError):
+            pass
+        default_name = Path(hf_name).name if hf_name else repo.name
+    created = int((repo.parent / "bundle.json").stat().st_mtime) if bundle else int(repo.stat().st_mtime)
+    model = ServedModel(repo, layout, name or default_name, tok_dir, max_seq, add_special, meta, created)
+    meta["max_model_len"] = max_seq
+    if load_tokenizer:
+        from transformers import AutoTokenizer
+
+        try:
+            model.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        except Exception as exc:  # transformers raises many kinds here
+            raise UserError(f"{tok_dir}: cannot load the tokenizer ({type(exc).__name__}: {exc})") from None
+    return model

@@ -1,0 +1,203 @@
+"""The OpenAI request bodies the front end accepts, and the errors it answers with.
+
+Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``, plus the extensions that
+vLLM and ``trtllm-serve`` accept and benchmarks send (``top_k``, ``min_tokens``, ``ignore_eos``,
+``repetition_penalty``, ``chat_template_kwargs``, ``stream_options.continuous_usage_stats``). A field that is not in
+the schema is refused by name (OpenAI answers "Unrecognized request argument supplied"); a known field whose value
+would change the output in a way no layout can honour (``n`` > 1, ``logit_bias``, tools, ``response_format`` other
+than text, ``suffix``, ``best_of`` > 1) is refused by :func:`unsupported`, never ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's schema: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
+
+
+class _Sampling(_Strict):
+    model: str
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    max_tokens: Optional[int] = Field(None, ge=0)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=-1)  # 0 and -1: no top-k (vLLM's -1, TensorRT-LLM's 0)
+    seed: Optional[int] = Field(None, ge=0, lt=2 ** 64)
+    stop: Optional[Union[str, list[str]]] = None
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    min_tokens: Optional[int] = Field(None, ge=0)
+    ignore_eos: bool = False
+    n: Optional[int] = Field(None, ge=1)
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None  # recorded by OpenAI for abuse monitoring; no effect on the output
+    # accepted with no effect on the output
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, Any]] = None
+    service_tier: Optional[str] = None
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+
+    def text(self, index: int) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        out = []
+        for k, part in enumerate(self.content):
+            if part.get("type") != "text":
+                raise APIError(400, f"messages[{index}].content[{k}] is of type {part.get('type')!r}: this model "
+                                    f"takes text only", param=f"messages[{index}].content")
+            try:
+                out.append(TextPart.model_validate(part).text)
+            except ValidationError as exc:
+                raise from_validation(exc, prefix=f"messages[{index}].content[{k}]") from None
+        return "".join(out)
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_generation_prompt: bool = True
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[dict[str, Any]]] = None
+    function_call: Optional[Union[str, dict[str, Any]]] = None
+    response_format: Optional[dict[str, Any]] = None
+    modalities: Optional[list[str]] = None
+    audio: Optional[dict[str, Any]] = None
+    prediction: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None
+    web_search_options: Optional[dict[str, Any]] = None
+
+    def limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def num_logprobs(self) -> Optional[int]:
+        """None: no log probs; 0: the sampled token's; k: and the k most likely."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+PromptType = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(_Sampling):
+    prompt: PromptType
+    echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    best_of: Optional[int] = Field(None, ge=1)
+    suffix: Optional[str] = None
+
+    def limit(self) -> Optional[int]:
+        return self.max_tokens
+
+    def num_logprobs(self) -> Optional[int]:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise APIError(400, "prompt is empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+def unsupported(req: _Sampling) -> None:
+    """Refuse, by name, a field whose value would change the output and that no layout can honour."""
+    bad: list[str] = []
+    if req.n is not None and req.n > 1:
+        bad.append(f"n={req.n} (one choice per request; send n requests)")
+    if req.logit_bias:
+        bad.append("logit_bias")
+    if isinstance(req, ChatRequest):
+        for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
+            if getattr(req, name):
+                bad.append(name)
+        for name in ("tool_choice", "function_call"):
+            v = getattr(req, name)
+            if v not in (None, "none", "auto"):
+                bad.append(name)
+        if req.response_format and req.response_format.get("type") not in (None, "text"):
+            bad.append(f"response_format (type {req.response_format.get('type')!r}; only 'text')")
+        if req.modalities and set(req.modalities) - {"text"}:
+            bad.append("modalities other than text")
+        if req.reasoning_effort is not None:
+            bad.append("reasoning_effort (pass the model's own switch in chat_template_kwargs, e.g. "
+                       "enable_thinking)")
+    else:
+        if req.best_of is not None and req.best_of > 1:
+            bad.append(f"best_of={req.best_of}")
+        if req.suffix:
+            bad.append("suffix")
+    if req.stream_options is not None and not req.stream:
+        bad.append("stream_options (only with stream: true)")
+    if bad:
+        raise APIError(400, f"not supported by this server: {'; '.join(bad)}", param=bad[0].split(" ")[0].split("=")[0])
+
+
+def from_validation(exc: ValidationError, prefix: str = "") -> APIError:
+    """A pydantic error -> one 400 naming every bad field."""
+    parts, first = [], None
+    for e in exc.errors():
+        loc = prefix + "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i or prefix else str(x))
+                               for i, x in enumerate(e.get("loc", ())))
+        first = first or loc
+        if e.get("type") == "extra_forbidden":
+            parts.append(f"unrecognized request argument: {loc}")
+        elif e.get("type") == "missing":
+            parts.append(f"{loc} is required")
+        else:
+            parts.append(f"{loc}: {e.get('msg')}")
+    # a union's alternatives repeat one field's problem; keep the distinct messages in order
+    uniq = list(dict.fromkeys(parts))
+    return APIError(400, "; ".join(uniq[:6]) + (f" (and {len(uniq) - 6} more)" if len(uniq) > 6 else ""), param=first)

@@ -1,0 +1,340 @@
+"""The OpenAI-compatible front end, driven by unchanged clients (the official ``openai`` SDK, a plain aiohttp client
+posting the serving guide's chat request, aiperf's chat endpoint) against ``pipeline serve`` of the shared tiny
+build's published bundle (real Triton, the reference runtime behind upstream's tensors), and the same front end in
+front of each layout and transaction policy.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, cli_env
+
+pytestmark = [pytest.mark.e2e]
+MODEL = "tiny-qwen3"
+PROMPT = "The capital of France is"
+
+
+def _bundle(tiny_build: Path) -> Path:
+    return next(tiny_build.glob("published/**/bundle.json")).parent
+
+
+class Serve:
+    """``python -m pipeline serve TARGET ARGS`` in a child process; the addresses it prints."""
+
+    def __init__(self, target: Path, *args: str, cwd: Path, env: dict | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(target), *args], cwd=cwd,
+                                     env=env or cli_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.lines: list[str] = []
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("stop with"):
+                break
+        if not self.lines or not self.lines[-1].startswith("stop with"):
+            self.proc.kill()
+            raise AssertionError(f"pipeline serve did not start: {self.lines}\n{self.proc.stderr.read()[-3000:]}")
+        self.url = next(x.split()[1] for x in self.lines if x.startswith("OpenAI"))
+        self.grpc = next(x.split()[1] for x in self.lines if x.startswith("gRPC"))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_build, tmp_path_factory):
+    """``pipeline serve`` of the published default bundle (inflight_batcher_llm, decoupled)."""
+    cwd = tmp_path_factory.mktemp("openai-serve")
+    s = Serve(_bundle(tiny_build), "serve.openai.port=0", cwd=cwd)
+    try:
+        yield s
+    finally:
+        assert s.stop() == 0
+
+
+def _client(url: str, key: str = "none"):
+    import openai
+
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
+
+
+def _post(url: str, path: str, body, headers: dict | None = None, raw: bytes | None = None):
+    import httpx
+
+    r = httpx.post(url + path, content=raw if raw is not None else json.dumps(body).encode(),
+                   headers={"Content-Type": "application/json", **(headers or {})}, timeout=120)
+    return r.status_code, r.json()
+
+
+def _repo(tiny_build: Path) -> Path:
+    return _bundle(tiny_build) / "triton_repo"
+
+
+# ----------------------------------------------------------------------------------------------- clients
+def test_openai_sdk_streams_a_chat_answer_with_usage_from_pipeline_serve(served, tiny_build):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_repo(tiny_build) / "tensorrt_llm" / "1" / "engine"))
+    c = _client(served.url)
+    assert [m.id for m in c.models.list()] == [MODEL]
+    card = c.models.retrieve(MODEL).model_dump()
+    assert card["metadata"]["quant"] == "fp8" and card["metadata"]["target"] == "cpu" and card["metadata"]["version"]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chunks = list(c.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None and 0 < usage.completion_tokens <= 12
+    # the prompt is the model's own chat template, counted as the layout's tokenizer step counts it
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert usage.prompt_tokens == len(tok.encode(rendered, add_special_tokens=False))
+    whole = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    assert whole.choices[0].message.content == streamed  # greedy: the same answer, nothing lost in the stream
+    assert whole.usage.prompt_tokens == usage.prompt_tokens and whole.usage.completion_tokens == usage.completion_tokens
+    assert whole.id.startswith("chatcmpl-") and whole.object == "chat.completion" and whole.created > 1.7e9
+
+    comp = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+    parts = [ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6,
+                                                               temperature=0, stream=True)]
+    assert "".join(parts) == comp.choices[0].text and comp.choices[0].finish_reason in ("stop", "length")
+    assert comp.usage.prompt_tokens == len(tok.encode(PROMPT, add_special_tokens=False))
+
+
+def test_completion_echo_with_logprobs_returns_the_prompt_log_probabilities(served, tiny_build):
+    """The prompt's log probs as the model computes them: checked against the reference runtime run here on the
+    bundle's checkpoint, with a planted off-by-one alignment that must not match."""
+    import torch
+
+    from pipeline.runtime import reference as rt
+
+    c = _client(served.url)
+    r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(PROMPT)
+    from transformers import AutoTokenizer
+
+    ckpt = _repo(tiny_build) / "tensorrt_llm" / "1" / "engine"
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert "".join(lp.tokens[:len(ids)]) == PROMPT and lp.text_offset[1] == len(lp.tokens[0])
+    model = rt.load(ckpt, dtype=torch.bfloat16)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    want = torch.log_softmax(logits, -1)
+    expected = [float(want[i - 1, ids[i]]) for i in range(1, len(ids))]
+    got = lp.token_logprobs[1:len(ids)]
+    assert got == pytest.approx(expected, abs=0.05)
+    shifted = [float(want[i, ids[i]]) for i in range(1, len(ids))]  # the planted misalignment
+    assert got != pytest.approx(shifted, abs=0.05)
+    # lm-eval's greedy check: the generated token is the top-1 of its own distribution (temperature 0)
+    last = lp.top_logprobs[-1]
+    assert lp.token_logprobs[-1] == max(last.values())
+    # token-id prompts (what lm-eval's local-completions sends) are taken as given
+    r2 = c.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    assert r2.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:1] + got + lp.token_logprobs[-1:],
+                                                                  abs=1e-6) or \
+        r2.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
+    # max_tokens=0 with echo: the prompt's log probs only
+    r0 = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=0)
+    assert r0.choices[0].text == PROMPT and r0.usage.completion_tokens == 0
+    assert r0.choices[0].logprobs.token_logprobs[1:] == pytest.approx(got, abs=1e-6)
+
+
+def test_plain_aiohttp_client_posts_the_guides_chat_request(served, tiny_build):
+    import aiohttp
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_repo(tiny_build) / "tensorrt_llm" / "1" / "engine"))
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16,
+                    "stream": False}
+            async with s.post(f"{served.url}/chat/completions", json=body) as r:
+                assert r.status == 200
+                return await r.json()
+
+    out = asyncio.run(go())
+    content = out["choices"][0]["message"]["content"]
+    n = out["usage"]["completion_tokens"]
+    assert isinstance(content, str) and 0 < n <= 16
+    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    assert out["usage"]["total_tokens"] == n + out["usage"]["prompt_tokens"]
+    assert len(tok.encode(content, add_special_tokens=False)) >= 1
+
+
+def test_32_concurrent_streams_lose_and_mix_nothing(served):
+    """32 streams at once, each its own prompt, echoed first: every stream gets its own prompt back, then exactly
+    its 8 tokens (ignore_eos; each chunk lists its tokens with logprobs), one finish reason at the end and its own
+    id on every chunk. (Greedy texts are not compared with unbatched answers: batched bf16 arithmetic may pick
+    another argmax on a random model.)"""
+    import openai
+
+    prompts = [f"Request {i}: the number after {i * 7} is" for i in range(32)]
+
+    async def go():
+        ac = openai.AsyncOpenAI(base_url=served.url, api_key="none", max_retries=0, timeout=300)
+
+        async def one(p):
+            return [ch async for ch in await ac.completions.create(
+                model=MODEL, prompt=p, max_tokens=8, temperature=0, echo=True, logprobs=0,
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})]
+
+        try:
+            return await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            await ac.close()
+
+    results = asyncio.run(go())
+    ids = set()
+    for p, chunks in zip(prompts, results):
+        body = [ch for ch in chunks if ch.choices]
+        assert len({ch.id for ch in chunks}) == 1
+        ids.add(chunks[0].id)
+        text = "".join(ch.choices[0].text for ch in body)
+        assert text.startswith(p)
+        generated = sum(len(ch.choices[0].logprobs.tokens) for ch in body[1:] if ch.choices[0].logprobs)
+        assert generated == 8, (p, [ch.choices[0] for ch in body])
+        assert [ch.choices[0].finish_reason for ch in body].count("length") == 1
+        assert body[-1].choices[0].finish_reason == "length"
+        assert chunks[-1].usage.completion_tokens == 8
+    assert len(ids) == 32
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_generation(served):
+    """A long stream dropped after two chunks: the Triton side stops working (its python stubs go idle) instead
+    of generating the remaining tokens; the same request kept open keeps them busy (the control)."""
+    import httpx
+    import psutil
+
+    stubs = [p for p in psutil.Process(served.proc.pid).children(recursive=True)
+             if "triton_python_backend_stub" in p.name() or "stub" in " ".join(p.cmdline()[:1])]
+    assert stubs
+
+    def busy(seconds: float) -> float:
+        for p in stubs:
+            p.cpu_percent(None)
+        time.sleep(seconds)
+        return sum(p.cpu_percent(None) for p in stubs)
+
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", f"{served.url}/completions", json=body) as r:  # the control: kept open
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+            assert busy(1.0) > 20.0
+        # leaving the block closes the connection mid-stream
+    time.sleep(1.0)  # the front end sees the disconnect, Triton the cancellation
+    assert busy(1.5) < 15.0
+    # and the server still answers
+    assert _client(served.url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).choices[0].text is not None
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def test_each_kind_of_bad_request_gets_its_status_and_names_the_problem(served):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    cases = [
+        ({**chat, "foo": 1}, 400, "foo"),
+        ({**chat, "n": 2}, 400, "n=2"),
+        ({**chat, "logit_bias": {"5": 3}}, 400, "logit_bias"),
+        ({**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ({**chat, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({**chat, "temperature": 5}, 400, "temperature"),
+        ({**chat, "messages": []}, 400, "messages"),
+        ({k: v for k, v in chat.items() if k != "messages"}, 400, "messages is required"),
+        ({**chat, "max_tokens": 10 ** 6}, 400, "maximum context length"),
+        ({**chat, "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
+        ({**chat, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         400, "text only"),
+        ({**chat, "model": "gpt-4"}, 404, "gpt-4"),
+    ]
+    for body, status, words in cases:
+        code, out = _post(served.url, "/chat/completions", body)
+        assert (code, out["error"]["type"] if code == 400 else code) == (status, "invalid_request_error"
+                                                                         if status == 400 else status), (body, out)
+        assert words in out["error"]["message"], (body, out)
+    comp = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4}
+    for body, status, words in [({**comp, "best_of": 3}, 400, "best_of"), ({**comp, "suffix": "x"}, 400, "suffix"),
+                                ({**comp, "prompt": [10 ** 9]}, 400, "outside the vocabulary"),
+                                ({**comp, "max_tokens": 0}, 400, "max_tokens=0"),
+                                ({**comp, "logprobs": 50}, 400, "logprobs")]:
+        code, out = _post(served.url, "/completions", body)
+        assert code == status and words in out["error"]["message"], (body, out)
+    code, out = _post(served.url, "/completions", None, raw=b"{not json")
+    assert code == 400 and "not valid JSON" in out["error"]["message"]
+    code, out = _post(served.url, "/completions", None, raw=b'{"prompt": "' + b"x" * (9 << 20) + b'"}')
+    assert code == 413 and "limit" in out["error"]["message"]
+    import httpx
+
+    r = httpx.get(served.url + "/nowhere")
+    assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    assert httpx.get(served.url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def _front(repo: Path, grpc: str, *overrides: str):
+    from pipeline import config
+    from pipeline.serving import run
+
+    cfg = config.compose(list(overrides))
+    return run.running(repo, grpc, cfg.serve.openai)
+
+
+def test_api_key_missing_server_and_model_without_chat_template(served, tiny_build, tmp_path, monkeypatch):
+    """401 for a missing or wrong key (serve.openai.api_key_env); 503 while Triton does not answer; a 400 on chat for
+    a tokenizer without a chat template, while completions still work."""
+    from pipeline.errors import UserError
+    from pipeline.triton.server import free_ports
+
+    repo = _repo(tiny_build)
+    monkeypatch.setenv("PIPELINE_TEST_KEY", "s3cret")
+    with _front(repo, served.grpc, "serve.openai.api_key_env=PIPELINE_TEST_KEY") as url:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+        assert _post(url, "/completions", body)[0] == 401
+        code, out = _post(url, "/completions", body, {"Authorization": "Bearer wrong"})
+        assert code == 401 and out["error"]["type"] == "authentication_error"
+        assert _post(url, "/completions", body, {"Authorization": "Bearer s3cret"})[0] == 200
+        assert _client(url, "s3cret").models.list().data[0].id == MODEL
+    monkeypatch.delenv("PIPELINE_TEST_KEY")
+    with pytest.raises(UserError, match="PIPELINE_TEST_KEY"):
+        with _front(repo, served.grpc, "serve.openai.api_key_env=PIPELINE_TEST_KEY"):
+            pass
+    dead = f"127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
+    with _front(repo, dead) as url:
+        code, out = _post(url, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+        assert code == 503 and out["error"]["type"] == "service_unavailable"
+        import httpx
+
+        assert httpx.get(url.removesuffix("/v1") + "/health").status_code == 503
+    # the same repository with its chat template removed
+    copy = tmp_path / "triton_repo"
+    shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns("model.safetensors"))
+    eng = copy / "tensorrt_llm" / "1" / "engine"
+    (eng / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = json.loads((eng / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (eng / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with _front(copy, served.grpc) as url:
+        code, out = _post(url, "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+        assert code == 400 and "no chat template" in out["error"]["message"]
+        assert _post(url, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})[0] == 200
