@@ -9,19 +9,60 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pipeline.errors import StageFailed
 from pipeline.eval import env, stats, tasks
 
 EVAL_JSON = "eval.json"
+ENGINE_REL = "tensorrt_llm/1/engine"  # the tokenizer lives with the checkpoint in every layout
+
+
+@contextlib.contextmanager
+def served(serve, repo: Path, work: Path) -> Iterator[tuple[Any, str]]:
+    """Triton serving ``repo`` (``serve.launcher``: local, docker, or the server at ``serve.url``) with the OpenAI
+    front end before it; yields (server, base URL ``http://HOST:PORT/v1``). Everything started is stopped on every
+    exit path."""
+    from pipeline.eval import endpoint
+    from pipeline.triton import server as srv
+    from pipeline.ui import status
+
+    with contextlib.ExitStack() as stack:
+        with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
+            server = stack.enter_context(srv.launched(serve, repo, work))
+        with status("starting the OpenAI front end"):
+            url = stack.enter_context(endpoint.openai(serve, server, repo, work))
+        yield server, url
+
+
+def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, Any]:
+    """The tasks of ``ecfg`` against the model repository ``repo`` served with ``serve`` through the OpenAI front
+    end; lm-eval's log and the server's go to ``out``. -> the harness's document plus where it ran."""
+    from pipeline.eval import endpoint
+    from pipeline.ui import status
+
+    log_path = None
+    try:
+        with served(serve, repo, work) as (server, url):
+            log_path = server.log_path
+            key = endpoint.api_key(serve)
+            model = endpoint.model_name(url, key)
+            with status(f"lm-eval: {', '.join(ecfg.tasks)} via {url}"):
+                doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key)
+            doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
+    finally:
+        if log_path is not None and Path(log_path).is_file():
+            shutil.copy2(log_path, out / "server.log")
+    return doc
 
 
 def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *, api_key: str | None = None
@@ -46,7 +87,7 @@ def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *,
         child_env.pop("OPENAI_API_KEY", None)
         if api_key:
             child_env["OPENAI_API_KEY"] = api_key
-        child_env.update({"TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_CACHE": str(work / "datasets-cache")})
+        child_env.update({"TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_CACHE": str(Path(include) / "datasets-cache")})
         if not spec["include_defaults"]:  # the project's own tasks only: nothing to fetch
             child_env.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
         t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 Log-likelihood tasks (``multiple_choice``, ``loglikelihood``, ``loglikelihood_rolling``) go through lm-eval's
 ``local-completions`` model: it tokenizes with the model's own tokenizer and posts ``/v1/completions`` with the token
 ids as ``prompt``, ``echo: true``, ``logprobs: 1``, ``max_tokens: 1`` and ``temperature: 0``, then sums the echoed
-prompt log probabilities of the continuation tokens. Generative tasks (``generate_until``) go through
+prompt log probabilities of the continuation tokens (read up to the prompt's own length: :func:`_register`). Generative tasks (``generate_until``) go through
 ``local-chat-completions``: ``/v1/chat/completions`` with the task's prompt as messages (lm-eval's
 ``apply_chat_template``), ``max_tokens`` from the task's ``max_gen_toks``, its stop strings and ``temperature: 0``.
 
@@ -24,6 +24,40 @@ from typing import Any
 
 LOGLIKELIHOOD = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
 GENERATE = ("generate_until",)
+COMPLETIONS = "pipeline-local-completions"
+
+
+def _register() -> None:
+    """lm-eval's ``local-completions`` with one change in reading the answer, none in the request.
+
+    lm-eval takes the continuation's log probabilities as ``token_logprobs[ctxlen:-1]``: it assumes the echoed list
+    ends with exactly one generated token. A server that generates the end token for ``max_tokens: 1`` may return
+    the prompt's tokens alone, and ``[:-1]`` then silently drops the continuation's last token. Here the slice ends
+    at the prompt's own length (``tokens``, the ids sent), which is right in both cases; a response with fewer
+    entries than the prompt is an error."""
+    from operator import itemgetter
+
+    from lm_eval.api.registry import register_model
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    @register_model(COMPLETIONS)
+    class PromptLengthCompletions(LocalCompletionsAPI):
+        @staticmethod
+        def parse_logprobs(outputs, tokens=None, ctxlens=None, **kwargs):
+            res = []
+            for out in outputs if isinstance(outputs, list) else [outputs]:
+                choices = sorted(out["choices"], key=itemgetter("index"))
+                if len(choices) != len(ctxlens) or len(tokens) != len(ctxlens):
+                    raise ValueError(f"{len(choices)} choices for {len(ctxlens)} prompts")
+                for choice, ctxlen, toks in zip(choices, ctxlens, tokens):
+                    lps, tops = choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]
+                    if len(lps) < len(toks):
+                        raise ValueError(f"the server echoed {len(lps)} log probabilities for a {len(toks)}-token "
+                                         f"prompt")
+                    cont, top = lps[ctxlen:len(toks)], tops[ctxlen:len(toks)]
+                    greedy = all(lp >= max(t.values()) for lp, t in zip(cont, top))
+                    res.append((sum(cont), greedy))
+            return res
 
 
 def _item_scores(samples: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[str, float]]:
@@ -51,7 +85,7 @@ def _evaluate(spec: dict[str, Any], tasks: list[Any], chat: bool) -> dict[str, A
     """One simple_evaluate call over ``tasks`` (Task objects) through the model of their kind."""
     from lm_eval import simple_evaluate
 
-    model = "local-chat-completions" if chat else "local-completions"
+    model = "local-chat-completions" if chat else COMPLETIONS
     path = "chat/completions" if chat else "completions"
     args = {"model": spec["model"], "base_url": f"{spec['base_url'].rstrip('/')}/{path}",
             "tokenizer_backend": "huggingface", "tokenizer": spec["tokenizer"], "num_concurrent": spec["concurrency"],
@@ -72,6 +106,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from lm_eval.tasks import TaskManager
 
     t0 = time.perf_counter()
+    _register()
     tm = TaskManager(include_path=spec.get("include_path"), include_defaults=bool(spec.get("include_defaults", True)))
     leaves: dict[str, list[Any]] = {}
     for name in spec["tasks"]:

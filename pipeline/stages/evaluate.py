@@ -20,12 +20,10 @@ Output: ``eval.json`` (per task: aggregate results and per-item scores; evaluate
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -37,7 +35,6 @@ from pipeline.identity import ArtifactKey
 from pipeline.results import EvalResult
 from pipeline.runner import Context, Stage
 from pipeline.triton import server as srv
-from pipeline.ui import status
 
 ENGINE_REL = "tensorrt_llm/1/engine"
 EVAL_JSON, EVAL_MD = ev.EVAL_JSON, "eval.md"
@@ -62,40 +59,14 @@ def _label_baseline(cfg) -> str:
     return f"{cfg.model.name}.{getattr(cfg.target.device, 'value', cfg.target.device)}"
 
 
-@contextlib.contextmanager
-def served(serve, repo: Path, work: Path) -> Iterator[tuple[Any, str]]:
-    """Triton serving ``repo`` (``serve.launcher``) with the OpenAI front end before it; yields (server, base URL
-    ``http://HOST:PORT/v1``). Everything started is stopped on every exit path."""
-    from pipeline.eval import endpoint
-
-    with contextlib.ExitStack() as stack:
-        with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
-            server = stack.enter_context(srv.launched(serve, repo, work))
-        with status("starting the OpenAI front end"):
-            url = stack.enter_context(endpoint.openai(serve, server, repo, work))
-        yield server, url
-
-
 def _evaluate_repo(ctx: Context, repo: Path, serve) -> dict[str, Any]:
-    """Serve ``repo`` and run the tasks against it; -> the harness document plus where it ran."""
-    from pipeline.eval import endpoint
-
-    work = ctx.paths["store"] / "servers"
-    log_path = None
+    """Serve ``repo`` and run the tasks against it (``pipeline.eval.evaluate_repo``); server faults fail the
+    stage with the server's log tail kept beside its outputs."""
     try:
-        with served(serve, repo, work) as (server, url):
-            log_path = server.log_path
-            key = endpoint.api_key(serve)
-            model = endpoint.model_name(url, key)
-            with status(f"lm-eval: {', '.join(ctx.cfg.eval.tasks)} via {url}"):
-                doc = ev.run_harness(url, model, repo / ENGINE_REL, ctx.cfg.eval, ctx.out, api_key=key)
-            doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
+        doc = ev.evaluate_repo(repo, serve, ctx.cfg.eval, ctx.out, ctx.paths["store"] / "servers")
     except srv.ServerError as exc:
         (ctx.out / "server-error.txt").write_text(str(exc) + "\n")
         raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
-    finally:
-        if log_path is not None and Path(log_path).is_file():
-            shutil.copy2(log_path, ctx.out / "server.log")
     doc["task_files"] = dict(ctx.extra.get("task_files") or {})
     return doc
 
