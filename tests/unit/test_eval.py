@@ -161,3 +161,27 @@ def test_include_dir_makes_data_paths_absolute(tmp_path):
     doc = yaml.safe_load((out / "pipeline_facts.yaml").read_text())
     path = doc["dataset_kwargs"]["data_files"]["test"]
     assert path.startswith("/") and path.endswith("pipeline_facts.jsonl")
+
+
+def test_diff_shows_task_scores_between_bundles(tmp_path):
+    from pipeline import bundle
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    def with_eval(quantized, verdict):
+        def change(doc):
+            doc["eval"] = {"verdict": verdict, "lm_eval": "0.4.13", "tasks": {"pipeline_facts": {
+                "metric": "acc", "baseline": 0.7259, "quantized": quantized, "difference": quantized - 0.7259,
+                "ci_low": quantized - 0.7259 - 0.02, "ci_high": quantized - 0.7259 + 0.02, "items": 135,
+                "verdict": verdict}}}
+            doc["gates"]["eval"] = verdict
+        return change
+
+    old, new = make_bundle(tmp_path, version="v000000000001"), make_bundle(tmp_path, version="v000000000002")
+    rewrite_manifest(old / "bundle.json", with_eval(0.7333, "pass"))
+    rewrite_manifest(new / "bundle.json", with_eval(0.3333, "fail"))
+    for b in (old, new):
+        bundle.BundleManifest.model_validate(json.loads((b / "bundle.json").read_text()))
+    text = bundle.diff(str(old), str(new))
+    assert "| task pipeline_facts quantized | 0.7333 | 0.3333 | -54.5% |" in text
+    assert "| task pipeline_facts verdict | pass | fail |  |" in text
+    assert "task pipeline_facts baseline" not in text  # unchanged rows are left out
