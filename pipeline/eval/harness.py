@@ -74,13 +74,6 @@ def _item_scores(samples: list[dict[str, Any]], metrics: list[str]) -> dict[str,
     return out
 
 
-def _leaves(obj: Any) -> list[Any]:
-    """The leaf Task objects of lm-eval's nested task dict (a group maps to its subtasks)."""
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _leaves(v)]
-    return [obj]
-
-
 def _evaluate(spec: dict[str, Any], tasks: list[Any], chat: bool) -> dict[str, Any]:
     """One simple_evaluate call over ``tasks`` (Task objects) through the model of their kind."""
     from lm_eval import simple_evaluate
@@ -111,8 +104,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     leaves: dict[str, list[Any]] = {}
     for name in spec["tasks"]:
         if name not in tm.all_tasks:
-            raise SystemExit(f"error: lm-eval has no task or group {name!r}")
-        leaves[name] = _leaves(tm.load_task_or_group(name))
+            raise SystemExit(f"error: eval.tasks: lm-eval has no task or group {name!r} (the project's own: "
+                             f"{', '.join(sorted(n for n in tm.all_tasks if n.startswith('pipeline_')))}; "
+                             f"lm-eval's: `lm-eval ls tasks`)")
+        leaves[name] = list(tm.load(name)["tasks"].values())  # a group: its leaf tasks
     runs: dict[bool, dict[str, Any]] = {}
     for chat in (False, True):
         todo = [t for ts in leaves.values() for t in ts if (t.config.output_type in GENERATE) == chat]

@@ -70,6 +70,7 @@ def test_one_baseline_serves_every_format_and_target_of_a_device(tiny_build):
     assert planned("eval.max_drop.fp8=0.1")["eval_baseline"].cached  # the gate's limit is evaluate's alone
 
 
+@pytest.mark.slow
 def test_evaluate_runs_unchanged_against_an_external_server(tiny_build, tmp_path):
     from pipeline.triton import server
 
@@ -86,6 +87,7 @@ def test_evaluate_runs_unchanged_against_an_external_server(tiny_build, tmp_path
     assert doc["launcher"] == "external" and doc["gate"]["tasks"]["pipeline_facts"]["items"] == 20
 
 
+@pytest.mark.slow
 def test_strict_turns_an_inconclusive_gate_into_a_failure(tiny_build, tmp_path):
     """With no drop allowed, even identical answers cannot rule one out: inconclusive, which passes by default and
     fails the stage under eval.strict, naming the task and its interval; the build's summary shows the gate."""
