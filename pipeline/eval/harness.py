@@ -27,16 +27,33 @@ GENERATE = ("generate_until",)
 COMPLETIONS = "pipeline-local-completions"
 
 
-def _register() -> None:
-    """lm-eval's ``local-completions`` with one change in reading the answer, none in the request.
+def continuation_logprobs(outputs, tokens, ctxlens) -> list[tuple[float, bool]]:
+    """(log-likelihood, greedy) of each continuation from OpenAI completions responses with ``echo`` and
+    ``logprobs``: the entries from ``ctxlen`` up to the prompt's own length (``tokens``, the ids sent).
 
-    lm-eval takes the continuation's log probabilities as ``token_logprobs[ctxlen:-1]``: it assumes the echoed list
-    ends with exactly one generated token. A server that generates the end token for ``max_tokens: 1`` may return
-    the prompt's tokens alone, and ``[:-1]`` then silently drops the continuation's last token. Here the slice ends
-    at the prompt's own length (``tokens``, the ids sent), which is right in both cases; a response with fewer
-    entries than the prompt is an error."""
+    lm-eval's ``local-completions`` reads ``token_logprobs[ctxlen:-1]``: it assumes the echoed list ends with exactly
+    one generated entry. A server whose model generates its end token for ``max_tokens: 1`` may return the prompt's
+    entries alone, and ``[:-1]`` then silently drops the continuation's last token. Ending at the prompt's length is
+    right in both cases; a response with fewer entries than the prompt is an error."""
     from operator import itemgetter
 
+    res = []
+    for out in outputs if isinstance(outputs, list) else [outputs]:
+        choices = sorted(out["choices"], key=itemgetter("index"))
+        if len(choices) != len(ctxlens) or len(tokens) != len(ctxlens):
+            raise ValueError(f"{len(choices)} choices for {len(ctxlens)} prompts")
+        for choice, ctxlen, toks in zip(choices, ctxlens, tokens):
+            lps, tops = choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]
+            if len(lps) < len(toks):
+                raise ValueError(f"the server echoed {len(lps)} log probabilities for a {len(toks)}-token prompt")
+            cont, top = lps[ctxlen:len(toks)], tops[ctxlen:len(toks)]
+            res.append((sum(cont), all(lp >= max(t.values()) for lp, t in zip(cont, top))))
+    return res
+
+
+def _register() -> None:
+    """lm-eval's ``local-completions`` reading the answer with :func:`continuation_logprobs`; its requests are
+    unchanged."""
     from lm_eval.api.registry import register_model
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
@@ -44,20 +61,7 @@ def _register() -> None:
     class PromptLengthCompletions(LocalCompletionsAPI):
         @staticmethod
         def parse_logprobs(outputs, tokens=None, ctxlens=None, **kwargs):
-            res = []
-            for out in outputs if isinstance(outputs, list) else [outputs]:
-                choices = sorted(out["choices"], key=itemgetter("index"))
-                if len(choices) != len(ctxlens) or len(tokens) != len(ctxlens):
-                    raise ValueError(f"{len(choices)} choices for {len(ctxlens)} prompts")
-                for choice, ctxlen, toks in zip(choices, ctxlens, tokens):
-                    lps, tops = choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]
-                    if len(lps) < len(toks):
-                        raise ValueError(f"the server echoed {len(lps)} log probabilities for a {len(toks)}-token "
-                                         f"prompt")
-                    cont, top = lps[ctxlen:len(toks)], tops[ctxlen:len(toks)]
-                    greedy = all(lp >= max(t.values()) for lp, t in zip(cont, top))
-                    res.append((sum(cont), greedy))
-            return res
+            return continuation_logprobs(outputs, tokens, ctxlens)
 
 
 def _item_scores(samples: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[str, float]]:

@@ -185,3 +185,41 @@ def test_diff_shows_task_scores_between_bundles(tmp_path):
     assert "| task pipeline_facts quantized | 0.7333 | 0.3333 | -54.5% |" in text
     assert "| task pipeline_facts verdict | pass | fail |  |" in text
     assert "task pipeline_facts baseline" not in text  # unchanged rows are left out
+
+
+def _echo(prompt_lps, generated):
+    """An OpenAI completions response with echo: the prompt's log probabilities, then the generated ones."""
+    lps = [None, *prompt_lps, *generated]
+    tops = [None, *({"t": lp} for lp in prompt_lps), *({"g": lp} for lp in generated)]
+    return {"choices": [{"index": 0, "text": "", "logprobs": {"token_logprobs": lps, "top_logprobs": tops}}]}
+
+
+@pytest.mark.parametrize("generated", [[-0.5], []], ids=["one generated token", "end token: none returned"])
+def test_continuation_log_probability_ends_at_the_prompt(generated):
+    """Three context tokens and a two-token continuation; the answer is the same whether the server returned the one
+    generated token or, having generated the end token, none. lm-eval's own slice [ctxlen:-1] is wrong in the
+    second case: it drops the continuation's last token (the negative control, run in lm-eval's child
+    environment)."""
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.eval import env, harness
+
+    tokens = [[11, 12, 13, 14, 15]]
+    out = _echo([-1.0, -2.0, -0.25, -0.75], generated)
+    assert harness.continuation_logprobs(out, tokens, [3]) == [(-1.0, True)]
+    code = ("import json, sys; from lm_eval.models.openai_completions import LocalCompletionsAPI as M; "
+            "a = json.loads(sys.argv[1]); print(json.dumps(M.parse_logprobs(a, tokens=a['t'], ctxlens=[3])))")
+    doc = {**out, "t": tokens}
+    child = {**os.environ, "PYTHONPATH": os.pathsep.join([*env.pythonpath(), *sys.path])}
+    stock = json.loads(subprocess.run([sys.executable, "-c", code, json.dumps(doc)], capture_output=True, text=True,
+                                      env=child, check=True).stdout)
+    assert stock[0][0] == (-1.0 if generated else -0.25)
+
+
+def test_a_short_echo_is_an_error():
+    from pipeline.eval import harness
+
+    with pytest.raises(ValueError, match="echoed 3 log probabilities for a 5-token prompt"):
+        harness.continuation_logprobs(_echo([-1.0, -2.0], []), [[1, 2, 3, 4, 5]], [3])
