@@ -195,6 +195,9 @@ def check(cfg) -> list[str]:
     if list(cfg.eval.tasks) and cfg.quant.format.value not in dict(cfg.eval.max_drop):
         problems.append(f"eval.max_drop has no entry for quant.format={cfg.quant.format.value}; add "
                         f"eval.max_drop.{cfg.quant.format.value}=0.05 (say)")
+    for fmt, v in dict(cfg.eval.max_drop).items():
+        if not 0.0 <= float(v) <= 1.0:
+            problems.append(f"eval.max_drop.{fmt}={v}: an allowed drop of the task score lies in [0, 1]")
     return problems
 
 

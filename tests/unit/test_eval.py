@@ -223,3 +223,14 @@ def test_a_short_echo_is_an_error():
 
     with pytest.raises(ValueError, match="echoed 3 log probabilities for a 5-token prompt"):
         harness.continuation_logprobs(_echo([-1.0, -2.0], []), [[1, 2, 3, 4, 5]], [3])
+
+
+def test_plan_names_a_format_without_an_allowed_drop_and_a_bad_one():
+    from pipeline import config
+    from pipeline.stages import evaluate
+
+    cfg = config.compose(["quant=nvfp4", "~eval.max_drop.nvfp4", "eval.max_drop.fp8=-0.1"])
+    problems = evaluate.check(cfg)
+    assert "eval.max_drop has no entry for quant.format=nvfp4; add eval.max_drop.nvfp4=0.05 (say)" in problems
+    assert "eval.max_drop.fp8=-0.1: an allowed drop of the task score lies in [0, 1]" in problems
+    assert evaluate.check(config.compose(["eval.tasks=[]", "quant=nvfp4", "~eval.max_drop.nvfp4"])) == []
