@@ -60,7 +60,7 @@ def main() -> None:
         (repo / "1").mkdir(parents=True)
         (repo / "config.pbtxt").write_text(CONFIG)
         (repo / "1" / "model.py").write_text(MODEL)
-        with server.running(repo.parent, host="127.0.0.1", server_bin=None, work_dir=Path(tmp) / "w",
+        with server.local_server(repo.parent, host="127.0.0.1", server_bin=None, work_dir=Path(tmp) / "w",
                             timeout_s=120) as s:
             prompts = ["hello"] * args.requests
             echo = client.entry_point(s.grpc_url, "echo", "inflight_batcher_llm")

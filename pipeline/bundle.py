@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.errors import StageFailed, UserError
+from pipeline.errors import StageFailed, UserError, disk_full
 from pipeline.identity import ArtifactKey
 from pipeline.results import Gates
 
@@ -52,6 +52,8 @@ class QuantInfo(BaseModel):
     group_size: Optional[int]
     exclude_modules: Optional[list[str]]
     calibration_sha256: Optional[str]
+    # dataset, rows, seq_len, tokens, short and short_reasons of the quantize stage's calibration
+    calibration: Optional[dict[str, Any]] = None
 
 
 class RuntimeVersions(BaseModel):
@@ -258,13 +260,12 @@ def redact(url: str) -> str:
 def store_error(url: str, doing: str, exc: BaseException) -> UserError | None:
     """A destination's error (OSError, or an error type of s3fs/gcsfs and the clients below them) as one line naming
     the destination and what was being done; None for any other error."""
-    import errno
 
     module = type(exc).__module__.split(".")[0]
     if not isinstance(exc, OSError) and module not in _STORE_LIBS:
         return None
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-        return None  # a full local disk: the build's own handler names it
+    if disk_full(exc):
+        return None  # a full local disk: the one disk-full mapping (pipeline.errors.known) names it
     text = " ".join(str(exc).split()) or type(exc).__name__
     kind = type(exc).__name__
     low = f"{kind} {text}".lower()

@@ -3,14 +3,19 @@ comparison and never used for calibration.
 
 Sources: the shipped corpus (``builtin``, a few thousand words: for tiny and offline models), a local ``.txt`` /
 ``.jsonl`` file, a dataset name that ModelOpt's ``modelopt.torch.utils.dataset_utils.get_dataset_samples`` knows
-(``cnn_dailymail``, ...), or a Hub dataset ``org/name`` with a ``text`` column. ``auto`` picks ModelOpt's usual
-dataset for real models (``hf://`` and local checkpoints; ModelOpt 0.47's ``get_dataset_dataloader`` defaults to
-``cnn_dailymail``, and ``examples/llm_ptq/hf_ptq.py`` mixes it with ``nemotron-post-training-dataset-v2``) and the
-shipped corpus for synthetic and packaged GGUF models.
+(``cnn_dailymail``, ...) or one of its combos (``cnn_nemotron_v2_mix``), or a Hub dataset ``org/name`` with a
+``text`` column.
+
+How much, and of what (``spec``): an explicit ``quant.calib`` setting, else the model's own default
+(``model.calib``: the tiny and embedded CPU models keep a small set), else for real checkpoints (``hf://`` and local)
+ModelOpt's own PTQ recipe (``RECIPE``), for synthetic and GGUF models ``SMALL``. A local checkpoint whose recipe
+dataset cannot be had (no ``datasets`` package, or offline) calibrates on the shipped corpus instead. Every
+calibration below the recipe's rows × tokens is recorded as short, with the reasons.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,22 +39,151 @@ class TextSet:
 MODELOPT_DATASETS = ("cnn_dailymail", "nemotron-post-training-dataset-v2", "nemotron-post-training-dataset-v1",
                      "llama-nemotron-post-training-dataset", "pile", "pg19", "wikipedia", "c4", "wikitext",
                      "open_code_reasoning", "open_math_reasoning")
-DEFAULT_REAL_MODEL_DATASET = "cnn_dailymail"
+# ModelOpt's PTQ recipe, read from examples/hf_ptq/hf_ptq.py at NVIDIA/Model-Optimizer a2fbac7 (0.47.0dev, the
+# commit benchmarks/gpu_quant_vs_hfptq.py runs; the project pins nvidia-modelopt 0.47): --calib_size 1024,
+# --calib_seq 512, and without --dataset the "cnn_nemotron_v2_mix" combo, which dataset_utils.DATASET_COMBOS expands
+# to cnn_dailymail + nemotron-post-training-dataset-v2 with the rows split evenly. hf_ptq uses it for every format
+# (AWQ included). hf_ptq truncates one document per row (left padding); this pipeline packs documents end to end
+# into full rows, so the recipe's rows × tokens is a floor here, never padding.
+RECIPE = {"dataset": "cnn_nemotron_v2_mix", "num_samples": 1024, "seq_len": 512}
+RECIPE_SOURCE = "ModelOpt examples/hf_ptq/hf_ptq.py @ NVIDIA/Model-Optimizer a2fbac7"
+DATASET_COMBOS = {"cnn_nemotron_v2_mix": ("cnn_dailymail", "nemotron-post-training-dataset-v2")}
+# Synthetic and GGUF models without a model.calib of their own: the shipped corpus's small set
+SMALL = {"dataset": "builtin", "num_samples": 24, "seq_len": 128}
+DEFAULT_REAL_MODEL_DATASET = RECIPE["dataset"]
 HUB_EXTRA = "pip install 'llm-pipeline[hub]' (the `datasets` package)"
 
 
+def is_real(model_source: str) -> bool:
+    """An ``hf://`` or local checkpoint (not synthetic, not a packaged GGUF)."""
+    return not (model_source == "synthetic" or model_source.startswith("gguf://"))
+
+
 def resolve(dataset: str, model_source: str) -> str:
-    """``auto`` -> ModelOpt's usual Hub dataset for real models (``hf://`` sources and local checkpoints), the
+    """``auto`` -> ModelOpt's recipe dataset for real models (``hf://`` sources and local checkpoints), the
     shipped corpus for synthetic and packaged GGUF models; anything else as given."""
     if dataset != "auto":
         return dataset
-    if model_source.startswith("hf://") or not (model_source == "synthetic" or model_source.startswith("gguf://")):
-        return DEFAULT_REAL_MODEL_DATASET
-    return "builtin"
+    return DEFAULT_REAL_MODEL_DATASET if is_real(model_source) else "builtin"
+
+
+def hub_unavailable() -> str | None:
+    """Why Hub datasets cannot be loaded here (no ``datasets`` package, or HF offline mode), or None."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("datasets") is None:
+        return f"the `datasets` package is not installed ({HUB_EXTRA})"
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var}={os.environ[var]} (offline)"
+    return None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the quantize stage calibrates on: ``dataset`` (resolved), rows × ``seq_len``, where that comes from
+    (``basis``), the reasons known before loading that it is short of the recipe, and whether a local checkpoint
+    may fall back to the shipped corpus when the recipe's dataset cannot be loaded (``fallback``)."""
+
+    dataset: str
+    num_samples: int
+    seq_len: int
+    basis: str
+    short_reasons: tuple[str, ...]
+    allow_short: bool
+    fallback: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.num_samples * self.seq_len
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "num_samples": self.num_samples, "seq_len": self.seq_len,
+                "basis": self.basis, "short_reasons": list(self.short_reasons), "allow_short": self.allow_short,
+                "fallback": self.fallback}
+
+    def on_builtin(self, why: str) -> "Spec":
+        """This calibration on the shipped corpus instead (the recipe's dataset cannot be had: ``why``)."""
+        reason = (f"the recipe's dataset {self.dataset} is unavailable ({why}): calibrating on the shipped corpus "
+                  f"instead, as many rows as it holds")
+        return Spec("builtin", self.num_samples, self.seq_len, self.basis, (*self.short_reasons, reason), True,
+                    False)
+
+
+def spec(cfg) -> Spec:
+    """The calibration a composed config asks for (see the module docstring for the order)."""
+    c, m = cfg.quant.calib, cfg.model
+    mc = m.get("calib") or {}
+    real = is_real(str(m.source))
+    base = RECIPE if real else SMALL
+    basis = RECIPE_SOURCE if real else "the small default for synthetic and GGUF models"
+    if mc and any(mc.get(k) is not None for k in ("dataset", "num_samples", "seq_len")):
+        basis = f"model config {m.name} (model.calib)"
+    size = {k: (c.get(k) if c.get(k) is not None else mc.get(k) if mc.get(k) is not None else base[k])
+            for k in ("num_samples", "seq_len")}
+    if any(c.get(k) is not None for k in ("num_samples", "seq_len")):
+        basis = "quant.calib"
+    auto = str(c.dataset) == "auto"
+    dataset = (str(mc["dataset"]) if auto and mc.get("dataset") else resolve(str(c.dataset), str(m.source)))
+    reasons = []
+    n, seq = int(size["num_samples"]), int(size["seq_len"])
+    if n * seq < RECIPE["num_samples"] * RECIPE["seq_len"] or n < RECIPE["num_samples"] or seq < RECIPE["seq_len"]:
+        reasons.append(f"{n}×{seq} tokens ({basis}), below ModelOpt's recipe of {RECIPE['num_samples']}×"
+                       f"{RECIPE['seq_len']}")
+    out = Spec(dataset, n, seq, basis, tuple(reasons), bool(c.allow_short),
+               fallback=auto and real and is_hub(dataset) and not str(m.source).startswith("hf://"))
+    if out.fallback:
+        why = hub_unavailable()
+        if why:
+            out = out.on_builtin(why)
+    return out
+
+
+# Dense bf16 tensor rates (TFLOP/s, datasheets: NVIDIA A100, L40S, H100/H200 SXM, B200, GB200 per GPU) for the plan's
+# calibration estimate; a target not listed gets none.
+BF16_TFLOPS = {"a100": 312, "l40s": 362, "h100": 989, "h200": 989, "b200": 2250, "gb200": 2500}
+# The quantize stage's calibration ran at 0.33 of the datasheet rate: the Qwen3-14B shape, NVFP4, 512 × 512 on one
+# H200 (21.2 s for 2 × 13.24e9 × 262,144 FLOP; docs/benchmarks.md); awq_lite's search adds ~19× (Qwen3-32B at
+# 256 × 512: ~5.4 min on one H200, extrapolated from a few layers; docs/benchmarks.md as of commit 0bc39f2).
+CALIB_EFFICIENCY = 0.33
+AWQ_FACTOR = 19.0
+
+
+def estimate_s(params_b: float, tokens: int, target: str, fmt: str, gpus: int = 1) -> float | None:
+    """Seconds the calibration forward passes take on ``target`` (2 × params FLOP per token), or None when the
+    target's rate or the model's size is unknown. The model is split over ``gpus`` (pipeline order: no faster)."""
+    rate = BF16_TFLOPS.get(target)
+    if not rate or params_b <= 0:
+        return None
+    s = 2 * params_b * 1e9 * tokens / (rate * 1e12 * CALIB_EFFICIENCY)
+    return s * (AWQ_FACTOR if "awq" in fmt else 1.0)
+
+
+def plan_summary(cfg) -> dict[str, Any] | None:
+    """The plan's calibration line: dataset, rows × tokens, where the size comes from, the estimated time on the
+    target, and why it is short of the recipe (if it is). None when nothing is quantized."""
+    if cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none":
+        return None
+    s = spec(cfg)
+    est = estimate_s(float(cfg.model.shape.params_b or 0), s.tokens, str(cfg.target.name), cfg.quant.format.value)
+    notes = list(s.short_reasons)
+    if s.fallback:
+        notes.append(f"if {s.dataset} cannot be loaded when the stage runs, it calibrates on the shipped corpus "
+                     f"(recorded as short)")
+    elif is_hub(s.dataset) and hub_unavailable():
+        notes.append(f"{s.dataset} comes from the Hub, and here {hub_unavailable()}")
+    return {**s.to_json(), "tokens": s.tokens, "recipe": {**RECIPE, "source": RECIPE_SOURCE},
+            "short": bool(s.short_reasons), "estimated_s": None if est is None else round(est, 1),
+            "estimate_basis": (f"2 × {cfg.model.shape.params_b} B params × tokens at {CALIB_EFFICIENCY:g} × the "
+                               f"{cfg.target.name} datasheet bf16 rate" + (f", × {AWQ_FACTOR:g} for the AWQ search"
+                                                                          if "awq" in cfg.quant.format.value else "")
+                               if est is not None else "no rate known for this target"),
+            "notes": notes}
 
 
 def is_modelopt(dataset: str) -> bool:
-    return dataset in MODELOPT_DATASETS and not Path(dataset).exists()
+    return (dataset in MODELOPT_DATASETS or dataset in DATASET_COMBOS) and not Path(dataset).exists()
 
 
 def is_hub(dataset: str) -> bool:
@@ -104,8 +238,11 @@ def _load_hub(dataset: str, limit: int = 4000) -> TextSet:
     if is_modelopt(dataset):
         from modelopt.torch.utils.dataset_utils import get_dataset_samples
 
-        try:
-            docs = [str(t) for t in get_dataset_samples(dataset, limit) if str(t).strip()]
+        members = DATASET_COMBOS.get(dataset, (dataset,))
+        try:  # a combo: its members' documents interleaved, the rows split evenly as ModelOpt splits them
+            per = [[str(t) for t in get_dataset_samples(name, -(-limit // len(members))) if str(t).strip()]
+                   for name in members]
+            docs = [d for group in itertools.zip_longest(*per) for d in group if d is not None]
         except Exception as exc:
             raise UserError(f"quant.calib.dataset={dataset}: cannot load it ({type(exc).__name__}); offline or "
                             f"gated? use a local .txt/.jsonl file") from exc
@@ -187,17 +324,29 @@ class Rows:
     heldout: Any
     requested: int  # calibration rows asked for
     notes: tuple[str, ...]
+    spec: Spec | None = None  # what was asked for (the stage's calibration), with the reasons it is short
+
+    def short_reasons(self) -> list[str]:
+        out = list(self.spec.short_reasons) if self.spec else []
+        if len(self.calib) < self.requested:
+            out.append(f"{self.texts.name} packs into {len(self.calib)} of the {self.requested} rows asked for")
+        return out
 
     def record(self, calibrate_s: float) -> dict[str, Any]:
-        """The ``calibration`` entry of accuracy.json."""
+        """The ``calibration`` entry of accuracy.json. ``short``: fewer rows than asked for, or fewer rows × tokens
+        than ModelOpt's recipe (``short_reasons`` says why)."""
         n = int(self.calib.numel())
-        return {"dataset": self.texts.name, "sha256": self.texts.sha256, "rows": len(self.calib),
-                "requested_rows": self.requested, "short": len(self.calib) < self.requested,
-                "seq_len": self.calib.shape[1], "tokens": n, "tokens_per_s": round(n / max(calibrate_s, 1e-9), 1)}
+        reasons = self.short_reasons()
+        out = {"dataset": self.texts.name, "sha256": self.texts.sha256, "rows": len(self.calib),
+               "requested_rows": self.requested, "short": bool(reasons) or len(self.calib) < self.requested,
+               "seq_len": self.calib.shape[1], "tokens": n, "tokens_per_s": round(n / max(calibrate_s, 1e-9), 1)}
+        if self.spec is not None:
+            out.update(basis=self.spec.basis, short_reasons=reasons, recipe={**RECIPE, "source": RECIPE_SOURCE})
+        return out
 
 
 def rows(tokenizer, dataset: str, *, seq_len: int, num_samples: int, chat_template: bool, allow_short: bool,
-         eval_seq_len: int, eval_num_samples: int) -> Rows:
+         eval_seq_len: int, eval_num_samples: int, spec: Spec | None = None) -> Rows:
     """Load ``dataset`` and pack its calibration and held-out documents. Fewer calibration rows than requested
     fail (UserError) unless ``allow_short``; a shortfall of either is noted."""
     texts = load(dataset, hub_docs=min(8192, 4 * (num_samples + eval_num_samples)))
@@ -213,7 +362,22 @@ def rows(tokenizer, dataset: str, *, seq_len: int, num_samples: int, chat_templa
                   for what, got, want, n in (("calibration", cal, num_samples, seq_len),
                                              ("held-out", ev, eval_num_samples, eval_seq_len))
                   if len(got) < want)
-    return Rows(texts, cal, ev, num_samples, notes)
+    return Rows(texts, cal, ev, num_samples, notes, spec)
+
+
+def rows_for(tokenizer, s: Spec, *, chat_template: bool, eval_seq_len: int, eval_num_samples: int) -> Rows:
+    """``rows`` for a stage's ``Spec``. A local checkpoint whose recipe dataset cannot be loaded now (offline, gated,
+    no ``datasets``) calibrates on the shipped corpus instead, recorded as short with the reason."""
+    kw = dict(chat_template=chat_template, eval_seq_len=eval_seq_len, eval_num_samples=eval_num_samples)
+    try:
+        return rows(tokenizer, s.dataset, seq_len=s.seq_len, num_samples=s.num_samples, allow_short=s.allow_short,
+                    spec=s, **kw)
+    except UserError as exc:
+        if not (s.fallback and is_hub(s.dataset)):
+            raise
+        s = s.on_builtin(str(exc).split(": ", 1)[-1])
+        out = rows(tokenizer, s.dataset, seq_len=s.seq_len, num_samples=s.num_samples, allow_short=True, spec=s, **kw)
+        return Rows(out.texts, out.calib, out.heldout, out.requested, (s.short_reasons[-1], *out.notes), s)
 
 
 # Tokens a chat template adds around one document, at most (role markers, system prompt): a generous bound

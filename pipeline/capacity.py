@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Bytes per parameter of quantized linear weights, scales included (group 128 fp32 scales for AWQ; one e4m3 per 16
-# values for NVFP4).
-WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5 + 4 / 128, "w4a8_awq": 0.5 + 4 / 128,
-                "nvfp4": 0.5 + 1 / 16}
-KV_BYTES = {"bf16": 2.0, "none": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+from pipeline.quant.formats import FORMATS, KV_FORMATS
+
+# Bytes per parameter of quantized linear weights (scales included) and per cached K/V value, from the registry.
+WEIGHT_BYTES = {n: f.weight_bytes for n, f in FORMATS.items()}
+KV_BYTES = {"bf16": KV_FORMATS["none"].bytes, **{n: k.bytes for n, k in KV_FORMATS.items()}}
 
 
 @dataclass
@@ -47,7 +47,11 @@ class KVRow:
 
 
 @dataclass
-class Plan:
+class KVPlan:
+    """The KV-capacity plan of one model × quant × GPU × TP/PP: weights per GPU, the KV pool and the tokens and
+    sequences it holds per KV dtype (``rows``), and the KV dtype chosen. ``planning.Capacity`` is what a build takes
+    from it; ``runner.BuildPlan`` is the build's stage plan."""
+
     tp: int
     pp: int
     gpus: int
@@ -91,7 +95,7 @@ def activation_reserve(shape: Shape, max_num_tokens: int, tp: int) -> float:
 
 
 def plan_for(shape: Shape, quant: str, kv: str, memory_gb: float, *, tp: int, pp: int, fraction: float,
-             max_num_tokens: int, seq_tokens: int) -> Plan:
+             max_num_tokens: int, seq_tokens: int) -> KVPlan:
     gpu = memory_gb * 1e9
     w = weight_bytes(shape, quant) / (tp * pp)
     act = activation_reserve(shape, max_num_tokens, tp)
@@ -102,13 +106,13 @@ def plan_for(shape: Shape, quant: str, kv: str, memory_gb: float, *, tp: int, pp
         tokens = int(pool // per_tok)
         rows.append(KVRow(dtype, per_tok, pool, tokens, tokens // max(1, seq_tokens)))
     chosen = "bf16" if kv == "none" else kv
-    return Plan(tp, pp, tp * pp, w, act, gpu, rows, chosen, False, False, [])
+    return KVPlan(tp, pp, tp * pp, w, act, gpu, rows, chosen, False, False, [])
 
 
 def plan(shape: Shape, quant: str, kv: str, memory_gb: float, gpus_per_node: int, *, tp: int = 0, pp: int = 1,
          fraction: float = 0.9, max_num_tokens: int = 8192, max_batch_size: int = 8, max_seq_len: int = 2048,
-         input_len: int = 1024, output_len: int = 256) -> Plan:
-    """Plan for the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
+         input_len: int = 1024, output_len: int = 256) -> KVPlan:
+    """The KV-capacity plan at the given TP, or the smallest TP (dividing the head count) whose KV pool holds one max-length
     sequence. ``fits`` is False when nothing within ``gpus_per_node`` does."""
     seq_tokens = input_len + output_len
     candidates = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
@@ -132,55 +136,46 @@ def plan(shape: Shape, quant: str, kv: str, memory_gb: float, gpus_per_node: int
     return result
 
 
-def table(p: Plan) -> list[dict[str, Any]]:
+def table(p: KVPlan) -> list[dict[str, Any]]:
     return [{"kv_dtype": r.kv_dtype, "kv_kib_per_token_per_gpu": round(r.kv_bytes_per_token / 1024, 2),
              "kv_pool_gb_per_gpu": round(r.pool_bytes / 1e9, 2), "max_tokens": r.max_tokens,
              "max_concurrent_sequences": r.max_sequences} for r in p.rows]
 
 
-# The quantize stage's GPU memory beyond the weights: at most GPU_HEADROOM × the weight bytes, of which
-# CUDA_CONTEXT_BYTES go to the CUDA context, cuBLAS workspaces and allocator slack (nvidia-smi counts them, torch's
-# max_memory_allocated does not); the rest holds one batch of activations (``row_bytes`` per row). The stage holds
-# one model at a time: the calibrated one (bf16 weights), then, for the export proof, the export dequantized to bf16.
+# The quantize stage's GPU memory beyond the weights, as planned: at least GPU_HEADROOM × the weight bytes, or the
+# CUDA context (CUDA_CONTEXT_BYTES: context, cuBLAS workspaces, allocator slack; nvidia-smi counts them, torch's
+# max_memory_allocated does not) and one row of activations (``row_bytes``). When it runs, the stage sizes its
+# batches to the memory it finds free (``pipeline.quant.modelopt.batch_plan``), keeping a margin of each GPU free. It
+# holds one model at a time: the calibrated one (bf16 weights), then, for the export proof, the export dequantized.
 GPU_HEADROOM = 0.1
 CUDA_CONTEXT_BYTES = 1.0e9
 ROW_SAFETY = 1.5  # margin on the per-row estimate (kernel workspaces, allocator rounding)
 
 
-def row_bytes(shape: dict[str, Any], seq_len: int, dtype_bytes: int = 2) -> float:
+def row_bytes(shape: dict[str, Any], seq_len: int, dtype_bytes: int = 2, logits: bool = True) -> float:
     """GPU bytes one row of ``seq_len`` tokens needs during a forward pass without KV cache, at its peak layer,
     times ROW_SAFETY. ``shape``: hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim, vocab_size.
 
     Per token: the residual stream and norm output (3 × hidden), q/k/v and attention output
     ((2 × heads + 2 × kv heads) × head dim), the MLP's gate, up and product (3 × intermediate) in the model's
     dtype, two float32 temporaries of the widest linear input (ModelOpt's fake-quant and amax), and the logits in the
-    model's dtype plus their float32 copy (evaluation computes every position's logits). Per row: attention scores
-    in float32 (heads × seq²), in case SDPA falls back to its math kernel."""
+    model's dtype plus their float32 copy (evaluation computes every position's logits; calibration, ``logits``
+    False, only the last position's). Per row: attention scores in float32 (heads × seq²), in case SDPA falls back to
+    its math kernel."""
     h, i = int(shape["hidden_size"]), int(shape.get("intermediate_size") or 0)
     heads = int(shape["num_heads"])
     kv, hd = int(shape.get("num_kv_heads") or heads), int(shape["head_dim"])
     vocab = int(shape["vocab_size"])
-    per_token = ((3 * h + (2 * heads + 2 * kv) * hd + 3 * i) * dtype_bytes + 2 * max(h, i) * 4
-                 + vocab * (dtype_bytes + 4))
-    return ROW_SAFETY * (seq_len * per_token + heads * seq_len * seq_len * 4)
-
-
-def batch_budget_bytes(weight_bytes: float) -> float:
-    """GPU bytes the stage's batches may use on a device holding ``weight_bytes`` of weights."""
-    return max(0.0, GPU_HEADROOM * weight_bytes - CUDA_CONTEXT_BYTES)
-
-
-def bounded_batch_size(weight_bytes: float, per_row: float, rows: int) -> int:
-    """The largest batch within ``batch_budget_bytes`` (at least 1, at most ``rows``)."""
-    fit = int(batch_budget_bytes(weight_bytes) // per_row) if per_row > 0 else rows
-    return max(1, min(fit, rows))
+    per_token = (3 * h + (2 * heads + 2 * kv) * hd + 3 * i) * dtype_bytes + 2 * max(h, i) * 4
+    logit_tokens = seq_len if logits else 1
+    return ROW_SAFETY * (seq_len * per_token + logit_tokens * vocab * (dtype_bytes + 4) + heads * seq_len * seq_len * 4)
 
 
 def memory_estimate(params_b: float, row: float = 0.0, devices: int = 1) -> dict[str, float]:
-    """Peak GPU memory of the quantize stage as built, in GB: the bf16 weights (loaded in bf16, never as an fp32
+    """The least GPU memory the quantize stage needs, in GB: the bf16 weights (loaded in bf16, never as an fp32
     copy; the calibrated model is freed before the export proof reloads the export dequantized to bf16, so one model
-    is held at a time), plus per device the larger of GPU_HEADROOM × its weights (what the batch size is bounded
-    to) and the CUDA context with one row of activations (``row`` bytes; batches never go below one row)."""
+    is held at a time), plus per device the larger of GPU_HEADROOM × its weights and the CUDA context with one row
+    of activations (``row`` bytes; batches never go below one row). More free memory buys larger batches."""
     weights = params_b * 1e9 * 2
     per_device = weights / max(1, devices)
     extra = max(GPU_HEADROOM * per_device, CUDA_CONTEXT_BYTES + row) * max(1, devices)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BLACKWELL = (100, 103, 120)
+from pipeline.quant.formats import FORMATS, KV_FORMATS, PREFERENCE, RUNTIMES
 
 
 @dataclass(frozen=True)
@@ -18,33 +18,12 @@ class Rule:
     needs: str  # human phrase for the refusal
 
 
-ALL_GPUS = (80, 86, 89, 90, 100, 103, 120)
-# Weight/activation format -> GPU architectures that serve it.
-QUANT_SM: dict[str, Rule] = {
-    "none": Rule(ALL_GPUS, "an Ampere or newer GPU (sm80+)"),
-    "fp8": Rule((89, 90, 100, 103, 120), "Ada, Hopper or Blackwell (sm89+)"),
-    "int4_awq": Rule((80, 86, 89, 90), "Ampere, Ada or Hopper (sm80-sm90; not in the support matrix for Blackwell)"),
-    "w4a8_awq": Rule((89, 90), "Ada or Hopper (sm89/sm90)"),
-    "nvfp4": Rule(BLACKWELL, "Blackwell (sm100/sm120)"),
-    "int8_sq": Rule((80, 86, 89, 90), "Ampere, Ada or Hopper (sm80-sm90)"),
-}
-KV_SM: dict[str, Rule] = {
-    "none": Rule(ALL_GPUS, "any supported GPU"),
-    "fp8": Rule(ALL_GPUS, "an Ampere or newer GPU (sm80+)"),
-    "nvfp4": Rule(BLACKWELL, "Blackwell (sm100/sm120)"),
-}
+# Weight/activation format -> GPU architectures that serve it; KV format likewise (from the format registry).
+QUANT_SM: dict[str, Rule] = {n: Rule(f.sms, f.sm_needs) for n, f in FORMATS.items()}
+KV_SM: dict[str, Rule] = {n: Rule(k.sms, k.sm_needs) for n, k in KV_FORMATS.items()}
 # Runtime -> weight formats and KV formats it loads from a ModelOpt checkpoint.
-RUNTIME_QUANT = {
-    "reference": set(QUANT_SM),
-    "trtllm_engine": set(QUANT_SM),
-    "trtllm_llmapi": {"none", "fp8", "int4_awq", "w4a8_awq", "nvfp4"},
-}
-RUNTIME_KV = {
-    "reference": set(KV_SM),
-    "trtllm_engine": {"none", "fp8", "nvfp4"},  # a pre-quantized checkpoint may carry only FP8 or NVFP4 KV
-    "trtllm_llmapi": {"none", "fp8", "nvfp4"},
-}
-PREFERENCE = ("fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq")
+RUNTIME_QUANT = {r: {n for n, f in FORMATS.items() if r in f.runtimes} for r in RUNTIMES}
+RUNTIME_KV = {r: {n for n, k in KV_FORMATS.items() if r in k.runtimes} for r in RUNTIMES}
 
 
 def alternatives(sm: int, runtime: str) -> list[str]:
@@ -65,7 +44,8 @@ def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: st
     if sm not in QUANT_SM[quant].sms:
         use = " or ".join(alt[:2]) if alt else "no quantized format"
         hint = ""
-        if quant == "nvfp4" and sm >= 89:  # NVFP4 calibrates on sm89+ (ModelOpt's kernel); only serving needs Blackwell
+        calibrates = FORMATS[quant].calibrates_from_sm  # e.g. NVFP4: ModelOpt's kernel runs on sm89+, serving needs
+        if calibrates is not None and sm >= calibrates:  # Blackwell
             hint = ", or target=b200 to calibrate here for Blackwell"
         out.append(f"{quant} needs {QUANT_SM[quant].needs}; for {target} use {use}{hint}")
     elif quant not in RUNTIME_QUANT[runtime]:

@@ -170,6 +170,9 @@ def _unknown_keys(node: Any, owner: type, prefix: str) -> list[str]:
 def validate(cfg: DictConfig) -> list[str]:
     """Every problem with a composed config, at once: missing values, ranges, stage names, resolution."""
     problems: list[str] = []
+    unset = _workload_problems(cfg, sizes_only=True)
+    if unset:  # the rest of the checks would resolve them
+        return unset
     try:
         OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
     except Exception as exc:
@@ -190,9 +193,7 @@ def validate(cfg: DictConfig) -> list[str]:
     b = cfg.build
     if b.max_input_len >= b.max_seq_len:
         problems.append(f"build.max_input_len={b.max_input_len} must be below build.max_seq_len={b.max_seq_len}")
-    for w in cfg.bench.workloads:
-        if w not in ("chat", "rag"):
-            problems.append(f"bench.workloads: unknown workload '{w}'; choose from: chat, rag")
+    problems.extend(_workload_problems(cfg))
     if cfg.serve.launcher.value == "external" and not cfg.serve.url:
         problems.append("serve.launcher=external needs serve.url=HOST:GRPC_PORT of a running Triton server")
     bs = str(cfg.quant.calib.batch_size)
@@ -209,6 +210,29 @@ def validate(cfg: DictConfig) -> list[str]:
     if cfg.model.source == "synthetic" and cfg.model.synthetic is None:
         problems.append("model.synthetic must be set when model.source=synthetic")
     return problems
+
+
+def _workload_problems(cfg: DictConfig, *, sizes_only: bool = False) -> list[str]:
+    """``bench.only`` names known workloads; every workload has its sizes for the target device."""
+    problems: list[str] = []
+    known = list(cfg.bench.workloads)
+    for w in (cfg.bench.only if cfg.bench.only is not None else []):
+        if w not in known:
+            problems.append(f"bench.only: unknown workload '{w}'; choose from: {', '.join(known)} "
+                            f"(or add it under bench.workloads)")
+    if not known or cfg.bench.only == []:
+        problems.append("bench: no workload to run; give bench.workloads at least one entry and bench.only a "
+                        "non-empty list (or null)")
+    for w in known:
+        node = cfg.bench.workloads[w]
+        for key in ("prompt_words", "max_tokens"):
+            try:
+                node[key]
+            except OmegaConfBaseException:
+                problems.append(f"bench.workloads.{w}.{key} is not set for target.device={cfg.target.device.value}: "
+                                f"give bench.workloads.{w}.{key} or bench.workloads.{w}.by_device."
+                                f"{cfg.target.device.value}.{key}")
+    return [p for p in problems if "is not set for" in p] if sizes_only else problems
 
 
 def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
@@ -228,7 +252,25 @@ def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
         sub = _field_type(node_type, f.name)
         if dataclasses.is_dataclass(sub) and isinstance(value, DictConfig):
             out.extend(_check_ranges(value, sub, key))
+        entry = _dict_value_type(node_type, f.name)
+        if entry is not None and isinstance(value, DictConfig):
+            for name in value:
+                try:
+                    out.extend(_check_ranges(value[name], entry, f"{key}.{name}"))
+                except OmegaConfBaseException:
+                    continue  # an entry that does not resolve is reported by validate
     return out
+
+
+def _dict_value_type(owner: type, name: str) -> type | None:
+    """The dataclass of a ``Dict[str, X]`` field's values, else None."""
+    import typing
+
+    hint = typing.get_type_hints(owner)[name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        return args[1]
+    return None
 
 
 def to_plain(node: Any) -> Any:

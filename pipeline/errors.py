@@ -1,16 +1,29 @@
-"""One failure path: a :class:`UserError` becomes one actionable line on stderr and exit code 2; anything unexpected
-becomes one :class:`InternalError` line whose traceback goes to the run log."""
+"""One failure path for every verb: a :class:`PipelineError` (a :class:`UserError`, :class:`StageFailed`,
+:class:`ServerError` or :class:`InternalError`) becomes one line on stderr and its ``exit_code``; a full disk becomes
+one :class:`StageFailed` line naming the output (:func:`disk_full`); anything else becomes one :class:`InternalError`
+line whose traceback goes to the run log (:func:`internal`). :func:`known` is that mapping; ``pipeline.cli.main``
+applies it to every verb."""
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import logging
 import os
 import traceback
 from pathlib import Path
 
 
-class UserError(Exception):
+class PipelineError(Exception):
+    """Base of every error the pipeline reports as one line; ``exit_code`` is the process's exit status."""
+
+    exit_code = 1
+    prefix = "failed"  # how the CLI's line starts
+
+
+class UserError(PipelineError):
     """A problem the user can fix (bad config, missing file, incompatible combination). Exit code 2."""
+
+    prefix = "error"
 
     exit_code = 2
 
@@ -19,16 +32,57 @@ class UserError(Exception):
         self.problems = problems or []
 
 
-class StageFailed(Exception):
+class StageFailed(PipelineError):
     """A stage ran and its check or gate failed (e.g. bench answers wrong). Exit code 1, report written."""
 
     exit_code = 1
 
 
-class InternalError(Exception):
+class ServerError(StageFailed):
+    """The Triton server failed to start or died; carries the log tail. Exit code 1."""
+
+
+class InternalError(PipelineError):
     """An unexpected error, named in one line; its traceback is in the run log. Exit code 1."""
 
     exit_code = 1
+
+
+_DISK_FULL = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file size limit was reached",
+              errno.EDQUOT: "the disk quota is exhausted"}
+
+
+def disk_full(exc: BaseException | None) -> int | None:
+    """errno of a full disk / file-size limit / quota anywhere in the exception chain (libraries word it their own
+    way: safetensors says "os error 28"), else None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            return exc.errno
+        text = str(exc)
+        for code in _DISK_FULL:
+            if f"os error {code})" in text or os.strerror(code) in text:
+                return code
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def disk_full_error(code: int, filename: str | None) -> StageFailed:
+    """The one line for a full disk while writing ``filename``."""
+    return StageFailed(f"{_DISK_FULL[code]} writing {filename or 'an output'}; nothing was published (free space or "
+                       f"move paths.root)")
+
+
+def known(exc: BaseException) -> PipelineError:
+    """``exc`` as the error the user is shown: a :class:`PipelineError` as it is, a full disk as one
+    :class:`StageFailed` line, anything else through :func:`internal` (traceback to the run log)."""
+    if isinstance(exc, PipelineError):
+        return exc
+    code = disk_full(exc)
+    if code:
+        return disk_full_error(code, getattr(exc, "filename", None))
+    return internal(exc)
 
 
 def log_path(log_dir: Path | None = None) -> Path:

@@ -17,7 +17,7 @@ def compat_problems(cfg: DictConfig) -> list[str]:
                            cfg.runtime.name.value)
 
 
-def capacity_plan(cfg: DictConfig) -> capacity.Plan | None:
+def kv_plan(cfg: DictConfig) -> capacity.KVPlan | None:
     """The KV-capacity plan for a GPU target, or None (CPU target, or a model without a known shape)."""
     t, b = cfg.target, cfg.build
     shape = capacity.shape_from(to_plain(cfg.model.shape))
@@ -40,7 +40,7 @@ class Capacity:
     world: int  # GPUs one model instance spans: max(1, tp) x pp on a GPU target, 1 on CPU
     kv_tokens: int  # tokens the KV pool of one GPU holds at the chosen KV dtype (0 without a plan)
     summary: dict[str, Any] | None  # the plan as build.json and bundle.json record it; None without a plan
-    plan: capacity.Plan | None = field(default=None, compare=False, repr=False)
+    kv_plan: capacity.KVPlan | None = field(default=None, compare=False, repr=False)
 
     FIELDS = ("tp", "pp", "world", "kv_tokens", "summary")  # what a stage may declare (JSON values)
 
@@ -78,16 +78,16 @@ class CapacityView:
 def resolve(cfg: DictConfig) -> Capacity:
     """The capacity plan of ``cfg`` with everything derived from it: TP (the configured one, or the planner's choice),
     PP, the world size, the KV pool and the summary the build records."""
-    p = capacity_plan(cfg)
+    p = kv_plan(cfg)
     tp = int(cfg.build.tp_size) or (p.tp if p is not None else 1)
     pp = int(cfg.build.pp_size)
     world = max(1, tp) * pp if cfg.target.device.value == "cuda" else 1
     return Capacity(tp=tp, pp=pp, world=world, kv_tokens=p.row(p.chosen_kv).max_tokens if p is not None else 0,
-                    summary=_summary(p, float(cfg.build.kv_cache_free_gpu_mem_fraction)), plan=p)
+                    summary=_summary(p, float(cfg.build.kv_cache_free_gpu_mem_fraction)), kv_plan=p)
 
 
 def capacity_problems(cfg: DictConfig) -> list[str]:
-    p = capacity_plan(cfg)
+    p = kv_plan(cfg)
     if p is None or p.fits:
         return []
     t = cfg.target
@@ -120,7 +120,7 @@ def local_sm_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
-def _summary(p: capacity.Plan | None, fraction: float) -> dict[str, Any] | None:
+def _summary(p: capacity.KVPlan | None, fraction: float) -> dict[str, Any] | None:
     if p is None:
         return None
     return {"tp": p.tp, "pp": p.pp, "gpus": p.gpus, "tp_chosen_by_planner": p.tp_chosen_by_planner, "fits": p.fits,

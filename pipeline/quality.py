@@ -22,7 +22,7 @@ def logits(model, rows: torch.Tensor, batch_size: int = 4, on_batch: Callable[[]
     out = []
     with torch.inference_mode():
         for i in range(0, len(rows), batch_size):
-            out.append(model(input_ids=rows[i:i + batch_size].to(device)).logits.float().cpu())
+            out.append(model(input_ids=rows[i:i + batch_size].to(device), use_cache=False).logits.float().cpu())
             if on_batch:
                 on_batch()
     return torch.cat(out)
@@ -110,7 +110,9 @@ def report(model: str, r: dict[str, Any]) -> str:
         return "\n".join(lines + ["", r.get("note", "")]) + "\n"
     c = r["calibration"]
     lines += [f"- calibration: {c['rows']}×{c['seq_len']} tokens of `{c['dataset']}` (sha256 {c['sha256'][:12]}), "
-              f"{c['tokens_per_s']} tokens/s on {r['device']}", ""]
+              f"{c['tokens_per_s']} tokens/s on {r['device']}"
+              + (f"; **short** of ModelOpt's recipe: {'; '.join(c['short_reasons'])}" if c.get("short_reasons")
+                 else ""), ""]
     a = r["accuracy"]
     lines += ["| comparison (held-out) | mean KL | top-1 agreement | perplexity ratio |", "|---|---|---|---|"]
     for name, m in (("**deployed export vs unquantized** (the gate)", a["quantized_vs_unquantized"]),

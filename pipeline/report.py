@@ -51,7 +51,7 @@ def bench_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def bench_gate(summary: dict[str, Any]) -> str | None:
     """The bench stage's gate verdict and regression baseline, one line (None without a bench result)."""
-    from pipeline.stages.bench import baseline_line
+    from pipeline.stages.bench.gates import baseline_line
 
     res = stage_result(summary, "bench")
     if res is None:
@@ -141,6 +141,10 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
     console.print(f"total {s['total_s']:.1f}s · report: {report}")
 
 
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
 def print_plan(doc: dict[str, Any]) -> None:
     """The plan (``plan`` verb): each stage's fingerprint and cached/run status, the KV-cache capacity table, and
     what this machine would refuse to build."""
@@ -171,5 +175,16 @@ def print_plan(doc: dict[str, Any]) -> None:
         console.print(c)
         for w in cap["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
+    cal = doc.get("calibration")
+    if cal:
+        from rich.markup import escape
+
+        est = f"~{_duration(cal['estimated_s'])} on {doc['target']}" if cal["estimated_s"] is not None else \
+            f"no time estimate for {doc['target']}"
+        console.print(escape(f"calibration: {cal['dataset']}, {cal['num_samples']} rows × {cal['seq_len']} tokens "
+                             f"({cal['tokens']:,} tokens; size from {cal['basis']}); {est}"))
+        for note in (["short of the recipe: " + r for r in cal["short_reasons"]] + cal["notes"][len(
+                cal["short_reasons"]):]):
+            console.print("[yellow]calibration:[/] " + escape(note))
     for p in doc["not_buildable_here"]:
         console.print(f"[yellow]build here would be refused:[/] {p}")

@@ -54,6 +54,9 @@ class Calibration(StageResult):
     seq_len: int
     tokens: int
     tokens_per_s: Number
+    basis: Optional[str] = None  # where the size comes from: ModelOpt's recipe, the model's config, quant.calib
+    short_reasons: Optional[list[str]] = None  # why it is short of ModelOpt's recipe (or of the rows asked for)
+    recipe: Optional[dict[str, Any]] = None  # ModelOpt hf_ptq.py's dataset, rows and tokens, and where they come from
 
 
 class Accuracy(StageResult):
@@ -100,7 +103,8 @@ class BuildRecord(StageResult):
 
     engine_dir: str
     check: dict[str, Any]
-    versions: Optional[dict[str, Optional[str]]] = None  # TensorRT-LLM runtimes
+    versions: Optional[dict[str, Optional[str]]] = None  # the runtime's library versions
+    capacity: Optional[dict[str, Any]] = None  # the resolved capacity plan's summary the build used
 
 
 # ------------------------------------------------------------------------------------------------------- package
@@ -136,18 +140,23 @@ class Baseline(StageResult):
     """The regression baseline: ``found``, ``none``, ``unreachable``, ``corrupt`` or ``disabled``."""
 
     status: str
-    source: Optional[str]
-    version: Optional[str]
-    detail: Optional[str]
+    source: Optional[str] = None
+    version: Optional[str] = None
+    detail: Optional[str] = None
 
 
-class BenchGates(StageResult):
-    verdict: Literal["pass", "fail", "no-baseline"]
-    breaches: list[str]
-    regressions: list[str]
-    regressions_gated: bool
-    compared_with_previous_levels: int = 0  # concurrency levels compared with the baseline
-    baseline: Baseline
+class BenchVerdict(StageResult):
+    """The bench gate's verdict: the bench stage's result (``bench.json`` ``gates`` without the per-check list), and
+    what the bundle records of it (``bundle.json`` ``gates.bench_detail``)."""
+
+    verdict: Literal["pass", "fail", "no-baseline"] = Field(
+        description="fail: a limit or gated regression breached; no-baseline: the regression baseline could not be "
+                    "read")
+    breaches: list[str] = Field(description="every absolute limit or gated regression breached")
+    regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
+    regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
+    compared_with_previous_levels: int = Field(0, description="concurrency levels compared with the baseline")
+    baseline: Optional[Baseline] = Field(None, description="the bundle the regressions were measured against")
 
 
 class BenchResult(StageResult):
@@ -156,7 +165,7 @@ class BenchResult(StageResult):
     workloads: dict[str, list[BenchRow]]
     answers_passed: int
     answers: int
-    gates: BenchGates
+    gates: BenchVerdict
 
 
 # ---------------------------------------------------------------------------------------------------------- eval
@@ -178,25 +187,13 @@ class EvalResult(StageResult):
 
 
 # ------------------------------------------------------------------------------------------------------- publish
-class BenchGate(BaseModel):
-    """The bench gate as the bench stage reported it (``reports/bench.json`` ``gates``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    verdict: Literal["pass", "fail", "no-baseline"]
-    breaches: list[str] = Field(description="every absolute limit or gated regression breached")
-    regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
-    regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
-    compared_with_previous_levels: int = Field(description="concurrency levels compared with the baseline")
-    baseline: Optional[Any] = Field(None, description="the bundle the regressions were measured against")
-
-
 class Gates(BaseModel):  # bundle.json's gates (its schema, docs/bundle.schema.json, is generated from this)
     model_config = ConfigDict(extra="forbid")
     accuracy: str = Field(description="pass | warn | fail | n/a")
     export_check: str
     bench: Literal["pass", "fail", "no-baseline"] = Field(
         description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
-    bench_detail: BenchGate
+    bench_detail: BenchVerdict
     eval: Literal["pass", "fail", "inconclusive", "n/a"] = Field(
         "n/a", description="the task gate (evaluate): inconclusive fails only under eval.strict; n/a: no tasks")
 
@@ -218,3 +215,19 @@ RESULTS: dict[str, type[StageResult]] = {
 def load(stage: str, result: dict[str, Any]) -> StageResult:
     """The typed result of ``stage`` from its manifest's ``result``."""
     return RESULTS[stage].model_validate(result)
+
+
+def read(stage: str, result: Any) -> StageResult:
+    """:func:`load` for a stage that consumes ``stage``'s output: a result this version cannot read is one
+    :class:`~pipeline.errors.StageFailed` line saying to re-run that stage."""
+    from pydantic import ValidationError
+
+    from pipeline.errors import StageFailed
+
+    try:
+        return load(stage, result if isinstance(result, dict) else {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "result"
+        raise StageFailed(f"the {stage} stage's recorded result is unreadable ({where}: {first.get('msg')}); "
+                          f"re-run {stage} (force=[{stage}])") from None

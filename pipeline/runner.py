@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import __version__, planning, store
+from pipeline import __version__, errors, planning, store
 from pipeline.config import resolved_paths, slice_of, to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
@@ -39,6 +39,19 @@ log = logging.getLogger("pipeline")
 
 @dataclass(frozen=True)
 class Stage:
+    """One stage of the pipeline, and its lifecycle:
+
+    1. ``check(cfg)``, at plan time, for every selected stage: incompatibilities of the config (quant x GPU, block
+       sizes); no work, no download. Any problem refuses the whole build before anything is written.
+    2. ``env_check(cfg)``, at plan time too, for the stages that will run on this machine: what this machine lacks
+       (memory, a GPU, a server binary). ``plan`` lists these without failing.
+    3. ``run(ctx)``, when the stage is not cached: writes into ``ctx.out`` (a temp directory renamed into place) and
+       returns its typed result (``pipeline.results``), which the manifest records. It reads the config only through
+       ``ctx.cfg`` (its declared ``reads``) and its inputs only through ``ctx.result(name)`` and ``ctx.inputs``.
+    4. ``after(cfg, out)``, after every planned stage ran or was found cached: side effects that are no property of
+       the output (publish: the upload to ``publish.dest``).
+    """
+
     name: str
     run: Callable[["Context"], Any]  # returns the stage's result (a pipeline.results model)
     # config keys (dotted) whose values enter the fingerprint; the only keys ``run`` can read (Context.cfg)
@@ -77,6 +90,15 @@ class Context:
     known_hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 already known (hard links)
     extra: dict[str, Any] = field(default_factory=dict)  # the stage's ``extra`` fingerprint inputs, as fingerprinted
     capacity: planning.CapacityView | None = None  # the declared fields of the resolved capacity plan, as fingerprinted
+
+    def result(self, name: str) -> Any:
+        """The typed result (a ``pipeline.results`` model) of upstream stage ``name``, read from its manifest: how a
+        stage reads what an input stage made, never by parsing that stage's report files."""
+        from pipeline import results
+
+        if name not in self.stage.inputs:
+            raise KeyError(f"{self.stage.name} does not declare {name} among its inputs")
+        return results.read(name, (self.manifests.get(name) or {}).get("result"))
 
     def link_input(self, name: str, src_rel: str = "", dst_rel: str = "", *, link: bool = True) -> Path:
         """Hard-link (copy where linking fails; ``link=False``: copy) the file or directory ``src_rel`` of upstream
@@ -352,7 +374,7 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
     def waiting(msg: str) -> None:
         (console.print if console else log.info)(f"[yellow]{st.name}: {msg}[/]" if console else f"{st.name}: {msg}")
 
-    with store.locked(ps.out, on_wait=waiting):
+    with store.locked(ps.out, on_wait=waiting, lock_dir=paths["store"] / "locks"):
         if ps.reason != "forced":
             reason = _stale_reason(ps.out, ps.fingerprint, st, planned)
             if reason == "cached":  # another run finished it while we waited
@@ -409,22 +431,7 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
     return manifest
 
 
-def disk_full(exc: BaseException) -> int | None:
-    """errno of a full disk / file-size limit / quota anywhere in the exception chain, else None."""
-    import errno
-
-    codes = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError) and exc.errno in codes:
-            return exc.errno
-        text = str(exc)
-        for code in codes:
-            if f"os error {code})" in text or os.strerror(code) in text:
-                return code
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return None
+disk_full = errors.disk_full  # the one mapping, kept under its old name for callers of the runner
 
 
 def upstream_missing(ps: PlannedStage, planned: dict[str, PlannedStage]) -> None:
@@ -457,7 +464,7 @@ def plan_checks(cfg: DictConfig, stages: list[Stage], *, environment: bool = Tru
 
 
 @dataclass
-class Plan:
+class BuildPlan:
     """The selected stages of one config, checked and fingerprinted, and its capacity plan, resolved once; nothing
     run, nothing written."""
 
@@ -470,7 +477,7 @@ class Plan:
         self.by_name = {p.stage.name: p for p in self.stages}
 
 
-def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> Plan:
+def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> BuildPlan:
     """Every plan-time check of the stages ``cfg`` selects from ``registry``, then their fingerprints. Config
     incompatibilities come first (and alone); then, with ``environment``, what this machine lacks to run the stages.
     Raises one :class:`UserError` naming every problem found. The capacity plan (TP, PP, KV pool) is resolved here,
@@ -482,7 +489,7 @@ def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, env
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
     capacity = planning.resolve(cfg)
-    return Plan(cfg, plan(cfg, stages, capacity), capacity)
+    return BuildPlan(cfg, plan(cfg, stages, capacity), capacity)
 
 
 @dataclass
@@ -519,7 +526,7 @@ def _quiet(log_path: Path, stage: str | None = None):
         yield
 
 
-def run(plan: Plan, console: Any = None) -> BuildReport:
+def run(plan: BuildPlan, console: Any = None) -> BuildReport:
     """Run every planned stage that is not cached (in order, each under its lock), then each stage's ``after`` hook
     with the full config. Stage output and library logs go to the run log (the root logger's file; one is opened in
     ``<store>/logs`` when none is); ``console`` shows progress."""

@@ -102,6 +102,17 @@ class ModelShape:
 
 
 @dataclass
+class ModelCalib:
+    """A model's own calibration default (tiny and embedded models: a small set for the CPU); unset fields, and
+    models without one, take ModelOpt's recipe (``pipeline.calib.RECIPE``) or, for synthetic and GGUF models, the
+    shipped corpus's small set."""
+
+    dataset: Optional[str] = None
+    num_samples: Optional[int] = rng(None, 1, 100_000)
+    seq_len: Optional[int] = rng(None, 8, 131_072)
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     # hf://org/name@revision | gguf://package/file.gguf | gguf:///abs/file.gguf | /local/hf/dir | synthetic
@@ -112,20 +123,25 @@ class ModelConfig:
     chat_template: bool = True  # prompts in bench/answer checks are rendered with the tokenizer's chat template
     checks: List[AnswerCheck] = field(default_factory=list)
     shape: ModelShape = field(default_factory=ModelShape)
+    calib: Optional[ModelCalib] = None
 
 
 # ----------------------------------------------------------------------------------------------------------- quant
 @dataclass
 class CalibConfig:
-    # "auto": ModelOpt's usual Hub dataset (cnn_dailymail) for real models (hf:// and local checkpoints), the shipped
-    # corpus for synthetic and packaged GGUF models; "builtin" (the corpus shipped in pipeline/data, a few thousand
-    # words: for tiny and offline models); a local .jsonl ({"text": ...} per line) or .txt (paragraphs) file; a
-    # dataset name ModelOpt knows (cnn_dailymail, nemotron-post-training-dataset-v2, ...) or a Hub dataset
-    # "org/name" with a "text" column (both need `pip install llm-pipeline[hub]` and network)
+    # "auto": the model's own default (model.calib), else for real models (hf:// and local checkpoints) ModelOpt's
+    # recipe dataset (cnn_nemotron_v2_mix: cnn_dailymail + nemotron-post-training-dataset-v2, from the Hub, needs
+    # `pip install llm-pipeline[hub]`; a local checkpoint without it or offline calibrates on the shipped corpus,
+    # recorded as short), and the shipped corpus for synthetic and packaged GGUF models. Or "builtin" (the corpus
+    # shipped in pipeline/data), a local .jsonl ({"text": ...} per line) or .txt (paragraphs) file, a dataset name
+    # ModelOpt knows (cnn_dailymail, nemotron-post-training-dataset-v2, cnn_nemotron_v2_mix, ...) or a Hub dataset
+    # "org/name" with a "text" column.
     dataset: str = "auto"
-    num_samples: int = rng(24, 1, 100_000)
-    seq_len: int = rng(128, 8, 131_072)
-    batch_size: str = "auto"  # a positive integer, or "auto": the largest that fits (GPU), 8 on CPU
+    # null: the model's own default (model.calib), else ModelOpt hf_ptq.py's recipe (1024 rows x 512 tokens) for
+    # real models and 24 x 128 for synthetic and GGUF ones. A smaller setting is recorded as a short calibration.
+    num_samples: Optional[int] = rng(None, 1, 100_000)
+    seq_len: Optional[int] = rng(None, 8, 131_072)
+    batch_size: str = "auto"  # a positive integer, or "auto": sized to the free GPU memory (GPU), 8 on CPU
     chat_template: bool = False  # wrap each calibration document in the tokenizer's chat template
     allow_short: bool = False  # accept fewer calibration rows than num_samples (otherwise the stage fails)
 
@@ -275,9 +291,21 @@ class ServeConfig:
 
 # ----------------------------------------------------------------------------------------------------------- bench
 @dataclass
+class WorkloadSize:
+    """A workload's sizes on one target device (``bench.workloads.<name>.by_device.<device>``)."""
+
+    prompt_words: Optional[int] = rng(None, 1, 100_000)
+    max_tokens: Optional[int] = rng(None, 1, 65_536)
+
+
+@dataclass
 class Workload:
-    prompt_words: int = rng(24, 1, 100_000)
-    max_tokens: int = rng(32, 1, 65_536)
+    """One bench workload (``bench.workloads.<name>``): prompts of about ``prompt_words`` words, ``max_tokens`` output
+    tokens each. By default both come from ``by_device.<target.device>``; a value set directly wins."""
+
+    by_device: Dict[str, WorkloadSize] = field(default_factory=dict)
+    prompt_words: int = rng("${.by_device.${target.device}.prompt_words}", 1, 100_000)
+    max_tokens: int = rng("${.by_device.${target.device}.max_tokens}", 1, 65_536)
 
 
 @dataclass
@@ -307,21 +335,19 @@ class BenchSweep:
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     requests_per_level: int = rng(8, 1, 100_000)
     warmup_requests: int = rng(2, 0, 10_000)
-    chat: Workload = field(default_factory=lambda: Workload(prompt_words=24, max_tokens=32))
-    rag: Workload = field(default_factory=lambda: Workload(prompt_words=300, max_tokens=8))
 
 
 @dataclass
 class BenchConfig:
-    # conf/bench/default.yaml sets concurrency, requests_per_level, warmup_requests, chat and rag from
-    # bench.sweep.<target.device>; a value set directly wins
+    # conf/bench/default.yaml sets concurrency, requests_per_level and warmup_requests from
+    # bench.sweep.<target.device>, and each workload's sizes from its by_device.<target.device>; a value set directly
+    # wins
     sweep: Dict[str, BenchSweep] = field(default_factory=dict)
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     requests_per_level: int = rng(8, 1, 100_000)  # at least the concurrency of the level
     warmup_requests: int = rng(2, 0, 10_000)
-    workloads: List[str] = field(default_factory=lambda: ["chat", "rag"])
-    chat: Workload = field(default_factory=lambda: Workload(prompt_words=24, max_tokens=32))  # short in, long out
-    rag: Workload = field(default_factory=lambda: Workload(prompt_words=300, max_tokens=8))  # long in, short out
+    workloads: Dict[str, Workload] = field(default_factory=dict)  # name -> workload (conf/bench/default.yaml)
+    only: Optional[List[str]] = None  # the workloads to run, in order; null: every one of bench.workloads
     seed: int = 0
     request_timeout_s: float = rng(120.0, 1.0, 3600.0)
     answer_max_tokens: int = rng(24, 1, 4096)

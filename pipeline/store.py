@@ -105,20 +105,32 @@ def quick_intact(out_dir: Path, manifest: dict[str, Any]) -> str | None:
     return None
 
 
+def lock_path(final: Path, lock_dir: Path | None = None) -> Path:
+    """Where the lock of ``final`` lives: ``<lock_dir>/<name>-<hash of final's absolute path>.lock`` (the stage
+    store's ``locks/``, so that output folders hold only outputs), or ``<final>.lock`` without a ``lock_dir``."""
+    if lock_dir is None:
+        return Path(str(final) + ".lock")
+    key = hashlib.sha256(str(Path(final).resolve()).encode()).hexdigest()[:16]
+    return Path(lock_dir) / f"{Path(final).name}-{key}.lock"
+
+
 @contextlib.contextmanager
-def locked(final: Path, *, timeout: float = 6 * 3600, on_wait=None) -> Iterator[None]:
-    """Hold ``<final>.lock``. Waiting for another process prints once through ``on_wait``."""
+def locked(final: Path, *, timeout: float = 6 * 3600, on_wait=None, lock_dir: Path | None = None) -> Iterator[None]:
+    """Hold the lock of ``final`` (:func:`lock_path`). Waiting for another process prints once through ``on_wait``."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(final) + ".lock")
+    path = lock_path(final, lock_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
         if on_wait:
-            on_wait(f"waiting for another run that holds {final}.lock")
+            on_wait(f"waiting for another run that holds {path} (building {final})")
         try:
             lock.acquire(timeout=timeout)
         except Timeout as exc:
-            raise UserError(f"timed out after {timeout:.0f}s waiting for {final}.lock; is another build stuck?") from exc
+            raise UserError(f"timed out after {timeout:.0f}s waiting for {path} (building {final}); is another build "
+                            f"stuck?") from exc
     try:
         yield
     finally:

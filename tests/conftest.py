@@ -13,7 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # quant.gate=warn: a random model's logits move more under quantization than the real-model gates allow.
 TINY = ["model=tiny-qwen3", "quant.gate=warn", "bench.concurrency=[1,2]", "bench.requests_per_level=3",
-        "bench.warmup_requests=1", "bench.chat.max_tokens=8", "bench.rag.prompt_words=120", "bench.rag.max_tokens=4",
+        "bench.warmup_requests=1", "bench.workloads.chat.max_tokens=8",
+        "bench.workloads.rag.prompt_words=120", "bench.workloads.rag.max_tokens=4",
         "bench.gates.regression_pct=null",  # CPU timings of a random model are noise: no regression gate here
         "eval.limit=20"]  # a random model scores chance either way: a few items show the task gate works
 

@@ -5,7 +5,8 @@ verify/diff, ``fleet``: matrix/outdated/gc, ``sweep``: ``-m``/``--multirun``) an
 Hydra overrides (``key=value``, ``+key=value``, ``~key``, ``hydra/launcher=X``) pass through untouched.
 
 Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written),
-130 interrupted.
+130 interrupted. Every verb fails the same way (:func:`pipeline.errors.known`): a known error is one line and its exit
+code, a full disk one line naming the output, anything else one line with its traceback in the run log.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import sys
 
 from pipeline.cli import build, bundle, fleet, lint, serve
 from pipeline.cli.common import PROG, Formatter, Parser
-from pipeline.errors import InternalError, StageFailed, UserError
+from pipeline import errors
+from pipeline.errors import UserError
 
 DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Triton. Each verb takes its options and, "
                "where it composes a config, Hydra overrides (key=value, +key=value, ~key, hydra/launcher=NAME), passed "
@@ -50,14 +52,12 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"unknown verb '{verb}'; choose one of: {', '.join(verbs)}")
         args = verbs[verb].parse_intermixed_args(rest)
         code = args.func(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except (StageFailed, InternalError) as exc:
-        print(f"failed: {exc}", file=sys.stderr)
-        sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:  # every verb: one line and its exit code (errors.known)
+        err = errors.known(exc)
+        print(f"{err.prefix}: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     if code is not None:
         sys.exit(code)

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline.cli import sweep
 from pipeline.cli.common import add_overrides, subcommand
-from pipeline.errors import StageFailed, UserError
+from pipeline.errors import UserError
 
 JSON_HELP = "print the result as JSON on stdout (the console output stays on stderr)"
 MULTIRUN_HELP = ("Hydra multirun: one job per combination of the comma-separated override values; every job is "
@@ -60,25 +60,16 @@ def _build_or_plan(args: argparse.Namespace) -> None:
 def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
     """Run one composed job (also a Hydra multirun job's body). Anything unexpected becomes one line, with its
     traceback in the run log."""
-    from pipeline.errors import internal
+    from pipeline import errors
 
     try:
         if verb == "plan":
             return cmd_plan(cfg, as_json)
         return cmd_build(cfg, as_json)
-    except (UserError, StageFailed):
+    except errors.PipelineError:
         raise
-    except OSError as exc:
-        import errno
-
-        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file size limit was reached",
-                    errno.EDQUOT: "the disk quota is exhausted"}[exc.errno]
-            raise StageFailed(f"{what} writing {exc.filename or 'an output'}; nothing was published (free space or "
-                              f"move paths.root)") from exc
-        raise internal(exc) from exc
     except Exception as exc:
-        raise internal(exc) from exc
+        raise errors.known(exc) from exc
 
 
 def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
@@ -93,6 +84,10 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     key = ArtifactKey.of(cfg)
     doc = {"model": key.model, "quant": key.quant, "kv_cache": key.kv, "target": key.target, "runtime": key.runtime,
            "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here}
+    if any(p.stage.name == "quantize" for p in plan.stages):
+        from pipeline import calib
+
+        doc["calibration"] = calib.plan_summary(cfg)
     if as_json:
         print(json.dumps(doc, indent=2))
     else:

@@ -70,8 +70,7 @@ def cmd_serve(args: list[str]) -> int:
     import tempfile
 
     from pipeline.config import compose
-    from pipeline.stages.package import ENTRY_POINTS
-    from pipeline.triton import lint, server
+    from pipeline.triton import layouts, server
 
     where = [a for a in args if "=" not in a or Path(a).exists()]
     overrides = [a for a in args if a not in where]
@@ -80,7 +79,7 @@ def cmd_serve(args: list[str]) -> int:
                         "[overrides]")
     repo = serve_target(where[0]).resolve()
     cfg = compose(overrides)
-    layout = lint.layout_of({d.name: d for d in repo.iterdir() if d.is_dir()})
+    layout = layouts.of_repository({d.name: d for d in repo.iterdir() if d.is_dir()})
     oa = cfg.serve.openai
     front = None
     if oa.enabled:  # everything the front end needs is checked before Triton starts
@@ -99,7 +98,7 @@ def cmd_serve(args: list[str]) -> int:
         triton_repo = staged(repo, work) if cfg.serve.launcher.value != "external" else repo
         with server.launched(cfg.serve, triton_repo, work) as s:
             ready = _ready_models(s)
-            print(f"serving {repo} ({layout} layout; entry points: {', '.join(ENTRY_POINTS[layout])})")
+            print(f"serving {repo} ({layout} layout; entry points: {', '.join(layouts.get(layout).entry_points)})")
             if front is not None:
                 app, served = front
                 app.state.front_end.driver.url = s.grpc_url

@@ -14,12 +14,11 @@ from pipeline.config import to_plain
 from pipeline.errors import StageFailed
 from pipeline.ui import progress, status
 
-# ModelOpt preset per format; the KV config is merged in with update_quant_cfg_with_kv_cache_quant
-PRESETS = {"fp8": "FP8_DEFAULT_CFG", "int4_awq": "INT4_AWQ_CFG", "nvfp4": "NVFP4_DEFAULT_CFG",
-           "w4a8_awq": "W4A8_AWQ_BETA_CFG", "int8_sq": "INT8_SMOOTHQUANT_CFG"}
-KV_PRESETS = {"fp8": "FP8_KV_CFG", "nvfp4": "NVFP4_KV_CFG"}
-AWQ_FORMATS = ("int4_awq", "w4a8_awq")
-AWQ_DEFAULT_BLOCK = 128
+from pipeline.quant.formats import AWQ_FORMATS, FORMATS, KV_FORMATS
+
+# ModelOpt preset per format (the registry's); the KV config is merged in with update_quant_cfg_with_kv_cache_quant
+PRESETS = {n: f.preset for n, f in FORMATS.items() if f.preset}
+KV_PRESETS = {n: k.preset for n, k in KV_FORMATS.items() if k.preset}
 CPU_NVFP4_BACKEND = "pipeline_nvfp4_cpu"
 
 
@@ -56,7 +55,7 @@ def awq_block_problem(fmt: str, block: int | None, shape: dict[str, int], model:
     """An AWQ group size must divide every linear input size; name the largest one that does."""
     if fmt not in AWQ_FORMATS:
         return None
-    block = block or AWQ_DEFAULT_BLOCK
+    block = FORMATS[fmt].export_group(block)
     sizes = linear_in_sizes(shape)
     bad = {k: v for k, v in sizes.items() if v % block}
     if not bad:
@@ -94,6 +93,13 @@ def config_shape(cfg) -> dict[str, int]:
 # -------------------------------------------------------------------------------------------------- calibration
 MAX_BATCH = 512
 CPU_BATCH = 8
+# Tokens per calibration batch beyond which a larger batch buys nothing: the matrix units are busy and ModelOpt's
+# per-batch quantizer work (a few small kernels per quantizer and batch) is spread thin. Larger batches only raise the
+# peak memory.
+BATCH_TOKENS = 65536
+# Device memory kept free beside the batches (CUDA context, cuBLAS workspaces, allocator slack, the export's
+# temporaries): the stage's peak stays under (1 - MARGIN_FRACTION) of each GPU.
+MARGIN_FRACTION = 0.1
 
 
 def weight_bytes_per_device(model) -> dict[str, int]:
@@ -104,52 +110,131 @@ def weight_bytes_per_device(model) -> dict[str, int]:
     return out
 
 
-def batch_plan(setting: str, model, seq_len: int, device: str, rows: int) -> dict[str, Any]:
-    """The calibration and evaluation batch size, and the memory bound it follows.
+def free_memory(devices) -> dict[str, dict[str, int]]:
+    """Free and total bytes of each CUDA device (``torch.cuda.mem_get_info``: what the driver reports, other
+    processes included), after the allocator's cached blocks are returned."""
+    import torch
 
-    ``auto`` on a GPU: the largest batch whose activations fit ``capacity.batch_budget_bytes`` of the device with
-    the least weights (ModelOpt's ``get_max_batch_size`` is not used: its probe runs a forward pass sized to fill all
-    free GPU memory, which is the peak this bound exists to avoid). ``auto`` on CPU: CPU_BATCH. An integer: that, up
-    to the rows. -> {batch_size, rule, and on a GPU: weight_bytes, budget_bytes, row_bytes}."""
+    torch.cuda.empty_cache()
+    out = {}
+    for d in devices:
+        free, total = torch.cuda.mem_get_info(torch.device(d))
+        out[d] = {"free": int(free), "total": int(total)}
+    return out
+
+
+def batch_plan(setting: str, model, seq_len: int, device: str, rows: int, *, eval_seq_len: int | None = None,
+               eval_rows: int | None = None) -> dict[str, Any]:
+    """The calibration batch size (``batch_size``) and the held-out evaluation's (``eval_batch_size``), and the
+    memory bound they follow.
+
+    ``auto`` on a GPU: the largest batch whose activations (``capacity.row_bytes``: calibration keeps only the last
+    position's logits, evaluation all of them) fit the memory that is free after the weights on the tightest device,
+    less MARGIN_FRACTION of that device, and at most BATCH_TOKENS tokens. ModelOpt's ``get_max_batch_size`` is not
+    used: its probe runs a forward pass sized to fill all free GPU memory. ``auto`` on CPU: CPU_BATCH. An integer:
+    that, up to the rows. An out-of-memory error halves a batch later (``batched``)."""
+    eval_seq_len = eval_seq_len or seq_len
+    eval_rows = eval_rows or rows
     if str(setting) != "auto":
-        return {"batch_size": max(1, min(int(setting), rows)), "rule": "quant.calib.batch_size"}
+        n = max(1, int(setting))
+        return {"batch_size": min(n, rows), "eval_batch_size": min(n, eval_rows), "rule": "quant.calib.batch_size"}
     if device != "cuda":
-        return {"batch_size": max(1, min(CPU_BATCH, rows)), "rule": f"cpu default {CPU_BATCH}"}
+        return {"batch_size": max(1, min(CPU_BATCH, rows)), "eval_batch_size": max(1, min(CPU_BATCH, eval_rows)),
+                "rule": f"cpu default {CPU_BATCH}"}
     from pipeline import capacity
 
     per_device = {d: b for d, b in weight_bytes_per_device(model).items() if d.startswith("cuda")}
-    weights = min(per_device.values()) if per_device else 0
-    per_row = capacity.row_bytes(model_shape(model), seq_len, next(model.parameters()).element_size())
-    return {"batch_size": min(capacity.bounded_batch_size(weights, per_row, rows), MAX_BATCH),
-            "rule": f"GPU memory bound: {capacity.GPU_HEADROOM:g} x weights - CUDA context, per-row estimate",
-            "weight_bytes": int(sum(per_device.values())), "smallest_device_weight_bytes": int(weights),
-            "budget_bytes": int(capacity.batch_budget_bytes(weights)), "row_bytes": int(per_row)}
+    mem = free_memory(sorted(per_device))
+    budget = min((max(0, m["free"] - int(MARGIN_FRACTION * m["total"])) for m in mem.values()), default=0)
+    dtype_bytes = next(model.parameters()).element_size()
+    shape = model_shape(model)
+    calib_row = capacity.row_bytes(shape, seq_len, dtype_bytes, logits=False)
+    eval_row = capacity.row_bytes(shape, eval_seq_len, dtype_bytes, logits=True)
+
+    def fit(per_row: float, seq: int, n: int) -> int:
+        by_memory = int(budget // per_row) if per_row > 0 else n
+        return max(1, min(by_memory, max(1, BATCH_TOKENS // seq), n, MAX_BATCH))
+
+    return {"batch_size": fit(calib_row, seq_len, rows), "eval_batch_size": fit(eval_row, eval_seq_len, eval_rows),
+            "rule": f"free GPU memory after the weights - {MARGIN_FRACTION:g} x device memory, per-row estimate, "
+                    f"at most {BATCH_TOKENS} tokens a calibration batch",
+            "weight_bytes": int(sum(per_device.values())), "free_bytes_by_device": mem,
+            "budget_bytes": int(budget), "row_bytes": int(calib_row), "eval_row_bytes": int(eval_row)}
 
 
-def calibration_forward(model, rows, batch_size: int, on_batch=None) -> None:
-    """Run the calibration rows through ``model`` (ModelOpt's quantizers observe every layer). Only the last
-    position's logits are computed: calibration needs the activations, not a [batch, seq, vocab] logits tensor."""
+def _oom_types():
+    import torch
+
+    return (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),)
+
+
+def batched(rows, batch_size: int, fn, *, step: str, events: list[dict[str, Any]] | None = None, on_rows=None):
+    """``fn(chunk)`` over ``rows`` in batches of ``batch_size`` -> the list of results. An out-of-memory error
+    halves the batch and retries the same rows (recorded in ``events``); with one row that still does not fit, the
+    stage fails (StageFailed). Returns (results, the batch size it ended with)."""
+    import gc
+
+    import torch
+
+    out, i, bs = [], 0, max(1, int(batch_size))
+    while i < len(rows):
+        chunk = rows[i:i + bs]
+        oom = None
+        try:
+            out.append(fn(chunk))
+        except _oom_types() as exc:
+            oom = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        if oom is None:
+            i += len(chunk)
+            if on_rows:
+                on_rows(len(chunk))
+            continue
+        # the exception and its frames are gone here: their tensors can be freed before the retry
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if bs == 1:
+            raise StageFailed(f"{step}: out of GPU memory with a batch of one row of {rows.shape[1]} tokens "
+                              f"({oom}); free GPU memory (other processes), lower quant.calib.seq_len, or use a "
+                              f"GPU with more memory")
+        if events is not None:
+            events.append({"step": step, "row": i, "batch_size": bs, "retry_batch_size": bs // 2, "error": oom})
+        bs //= 2
+    return out, bs
+
+
+def calibration_forward(model, rows, batch_size: int, on_rows=None, events: list[dict[str, Any]] | None = None) -> int:
+    """Run the calibration rows through ``model`` (ModelOpt's quantizers observe every layer) -> the batch size it
+    ended with. Only the last position's logits are computed and no KV cache is kept (``use_cache=False``, as
+    ModelOpt's own forward loop runs): calibration needs the activations, not a [batch, seq, vocab] logits tensor or
+    the keys and values. A batch that runs out of memory is halved and re-run (``batched``); ModelOpt's
+    max calibration sees those rows twice, which leaves every amax as it is."""
     import torch
 
     dev = next(model.parameters()).device
-    with torch.inference_mode():
-        for i in range(0, len(rows), batch_size):
-            model(input_ids=rows[i:i + batch_size].to(dev), logits_to_keep=1)
-            if on_batch:
-                on_batch()
+
+    def one(chunk) -> None:
+        with torch.inference_mode():
+            model(input_ids=chunk.to(dev), logits_to_keep=1, use_cache=False)
+
+    return batched(rows, batch_size, one, step="calibrate", events=events, on_rows=on_rows)[1]
 
 
-def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size: int) -> None:
-    """ModelOpt PTQ in place: insert the quantizers of ``quant_config`` and calibrate them on ``rows``."""
+def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size: int,
+              events: list[dict[str, Any]] | None = None) -> int:
+    """ModelOpt PTQ in place: insert the quantizers of ``quant_config`` and calibrate them on ``rows`` -> the batch
+    size calibration ended with (smaller than ``batch_size`` after an out-of-memory retry, recorded in ``events``).
+    Forward loops that ModelOpt runs more than once (AWQ's search) start from the last size that fitted."""
     import modelopt.torch.quantization as mtq
 
-    n_batches = -(-len(rows) // batch_size)
+    state = {"bs": batch_size}
 
     def forward_loop(m) -> None:
-        with progress(f"calibrating {fmt} + {kv} KV ({len(rows)}×{rows.shape[1]} tokens)", n_batches) as bar:
-            calibration_forward(m, rows, batch_size, bar.advance)
+        with progress(f"calibrating {fmt} + {kv} KV ({len(rows)}×{rows.shape[1]} tokens)", len(rows)) as bar:
+            state["bs"] = calibration_forward(m, rows, state["bs"], bar.advance, events)
 
     mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+    return state["bs"]
 
 
 def use_cpu_nvfp4_fallback(model) -> int:

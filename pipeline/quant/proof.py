@@ -40,42 +40,13 @@ from typing import Any, Iterator
 
 import torch
 
-# quant format (config) -> quant_algo ModelOpt writes into hf_quant_config.json
-ALGO = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "nvfp4": "NVFP4", "w4a8_awq": "W4A8_AWQ",
-        "int8_sq": "W8A8_SQ_PER_CHANNEL"}
-KV_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
-NVFP4_GROUP = 16
-AWQ_DEFAULT_GROUP = 128
+from pipeline.quant.formats import FLOAT_DTYPES, FORMATS, KV_FORMATS, ExportLayout as Layout
+
+# quant format (config) -> quant_algo ModelOpt writes into hf_quant_config.json, and its tensors (the registry's)
+ALGO = {n: f.quant_algo for n, f in FORMATS.items() if f.quant_algo}
+KV_ALGO = {n: k.quant_algo for n, k in KV_FORMATS.items() if k.quant_algo}
+LAYOUTS: dict[str, Layout] = {f.quant_algo: f.layout for f in FORMATS.values() if f.quant_algo and f.layout}
 SKETCH_COLS = 16
-FLOAT_DTYPES = ("BF16", "F16", "F32")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How ModelOpt's unified export stores one quantized linear layer ``[out, in]``."""
-
-    weight: str  # safetensors dtype of the stored weight
-    pack: str | None  # None: [out, in]; "out": two int4 per byte along the output dim; "in": two e2m1 along input
-    required: dict[str, tuple[tuple[str, ...], str]]  # tensor -> (dtypes, shape: scalar | out | in | groups)
-    optional: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
-    weight_bits: int = 8
-    bf16_fraction_max: float = 0.55  # bytes per parameter of the quantized linears / bf16's 2 bytes, at most
-
-
-LAYOUTS: dict[str, Layout] = {
-    "FP8": Layout("F8_E4M3", None, {"weight_scale": (("F32",), "scalar"), "input_scale": (("F32",), "scalar")}),
-    "W8A8_SQ_PER_CHANNEL": Layout(
-        "I8", None, {"weight_scale": (FLOAT_DTYPES, "out"), "input_scale": (("F32",), "scalar"),
-                     "pre_quant_scale": (FLOAT_DTYPES, "in")}),
-    # AWQ's pre-quant scale is folded into the preceding norm where layers share an input, kept otherwise
-    "W4A16_AWQ": Layout("U8", "out", {"weight_scale": (FLOAT_DTYPES, "groups")},
-                        {"pre_quant_scale": (FLOAT_DTYPES, "in")}, 4, 0.4),
-    "W4A8_AWQ": Layout("U8", "out", {"weight_scale": (FLOAT_DTYPES, "groups"), "weight_scale_2": (("F32",), "scalar"),
-                                     "input_scale": (("F32",), "scalar")},
-                       {"pre_quant_scale": (FLOAT_DTYPES, "in")}, 4, 0.4),
-    "NVFP4": Layout("U8", "in", {"weight_scale": (("F8_E4M3",), "groups"), "weight_scale_2": (("F32",), "scalar"),
-                                 "input_scale": (("F32",), "scalar")}, weight_bits=4, bf16_fraction_max=0.4),
-}
 PARTS = ("weight", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "bias")
 _BYTES = {"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "U8": 1, "I8": 1, "F64": 8, "I64": 8, "I32": 4}
 
@@ -177,15 +148,12 @@ def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None
         bad.append(f"hf_quant_config.json: kv_cache_quant_algo {kv_algo!r}, but quant.kv_cache={kv} exports "
                    f"{want_kv!r}")
     layout = LAYOUTS.get(want_algo) if want_algo else None
-    group = None
-    if want_algo == "NVFP4":
-        group = NVFP4_GROUP
-    elif want_algo in ("W4A16_AWQ", "W4A8_AWQ"):
-        group = block_size or AWQ_DEFAULT_GROUP
+    spec = FORMATS[fmt]
+    group = spec.export_group(block_size)
     if group is not None and q.get("group_size") != group:
         bad.append(f"hf_quant_config.json: group_size {q.get('group_size')}, but {fmt} with "
-                   f"{'quant.block_size=' + str(group) if want_algo != 'NVFP4' else 'NVFP4 blocks of 16'} needs {group} "
-                   f"(wrong block size)")
+                   f"{'quant.block_size=' + str(group) if spec.awq else f'{spec.quant_algo} blocks of {group}'} "
+                   f"needs {group} (wrong block size)")
     excluded = list(q.get("exclude_modules") or [])
 
     t = Checkpoint(ckpt)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.quant.formats import BY_ALGO
 
 ENGINE_LAST_LINE = "1.2"  # the last release line that still builds TensorRT engines
-FP8_CONTEXT_FMHA_ALGOS = {"FP8", "W4A8_AWQ", "NVFP4"}
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def plugin_config(build: dict[str, Any], quant_algo: str | None) -> dict[str, An
     """``PluginConfig`` fields for the engine build."""
     return {"gemm_plugin": build["gemm_plugin"],
             "use_paged_context_fmha": bool(build["use_paged_context_fmha"]),
-            "use_fp8_context_fmha": bool(build["use_fp8_context_fmha"]) and quant_algo in FP8_CONTEXT_FMHA_ALGOS,
+            "use_fp8_context_fmha": bool(build["use_fp8_context_fmha"]) and quant_algo in BY_ALGO
+            and BY_ALGO[quant_algo].fp8_context_fmha,
             "multiple_profiles": bool(build["multiple_profiles"])}
 
 

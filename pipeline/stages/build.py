@@ -23,13 +23,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline import planning, results
+from pipeline import planning
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BuildRecord
 from pipeline.runner import Context, Stage, lib_versions
 from pipeline.ui import status
+from pipeline.tokenizer_files import is_tokenizer_file
 
 
 def run(ctx: Context) -> BuildRecord:
@@ -76,7 +77,8 @@ def run(ctx: Context) -> BuildRecord:
                   "load_s": round(load_s, 3), "tokens_per_s": round(len(out) / max(gen_s, 1e-9), 2)},
     }
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return BuildRecord(engine_dir="engine", check=record["check"])
+    return BuildRecord(engine_dir="engine", check=record["check"], versions=record["versions"],
+                       capacity=record["capacity"])
 
 
 def run_trtllm(ctx: Context) -> BuildRecord:
@@ -89,7 +91,7 @@ def run_trtllm(ctx: Context) -> BuildRecord:
 
     cfg, rt = ctx.cfg, ctx.cfg.runtime.name.value
     info = trtllm.require(rt, cfg.runtime.trtllm_version)
-    q = results.load("quantize", ctx.manifests["quantize"]["result"])
+    q = ctx.result("quantize")
     build = to_plain(cfg.build)
     tp, pp = ctx.capacity.tp, ctx.capacity.pp
     engine = ctx.out / "engine"
@@ -129,7 +131,8 @@ def run_trtllm(ctx: Context) -> BuildRecord:
               "container": cfg.runtime.container,
               "check": {**child["check"], "requested_tokens": int(cfg.runtime.check_tokens), "pass": True}}
     (ctx.out / "build.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return BuildRecord(engine_dir="engine", check=child["check"], versions=record["versions"])
+    return BuildRecord(engine_dir="engine", check=child["check"], versions=record["versions"],
+                       capacity=record["capacity"])
 
 
 TIMING_CACHE = "timing.cache"  # this build's copy, in its temporary output directory (never part of the output)
@@ -144,7 +147,7 @@ def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None
     own = ctx.out / TIMING_CACHE
     seed_timing_cache(timing_cache_path(ctx.paths["store"], int(ctx.cfg.target.sm), tensorrt), own)
     for p in ckpt.iterdir():
-        if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+        if p.is_file() and is_tokenizer_file(p.name):
             ctx.link_input("quantize", f"checkpoint/{p.name}", f"engine/{p.name}")
     args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo,
                                     str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))

@@ -28,7 +28,6 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from pipeline import eval as ev
-from pipeline import results
 from pipeline.errors import StageFailed, UserError
 from pipeline.eval import tasks as evtasks
 from pipeline.identity import ArtifactKey
@@ -121,7 +120,7 @@ def run_baseline(ctx: Context) -> EvalResult:
     if serve.launcher.value == "external":  # the external server serves the bundle; the baseline is served here
         serve = OmegaConf.merge(serve, {"launcher": "local"})
     doc = _evaluate_repo(ctx, repo, serve)
-    fetched = results.load("fetch", ctx.manifests["fetch"]["result"])
+    fetched = ctx.result("fetch")
     doc["checkpoint"] = {"model": cfg.model.name, "dtype": cfg.model.dtype.value, "fetch": ctx.inputs["fetch"].name,
                          "source_sha": fetched.resolved_sha or fetched.gguf_sha256}
     (ctx.out / EVAL_JSON).write_text(json.dumps(doc, indent=1) + "\n")

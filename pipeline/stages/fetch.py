@@ -26,11 +26,10 @@ from pipeline.errors import UserError
 from pipeline.results import FetchResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import status
+from pipeline.tokenizer_files import TOKENIZER_FILES, TOKENIZER_GLOBS
 
 WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
-META_PATTERNS = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
-                 "merges.txt", "*.model", "*.tiktoken", "chat_template.*"]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+META_PATTERNS = ["config.json", "generation_config.json", *TOKENIZER_GLOBS]
 
 
 def parse_source(source: str) -> tuple[str, str, str | None]:

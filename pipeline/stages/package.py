@@ -30,21 +30,15 @@ from pipeline.errors import StageFailed, UserError
 from pipeline.results import PackageResult
 from pipeline.identity import ArtifactKey
 from pipeline.runner import Context, Stage
+from pipeline.triton import layouts
+from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS, IFB, LLMAPI, REFERENCE_TEMPLATES
 from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 
-ENGINE_REL = "tensorrt_llm/1/engine"
 REFERENCE_SRC = Path(importlib.util.find_spec("pipeline.runtime.reference").origin)  # copied next to model.py
 BATCHING_SRC = Path(importlib.util.find_spec("pipeline.runtime.batching").origin)
 REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_batching.py": BATCHING_SRC,
                     "reference_common.py": MODELS_DIR / "reference_common.py"}  # what both reference model.py share
-SHARED = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
-IFB, LLMAPI = "inflight_batcher_llm", "llmapi"
-MODELS = {("reference", IFB): (*SHARED, "tensorrt_llm.reference"),
-          ("trtllm_engine", IFB): (*SHARED, "tensorrt_llm.engine"),
-          ("reference", LLMAPI): ("tensorrt_llm.llmapi_reference",),
-          ("trtllm_llmapi", LLMAPI): ("tensorrt_llm.llmapi",)}
-REFERENCE_TEMPLATES = ("tensorrt_llm.reference", "tensorrt_llm.llmapi_reference")
-ENTRY_POINTS = {IFB: ("ensemble", "tensorrt_llm_bls"), LLMAPI: ("tensorrt_llm",)}
+MODELS = {(runtime, name): lay.templates(runtime) for name, lay in layouts.LAYOUTS.items() for runtime in lay.runtimes}
 LLMAPI_MAX_BATCH_SIZE = 0  # upstream model.yaml triton_config.max_batch_size: requests carry 1-D tensors
 
 
@@ -53,7 +47,7 @@ def layout(cfg) -> str:
     runtime = cfg.runtime.name.value
     chosen = getattr(cfg.serve.layout, "value", cfg.serve.layout)
     if chosen == "auto":
-        return LLMAPI if runtime == "trtllm_llmapi" else IFB
+        return layouts.default_for(runtime)
     if (runtime, chosen) not in MODELS:
         fit = IFB if runtime == "trtllm_engine" else LLMAPI
         raise UserError(f"serve.layout={chosen} cannot serve runtime {runtime} (TensorRT engines need "

@@ -26,14 +26,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline import __version__, results, store
+from pipeline import __version__, store
 from pipeline.bundle import SCHEMA, BundleManifest
 from pipeline.bundle import publish as publish_bundle
 from pipeline.bundle import sign as sign_bundle
 from pipeline.bundle import sign_problems
 from pipeline.config import resolved_paths, to_plain
 from pipeline.identity import ArtifactKey
-from pipeline.results import PublishResult
+from pipeline.results import BenchResult, PublishResult
 from pipeline.runner import Context, Stage, host_info
 from pipeline.ui import status
 
@@ -53,41 +53,21 @@ def _git_commit() -> str | None:
         return None
 
 
-BENCH_VERDICTS = ("pass", "fail", "no-baseline")
-
-
-def bench_verdict(path) -> dict[str, Any]:
-    """The bench gate as the bench stage recorded it in ``bench.json``: its verdict, breaches and the regressions it
-    reported (gated or only reported). A missing or unknown field fails the stage: the bundle never claims a verdict
-    that bench did not give."""
-    from pipeline.errors import StageFailed
-
-    try:
-        g = json.loads(path.read_text()).get("gates")
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageFailed(f"{path}: cannot read the bench gate ({exc}); re-run bench (force=[bench])") from exc
-    if not isinstance(g, dict) or g.get("verdict") not in BENCH_VERDICTS:
-        got = g.get("verdict") if isinstance(g, dict) else None
-        raise StageFailed(f"{path}: no bench gate verdict (gates.verdict={got!r}, expected one of "
-                          f"{', '.join(BENCH_VERDICTS)}); re-run bench (force=[bench])")
-    for key in ("breaches", "regressions"):
-        if not isinstance(g.get(key), list):
-            raise StageFailed(f"{path}: gates.{key} is missing; re-run bench (force=[bench])")
-    return {"verdict": g["verdict"], "breaches": [str(x) for x in g["breaches"]],
-            "regressions": [str(x) for x in g["regressions"]],
-            "regressions_gated": bool(g.get("regressions_gated", True)),
-            "compared_with_previous_levels": int(g.get("compared_with_previous_levels") or 0),
-            "baseline": g.get("baseline")}
+def bench_verdict(bench: BenchResult) -> dict[str, Any]:
+    """The bench gate as the bench stage gave it (its typed result's ``gates``): verdict, breaches, the regressions
+    it reported (gated or only reported) and the baseline. A result without a verdict never reaches here:
+    :meth:`~pipeline.runner.Context.result` refuses it."""
+    return bench.gates.model_dump(mode="json")
 
 
 def gates_passed(gates: dict[str, Any]) -> bool:
     """Whether ``latest`` may move: every gate verdict passed or does not apply (``no-baseline`` does not pass)."""
     # an inconclusive task gate reaches a bundle only without eval.strict (with it, evaluate fails)
-    return all(gates.get(k) in ("pass", "n/a") for k in GATE_KEYS) and \
+    return all(gates.get(k) in ("pass", "n/a") for k in GATE_NAMES) and \
         gates.get("eval", "n/a") in ("pass", "n/a", "inconclusive")
 
 
-GATE_KEYS = ("accuracy", "export_check", "bench")
+GATE_NAMES = ("accuracy", "export_check", "bench")  # the verdicts of bundle.json's gates that decide ``latest``
 
 
 def run(ctx: Context) -> PublishResult:
@@ -107,15 +87,12 @@ def run(ctx: Context) -> PublishResult:
         lineage[stage] = manifest["fingerprint"]
 
     files = store.list_files(out, ctx.known_hashes)
-    fetched = results.load("fetch", ctx.manifests["fetch"]["result"])
-    q = results.load("quantize", ctx.manifests["quantize"]["result"])
-    bench = ctx.manifests["bench"]["result"]  # bundle.json holds it as the manifest does
-    build = json.loads((ctx.inputs["build"] / "build.json").read_text())
-    versions = {k: v for k, v in (build.get("versions") or {}).items()
+    fetched, q, build, bench = (ctx.result(s) for s in ("fetch", "quantize", "build", "bench"))
+    versions = {k: v for k, v in (build.versions or {}).items()
                 if k in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers")}
     acc = q.accuracy
-    bench_gate = bench_verdict(ctx.inputs["bench"] / "bench.json")
-    ev = results.load("evaluate", ctx.manifests["evaluate"]["result"]) if "evaluate" in ctx.manifests else None
+    bench_gate = bench_verdict(bench)
+    ev = ctx.result("evaluate") if "evaluate" in ctx.inputs else None
     gates = {"accuracy": acc.gate if acc else "n/a", "export_check": acc.export_check if acc else "n/a",
              "bench": bench_gate["verdict"], "bench_detail": bench_gate, "eval": ev.verdict if ev else "n/a"}
     manifest = BundleManifest.model_validate({
@@ -124,12 +101,16 @@ def run(ctx: Context) -> PublishResult:
         "quant": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
                   "quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo,
                   "group_size": q.group_size, "exclude_modules": q.exclude_modules,
-                  "calibration_sha256": q.calibration.sha256 if q.calibration else None},
+                  "calibration_sha256": q.calibration.sha256 if q.calibration else None,
+                  "calibration": {k: v for k, v in q.calibration.model_dump(mode="json").items()
+                                  if k in ("dataset", "rows", "seq_len", "tokens", "short", "short_reasons", "basis")}
+                  if q.calibration else None},
         "target": to_plain(cfg.target), "runtime": to_plain(cfg.runtime),
         "runtime_versions": {**versions, "container": cfg.runtime.container if cfg.runtime.name.value != "reference"
                              else None},
-        "build": to_plain(cfg.build), "capacity": build.get("capacity"),
-        "accuracy": acc.model_dump(mode="json") if acc else None, "bench": bench,
+        "build": to_plain(cfg.build), "capacity": build.capacity,
+        "accuracy": acc.model_dump(mode="json") if acc else None,
+        "bench": bench.model_dump(mode="json"),  # bundle.json holds it as the manifest does
         "eval": ev.model_dump(mode="json") if ev else None,
         "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},

@@ -15,8 +15,10 @@ too, as a diagnostic. The export proof (``pipeline.quant.proof``) checks the exp
 reloaded logits against the fake-quant model; a stage where nothing was quantized fails. The calibrated model is
 freed before the proof, which holds one model at a time and reads the export tensor by tensor.
 
-GPU memory: the weights plus at most a tenth of them (``capacity.memory_estimate``): the calibration and evaluation
-batches are sized to that budget (``modelopt.batch_plan``), and accuracy.json records each step's torch peak.
+GPU memory: the weights, plus batches sized to the memory free after them less a tenth of each GPU
+(``modelopt.batch_plan``; never ModelOpt's probe, which fills the GPU). An out-of-memory error halves the batch and
+retries it (``modelopt.batched``), recorded in accuracy.json with each step's torch peak; the stage fails only when one
+row does not fit. One model is held at a time.
 """
 from __future__ import annotations
 
@@ -34,31 +36,33 @@ from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
+from pipeline.quant.formats import KV_FORMATS
 from pipeline.results import QuantizeResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import console, progress, status
+from pipeline.tokenizer_files import TOKENIZER_GLOBS
 
 PROCESS_PEAK = "process"  # the key of the process's torch peak in the per-step peaks
-TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "vocab.*", "merges.txt", "*.model", "chat_template.*")
 
 
 def check(cfg: DictConfig) -> list[str]:
     problems = []
     fmt, kv = cfg.quant.format.value, cfg.quant.kv_cache.value
     c = cfg.quant.calib
-    dataset = calib.resolve(c.dataset, cfg.model.source)
     try:
-        calib.dataset_path(dataset)
+        spec = calib.spec(cfg)
+        calib.dataset_path(spec.dataset)
         if not (fmt == "none" and kv == "none"):
-            problems.append(calib.short_problem(dataset, int(c.num_samples), int(c.seq_len), bool(c.chat_template),
-                                                bool(c.allow_short)))
+            problems.append(calib.short_problem(spec.dataset, spec.num_samples, spec.seq_len, bool(c.chat_template),
+                                                spec.allow_short))
     except UserError as exc:
         problems.append(str(exc))
     problems.append(modelopt.awq_block_problem(fmt, cfg.quant.block_size, modelopt.config_shape(cfg),
                                                cfg.model.name))
-    if kv == "nvfp4" and fmt in modelopt.AWQ_FORMATS and cfg.target.device.value != "cuda":
-        problems.append(f"quant.kv_cache=nvfp4 with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
-                        f"runs NVFP4 KV kernels that have no CPU version); use quant.kv_cache=fp8 on target cpu")
+    if not KV_FORMATS[kv].awq_calibrates_on_cpu and fmt in modelopt.AWQ_FORMATS and cfg.target.device.value != "cuda":
+        problems.append(f"quant.kv_cache={kv} with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
+                        f"runs {KV_FORMATS[kv].quant_algo} KV kernels that have no CPU version); use "
+                        f"quant.kv_cache=fp8 on target cpu")
     if not (fmt == "none" and kv == "none"):
         t = cfg.target
         problems.append(capacity.calibration_fit_problem(
@@ -73,7 +77,7 @@ def _row_bytes(cfg: DictConfig) -> float:
     shape = modelopt.config_shape(cfg)
     if not all(shape.get(k) for k in ("hidden_size", "num_heads", "head_dim", "vocab_size")):
         return 0.0
-    seq = max(int(cfg.quant.calib.seq_len), int(cfg.quant.eval.seq_len))
+    seq = max(calib.spec(cfg).seq_len, int(cfg.quant.eval.seq_len))
     return capacity.row_bytes(shape, seq)
 
 
@@ -95,9 +99,14 @@ def _timed(timings: dict[str, float], key: str, peaks: dict[str, int] | None = N
         peaks[key.removesuffix("_s")] = torch.cuda.max_memory_allocated()
 
 
-def _logits(label: str, model, rows, bs: int):
-    with progress(label, -(-len(rows) // bs)) as bar:
-        return quality.logits(model, rows, bs, bar.advance)
+def _logits(label: str, model, rows, bs: int, events: list[dict[str, Any]] | None = None):
+    """Held-out logits in batches of ``bs`` (halved on out-of-memory, recorded in ``events``)."""
+    import torch
+
+    with progress(label, len(rows)) as bar:
+        parts, _ = modelopt.batched(rows, bs, lambda chunk: quality.logits(model, chunk, len(chunk)),
+                                    step=label.split(" (")[0], events=events, on_rows=bar.advance)
+    return torch.cat(parts)
 
 
 def _free(ref) -> bool:
@@ -181,10 +190,9 @@ def run(ctx: Context) -> QuantizeResult:
     detail: dict[str, float] = {}  # the export check's parts
     peaks: dict[str, int] | None = {} if device == "cuda" else None
     t_rows = time.perf_counter()
-    rows = calib.rows(AutoTokenizer.from_pretrained(src), calib.resolve(q.calib.dataset, ctx.cfg.model.source),
-                      seq_len=q.calib.seq_len, num_samples=q.calib.num_samples,
-                      chat_template=bool(q.calib.chat_template), allow_short=bool(q.calib.allow_short),
-                      eval_seq_len=q.eval.seq_len, eval_num_samples=q.eval.num_samples)
+    spec = calib.spec(ctx.cfg)
+    rows = calib.rows_for(AutoTokenizer.from_pretrained(src), spec, chat_template=bool(q.calib.chat_template),
+                          eval_seq_len=q.eval.seq_len, eval_num_samples=q.eval.num_samples)
     timings["calib_rows_s"] = time.perf_counter() - t_rows
     for note in rows.notes:
         console.print(f"[yellow]note:[/] {note}")
@@ -198,13 +206,14 @@ def run(ctx: Context) -> QuantizeResult:
     problem = modelopt.awq_block_problem(fmt, q.block_size, modelopt.model_shape(model), ctx.cfg.model.name)
     if problem:  # the checkpoint disagrees with model.shape: still refuse before calibrating
         raise UserError(problem)
-    batching = modelopt.batch_plan(q.calib.batch_size, model, max(int(q.calib.seq_len), int(q.eval.seq_len)), device,
-                                   len(rows.calib))
-    bs = batching["batch_size"]
+    batching = modelopt.batch_plan(q.calib.batch_size, model, int(rows.calib.shape[1]), device, len(rows.calib),
+                                   eval_seq_len=int(rows.heldout.shape[1]), eval_rows=len(rows.heldout))
+    bs, ebs = batching["batch_size"], batching["eval_batch_size"]
+    oom: list[dict[str, Any]] = []  # out-of-memory retries: each halved batch
     with _timed(timings, "baseline_eval_s", peaks):
-        base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, bs)
+        base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "calibrate_s", peaks):
-        modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs)
+        bs_used = modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs, oom)
     fallbacks = modelopt.use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
     if ctx.capacity is not None:  # trtllm_engine only (trtllm_mapping)
         # first: it adjusts the scales of the layers it fuses, which the HF export then writes
@@ -214,7 +223,7 @@ def run(ctx: Context) -> QuantizeResult:
     with _timed(timings, "reference_s", peaks):  # the proof's record of the fake-quant weights
         ref, rounded = modelopt.prepare_reference(model, fmt, kv)
     with _timed(timings, "quant_eval_s", peaks):
-        fq = _logits("fake-quant logits (held-out)", model, rows.heldout, bs)
+        fq = _logits("fake-quant logits (held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "export_s", peaks), status("exporting unified HF checkpoint"):
         modelopt.export_hf_checkpoint(model, ckpt)
         _copy_tokenizer(src, ckpt)
@@ -240,7 +249,7 @@ def run(ctx: Context) -> QuantizeResult:
             exported = reference.load(ckpt, dtype=dtype, device=device)
             layers = pending.result()
         with _timed(detail, "eval_s"):
-            ex = _logits("deployed-checkpoint logits (held-out)", exported, rows.heldout, bs)
+            ex = _logits("deployed-checkpoint logits (held-out)", exported, rows.heldout, ebs, oom)
         del exported
         gc.collect()
     with _timed(detail, "hash_wait_s"):
@@ -256,7 +265,7 @@ def run(ctx: Context) -> QuantizeResult:
                   "quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules")},
               "block_size": q.block_size if fmt in modelopt.AWQ_FORMATS else None,
               "modelopt_version": modelopt.version(), "device": device, "cpu_nvfp4_fallback_quantizers": fallbacks,
-              "fp8_layers_rounded_as_exported": rounded, "batch_size": bs,
+              "fp8_layers_rounded_as_exported": rounded, "batch_size": bs_used,
               "bytes_per_param": capacity.bytes_per_param(ckpt), "notes": list(rows.notes),
               "calibration": rows.record(timings["calibrate_s"]),
               "heldout": {"rows": len(rows.heldout), "seq_len": q.eval.seq_len},
@@ -266,7 +275,8 @@ def run(ctx: Context) -> QuantizeResult:
         peaks[PROCESS_PEAK] = max(peaks.get(PROCESS_PEAK, 0), torch.cuda.max_memory_allocated())
     gpu = {"torch_peak_bytes_by_step": peaks, "torch_peak_bytes": peaks[PROCESS_PEAK]} if peaks is not None else {}
     recorded = {"export_check_parts_s": {k: round(v, 3) for k, v in detail.items()},
-                "gpu_memory": {**batching, "calibrated_model_freed_before_proof": freed, **gpu}}
+                "gpu_memory": {**batching, "calibration_batch_size_used": bs_used, "oom_retries": oom,
+                               "calibrated_model_freed_before_proof": freed, **gpu}}
     _write_report(ctx, {**result, **recorded})
     failure = quality.failure(accuracy, fmt, kv)
     if failure:
@@ -280,7 +290,9 @@ def _write_report(ctx: Context, r: dict[str, Any]) -> None:
 
 
 def extra(cfg: DictConfig, store_dir: Path) -> dict[str, Any]:
-    return {"calib_sha256": calib.dataset_digest(calib.resolve(cfg.quant.calib.dataset, cfg.model.source))}
+    """The calibration text's digest and the resolved calibration (a fallback to the shipped corpus re-runs)."""
+    spec = calib.spec(cfg)
+    return {"calib_sha256": calib.dataset_digest(spec.dataset), "calibration": spec.to_json()}
 
 
 def trtllm_mapping(cfg: DictConfig) -> tuple[str, ...]:
@@ -293,7 +305,7 @@ STAGE = Stage(
     volatile=("accuracy.json", "quantize.md"),
     name="quantize",
     run=run,
-    reads=("model.name", "model.source", "model.dtype", "model.trust_remote_code", "quant"),
+    reads=("model.name", "model.source", "model.dtype", "model.trust_remote_code", "model.calib", "quant"),
     inputs=("fetch",),
     libs=("nvidia-modelopt", "torch", "transformers", "safetensors"),
     root="store",

@@ -22,13 +22,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-# layout -> (text input, max-tokens input, streaming flag input)
-TENSORS = {"inflight_batcher_llm": ("text_input", "max_tokens", "stream"),
-           "llmapi": ("text_input", "sampling_param_max_tokens", "streaming")}
-# layout -> the optional input that leaves the prompt out of the returned text (sent as true when the model has it:
-# upstream's llmapi model returns the prompt with the text by default, the ensemble does when not streaming)
-EXCLUDE_INPUT = {"inflight_batcher_llm": "exclude_input_in_output",
-                 "llmapi": "sampling_param_exclude_input_from_output"}
+from pipeline.triton import layouts
+
+# layout -> (text input, max-tokens input, streaming flag input), and the optional input that leaves the prompt out of
+# the returned text (sent as true when the model has it: upstream's llmapi model returns the prompt with the text by
+# default, the ensemble does when not streaming); both from the layout registry
+TENSORS = {name: lay.text_tensors for name, lay in layouts.LAYOUTS.items()}
+EXCLUDE_INPUT = {name: lay.exclude_input for name, lay in layouts.LAYOUTS.items()}
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class EntryPoint:
     @property
     def cumulative(self) -> bool:
         """Each streamed response repeats the text so far (llmapi) rather than adding to it."""
-        return self.layout == "llmapi"
+        return layouts.get(self.layout).cumulative
 
 
 def entry_point(url: str, model: str, layout: str) -> EntryPoint:
@@ -66,8 +66,9 @@ def entry_point(url: str, model: str, layout: str) -> EntryPoint:
     if missing:
         raise ValueError(f"model '{model}' on {url} has no input {', '.join(repr(m) for m in missing)} of the "
                          f"{layout} layout's entry point (it has: {', '.join(sorted(n for n in names if n))})")
-    if "text_output" not in {t.get("name") for t in cfg.get("output", [])}:
-        raise ValueError(f"model '{model}' on {url} has no output 'text_output'")
+    output = layouts.get(layout).output
+    if output not in {t.get("name") for t in cfg.get("output", [])}:
+        raise ValueError(f"model '{model}' on {url} has no output '{output}'")
     decoupled = bool((cfg.get("model_transaction_policy") or {}).get("decoupled", False))
     return EntryPoint(model, layout, batched=int(cfg.get("max_batch_size", 0) or 0) > 0, decoupled=decoupled,
                       exclude_input=EXCLUDE_INPUT[layout] in names)
@@ -212,7 +213,7 @@ def run_level(url: str, entry: EntryPoint | str, prompts: list[str], order: list
     name of a model with the ``inflight_batcher_llm`` tensors, read from the server). Returns the records and the
     wall time."""
     if isinstance(entry, str):
-        entry = entry_point(url, entry, "inflight_batcher_llm")
+        entry = entry_point(url, entry, layouts.IFB)
     todo: queue.Queue = queue.Queue()
     for i in order:
         todo.put(i)

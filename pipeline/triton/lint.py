@@ -34,6 +34,7 @@ from typing import Any
 from pipeline import upstream
 from pipeline.errors import UserError
 from pipeline.triton.render import parse_model_config
+from pipeline.triton import layouts
 
 REPO_MOUNT = "/models"  # serve.repo_mount's default: where the serving container mounts the repository
 PATH_PARAMS = ("tokenizer_dir", "gpt_model_path", "engine_dir")
@@ -98,10 +99,7 @@ def _params(cfg) -> dict[str, str]:
     return {k: v.string_value for k, v in cfg.parameters.items()}
 
 
-def layout_of(dirs: dict[str, Path]) -> str:
-    """``llmapi`` when the ``tensorrt_llm`` model is driven by a ``1/model.yaml``, else ``inflight_batcher_llm``."""
-    llm = dirs.get("tensorrt_llm")
-    return "llmapi" if llm is not None and (llm / "1" / "model.yaml").is_file() else "inflight_batcher_llm"
+layout_of = layouts.of_repository  # ``llmapi`` when tensorrt_llm has a 1/model.yaml, else inflight_batcher_llm
 
 
 # ------------------------------------------------------------------------------------------ upstream conformance
@@ -312,7 +310,7 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
     unparsed = bool(findings)
     for model in ([] if unparsed else recorded):
         if model not in configs and not any(f.startswith(f"{model}/") for f in findings):
-            if lay == "llmapi" or model in ("preprocessing", "postprocessing", "tensorrt_llm"):
+            if lay == layouts.LLMAPI or model in ("preprocessing", "postprocessing", layouts.LLM_MODEL):
                 findings.append(f"{model}/config.pbtxt: missing; upstream's {lay} layout has a \"{model}\" model")
     for name, cfg in configs.items():
         if name in recorded:

@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import UserError
+from pipeline.errors import ServerError, UserError
 from pipeline.triton import stubenv
 
 
-class ServerError(Exception):
-    """The server failed to start or died; carries the log tail."""
+__all__ = ["ServerError"]  # part of the error hierarchy (pipeline.errors); raised here
 
 
 @dataclass
@@ -285,7 +284,7 @@ def _ready(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def running(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, timeout_s: float,
+def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, timeout_s: float,
             on_wait=None, models: list[str] | None = None) -> Iterator[Server]:
     """Start tritonserver on ``repo`` (all models, or only ``models``), wait until they are ready, always stop it."""
     binary, bundled = find_server(server_bin)
@@ -421,7 +420,7 @@ def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server
     ``external`` (already running at ``serve.url``)."""
     kind = serve.launcher.value
     if kind == "local":
-        with running(repo, host=serve.host, server_bin=serve.server_bin, work_dir=work_dir,
+        with local_server(repo, host=serve.host, server_bin=serve.server_bin, work_dir=work_dir,
                      timeout_s=serve.startup_timeout_s, on_wait=on_wait) as s:
             yield s
         return

@@ -58,7 +58,7 @@ def _serve(layout, decoupled, tiny_build, tmp_path_factory):
     cfg = config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
     render_repository(cfg, repo)
     assert lint.lint(repo) == []
-    return server.running(repo, host="127.0.0.1", server_bin=None, work_dir=repo.parent / "w", timeout_s=600), repo
+    return server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=repo.parent / "w", timeout_s=600), repo
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["decoupled", "unary"])

@@ -197,3 +197,15 @@ def test_multirun_sweeps_and_shares_fetch(tiny_build, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert statuses(root, "tiny-qwen3.none-kvfp8.cpu.reference") == {"fetch": "cached", "quantize": "ran"}
     assert statuses(root, LABEL)["fetch"] == "cached"
+
+
+def test_output_folders_list_only_outputs(tiny_build):
+    """``ls engines/ triton_repo/ bundles/`` after a build shows the stage outputs alone: each entry is one output
+    with its manifest, and the stage locks live in the stage store."""
+    for name in ("engines", "triton_repo", "bundles"):
+        entries = sorted((tiny_build / name).iterdir())
+        assert entries, name
+        for p in entries:
+            assert p.is_dir() and (p / "manifest.json").is_file(), f"{p} is not a stage output"
+    locks = [p.name for p in (tiny_build / ".store" / "locks").glob("*.lock")]
+    assert any(n.startswith("tiny-qwen3.fp8-kvfp8.cpu.reference-build-") for n in locks), locks

@@ -77,7 +77,7 @@ def test_evaluate_runs_unchanged_against_an_external_server(tiny_build, tmp_path
     root = tmp_path / "x"
     shutil.copytree(tiny_build, root)
     repo = next(root.glob("triton_repo/*-package-*/manifest.json")).parent
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
         proc = run_cli("build", *TINY, "force=[evaluate]", "until=evaluate", "serve.launcher=external",
                        f"serve.url={s.grpc_url}", root=root)
     assert proc.returncode == 0, proc.stderr[-2000:]

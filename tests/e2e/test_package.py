@@ -66,7 +66,7 @@ def test_server_that_cannot_start_reports_its_log_and_is_gone(tmp_path):
     (repo.parent / "config.pbtxt").write_text('name: "broken"\nbackend: "no_such_backend"\n')
     before = {p.pid for p in psutil.process_iter()}
     with pytest.raises(server.ServerError) as err:
-        with server.running(tmp_path / "repo", host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w",
+        with server.local_server(tmp_path / "repo", host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w",
                             timeout_s=60):
             pass
     assert "no_such_backend" in str(err.value)

@@ -157,11 +157,12 @@ def test_calibration_shorter_than_requested_fails_unless_allowed(root):
 
 
 def test_plan_refuses_a_calibration_the_corpus_cannot_fill(tmp_path):
-    proc = run_cli("plan", *TINY, "quant=int4_awq", root=tmp_path)  # the AWQ preset: 256 × 512 tokens
+    big = ["quant=int4_awq", "quant.calib.num_samples=256", "quant.calib.seq_len=512"]
+    proc = run_cli("plan", *TINY, *big, root=tmp_path)
     assert proc.returncode == 2
     assert "quant.calib: the shipped corpus (builtin) holds at most ~" in proc.stderr
     assert "fewer than the 256×512 requested" in proc.stderr and "quant.calib.allow_short=true" in proc.stderr
-    ok = run_cli("plan", *TINY, "quant=int4_awq", "quant.calib.allow_short=true", root=tmp_path)
+    ok = run_cli("plan", *TINY, *big, "quant.calib.allow_short=true", root=tmp_path)
     assert ok.returncode == 0, ok.stderr
 
 

@@ -42,48 +42,69 @@ def test_hfptq_steps_subtract_nested_calls_and_keep_the_rest_as_other(bench):
     assert sum(e["end"] - e["start"] for e in events) > 82.0
 
 
-def _records(ours_s=120.0, hf_s=100.0, torch_gib=65.0, smi_gib=66.0):
-    w = 60 * 2**30
-    prep = {"weight_bytes": w, "shape": "32b", "calibration": {"rows": 24, "seq_len": 128,
-                                                               "identical_after_retokenizing": 24},
-            "extension_build": {"process_s": 50.0}}
+def _records(ours_s=80.0, hf_s=100.0, torch_gib=40.0, smi_gib=45.0, ours_cal=15.0, hf_cal=16.0, floor=10.0):
+    w = 25 * 2**30
+    prep = {"weight_bytes": w, "shape": "14b", "calibration": {"rows": 512, "seq_len": 512, "text": "calib.txt",
+                                                               "identical_after_retokenizing": 512},
+            "extension_build": {"process_s": 50.0},
+            "bf16_floor": {"floor_s": floor, "floor_batch_size": 128, "runs": [{"batch_size": 128, "forward_s": floor}],
+                           "params": 13.9e9, "tokens": 262144, "floor_tflops": 730.0, "arithmetic_floor_s": 9.2,
+                           "max_memory_allocated": 27 * 2**30}}
     ours = {"returncode": 0, "stage_s": ours_s, "process_s": ours_s + 10, "torch_peak_gib": torch_gib,
-            "nvidia_smi_peak_gib": smi_gib, "host_peak_rss_gib": 70.0, "host_peak_anon_rss_gib": 8.0, "batch_size": 24,
-            "steps_s": {"load_s": 10.0}, "export_check_parts_s": {"reload_s": 5.0}}
-    hf = {"returncode": 0, "process_s": hf_s, "torch_peak_gib": 130.0, "nvidia_smi_peak_gib": 131.0,
-          "host_peak_rss_gib": 62.0, "host_peak_anon_rss_gib": 5.0, "batch_size": 512, "args": ["--qformat", "fp8"],
-          "steps_s": {"load_model": 9.0, "export_quantized": 40.0}, "upstream_commit": "a2fbac7bad8"}
+            "nvidia_smi_peak_gib": smi_gib, "host_peak_rss_gib": 70.0, "host_peak_anon_rss_gib": 8.0,
+            "batch_size": 128, "steps_s": {"load_s": 10.0, "calibrate_s": ours_cal},
+            "export_check_parts_s": {"reload_s": 5.0}}
+    hf = {"returncode": 0, "process_s": hf_s, "torch_peak_gib": 58.0, "nvidia_smi_peak_gib": 60.0,
+          "host_peak_rss_gib": 62.0, "host_peak_anon_rss_gib": 5.0, "batch_size": 364, "args": ["--qformat", "fp8"],
+          "steps_s": {"load_model": 9.0, "mono_quantize": hf_cal, "export_quantized": 40.0},
+          "upstream_commit": "a2fbac7bad8"}
     return prep, ours, hf
 
 
-def test_the_verdicts_divide_by_the_weights_and_by_hf_ptqs_time(bench):
+GPU = {"name": "NVIDIA H200", "memory_gib": 139.8}
+
+
+def test_the_verdicts_are_the_targets_side_by_side(bench):
     prep, ours, hf = _records()
-    c = bench.compare(prep, ours, hf)
-    assert c["time_ratio"] == 1.2 and c["time_within_1_2x"]
-    assert c["ours"]["torch_peak_over_weights"] == round(65 / 60, 3) and c["memory_within_1_1x"]
-    assert c["hfptq"]["nvidia_smi_peak_over_weights"] == round(131 / 60, 3)
-    # negative controls: slower than 1.2x, or nvidia-smi above 1.1x (torch within), fail their verdicts
-    assert not bench.compare(*_records(ours_s=121.0))["time_within_1_2x"]
-    assert not bench.compare(*_records(smi_gib=67.0))["memory_within_1_1x"]
+    c = bench.compare(prep, ours, hf, GPU)
+    t = c["targets"]
+    assert t["calibrate_vs_hfptq"] == {"ratio": round(15 / 16, 3), "max": 1.1, "met": True}
+    assert t["stage_vs_hfptq_process"] == {"ratio": 0.8, "max": 0.9, "met": True}
+    assert t["calibrate_vs_bf16_floor"] == {"ratio": 1.5, "max": 1.6, "met": True}
+    assert t["peak_vs_hfptq_peak"]["ratio"] == 0.75 and t["peak_vs_device_memory"]["ratio"] == round(45 / 139.8, 3)
+    assert c["all_targets_met"] and c["ours"]["torch_peak_over_weights"] == round(40 / 25, 3)
+    # negative controls: each target fails on its own planted miss
+    misses = {"calibrate_vs_hfptq": dict(ours_cal=17.7), "stage_vs_hfptq_process": dict(ours_s=91.0),
+              "calibrate_vs_bf16_floor": dict(ours_cal=16.5, hf_cal=16.0), "peak_vs_hfptq_peak": dict(smi_gib=61.0)}
+    for key, kw in misses.items():
+        got = bench.compare(*_records(**kw), GPU)
+        assert not got["targets"][key]["met"] and not got["all_targets_met"], key
+    assert not bench.compare(*_records(smi_gib=126.0), {**GPU, "memory_gib": 139.8})["targets"][
+        "peak_vs_device_memory"]["met"]  # 0.90 x 139.8 = 125.8
     prep, ours, hf = _records()
     hf["returncode"] = 1
-    assert bench.compare(prep, ours, hf)["time_ratio"] is None  # a failed run has no ratio
+    failed = bench.compare(prep, ours, hf, GPU)
+    assert failed["time_ratio"] is None and not failed["all_targets_met"]  # a failed run has no ratio
+    assert failed["targets"]["calibrate_vs_bf16_floor"]["met"]  # the stage's own floor ratio stands without it
 
 
-def test_the_section_states_the_ratio_and_the_peaks(bench):
+def test_the_section_states_the_targets_the_floor_and_the_dirty_tree(bench):
     prep, ours, hf = _records(ours_s=150.0)
-    doc = {"date": "2026-12-01T01:00:00+00:00", "commit": "abc", "gpu": {"name": "NVIDIA H200"}, "prepare": prep,
-           "ours": ours, "hfptq": hf, "compare": bench.compare(prep, ours, hf)}
+    doc = {"date": "2026-12-01T01:00:00+00:00", "commit": "abc+dirty", "gpu": GPU, "quant": "nvfp4",
+           "prepare": prep, "ours": ours, "hfptq": hf, "compare": bench.compare(prep, ours, hf, GPU)}
     text = bench.render(doc)
-    assert "stage / hf_ptq = 1.50×** (target ≤ 1.2×: not met)" in text
-    assert "| pipeline quantize stage | 150.0 | 65.00 (1.08×) | 66.00 (1.10×) |" in text
+    assert "commit abc+dirty (uncommitted changes in the tree that ran)" in text
+    assert "nvfp4 weights + fp8 KV cache (for b200, calibrated here)" in text
+    assert "| whole stage / hf_ptq's process | 1.50× | ≤ 0.9× | **not met** |" in text
+    assert "| pipeline quantize stage | 150.0 | 15.0 | 128 | 40.00 (1.60×) | 45.00 (1.80×) | 8.0 |" in text
+    assert "| bf16 forward floor (same rows, unquantized) | — | 10.0 | 128 |" in text
     assert "export 40.0" in text and "load 9.0" in text
 
 
 @pytest.mark.slow
 def test_the_cpu_half_runs_on_the_tiny_model_with_the_stages_own_rows(tmp_path):
     script = [sys.executable, str(REPO / "benchmarks" / "gpu_quant_vs_hfptq.py"), "--root", str(tmp_path), "--shape",
-              "tiny", "--hf-ptq", str(HF_PTQ)]
+              "tiny", "--rows", "24", "--seq", "128", "--hf-ptq", str(HF_PTQ)]
     proc = subprocess.run([*script, "--step", "prepare"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     prep = json.loads((tmp_path / "prepare.json").read_text())
@@ -92,7 +113,7 @@ def test_the_cpu_half_runs_on_the_tiny_model_with_the_stages_own_rows(tmp_path):
     assert prep["calibration"]["identical_after_retokenizing"] == 24
     proc = subprocess.run([*script, "--step", "ours"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = json.loads((tmp_path / "ours.json").read_text())
+    ours = json.loads((tmp_path / "ours-fp8.json").read_text())
     assert ours["export_check"] == "pass" and ours["quant_algo"] == "FP8" and ours["kv_cache_quant_algo"] == "FP8"
     assert set(ours["steps_s"]) >= {"load_s", "calibrate_s", "export_s", "export_check_s"}
     assert ours["gpu_memory"]["calibrated_model_freed_before_proof"] is True
@@ -100,6 +121,6 @@ def test_the_cpu_half_runs_on_the_tiny_model_with_the_stages_own_rows(tmp_path):
     if not (HF_PTQ / "hf_ptq.py").is_file():
         pytest.skip("ModelOpt's examples/hf_ptq is not in .devcarry/hf_ptq (git-ignored upstream code)")
     proc = subprocess.run([*script, "--step", "hfptq"], capture_output=True, text=True, timeout=600)
-    hf = json.loads((tmp_path / "hfptq.json").read_text())
+    hf = json.loads((tmp_path / "hfptq-fp8.json").read_text())
     assert proc.returncode == 1 and "GPU is required" in hf["error"]  # hf_ptq.py's own main() ran, and refused
     assert hf["steps_s"]["import"] > 0

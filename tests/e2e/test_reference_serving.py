@@ -56,7 +56,7 @@ def served(tiny_build, tmp_path_factory):
                 state["cm"] = None
             dest = tmp_path_factory.mktemp(f"{layout}-{decoupled}")
             repo = _render(tiny_build, dest, layout, decoupled)
-            cm = server.running(repo, host="127.0.0.1", server_bin=None, work_dir=dest / "triton", timeout_s=600)
+            cm = server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=dest / "triton", timeout_s=600)
             srv = cm.__enter__()
             state.update(key=key, cm=cm, value=(srv.grpc_url, repo))
         return state["value"]

@@ -91,7 +91,7 @@ BAD = [
     (["plan", "quant.gate=maybe"], "quant.gate: invalid value 'maybe'"),
     (["plan", "bench.concurrency=[0]"], "bench.concurrency=[0] is out of range"),
     (["plan", "bench.concurrency=[]"], "bench.concurrency=[] is out of range"),
-    (["plan", "bench.workloads=[chat,summarise]"], "unknown workload 'summarise'"),
+    (["plan", "bench.only=[chat,summarise]"], "unknown workload 'summarise'"),
     (["plan", "serve.launcher=k8s"], "serve.launcher: invalid value 'k8s'"),
     (["plan", "serve.launcher=external"], "serve.launcher=external needs serve.url"),
     (["plan", "serve.startup_timeout_s=abc"], "serve.startup_timeout_s"),
@@ -449,7 +449,7 @@ def test_kill_9_of_the_pipeline_leaves_no_server_or_stub(tiny_build, tmp_path, w
     root = tmp_path / when.replace(" ", "-")
     shutil.copytree(tiny_build, root)
     args = [sys.executable, "-m", "pipeline", "build", *TINY, "force=[bench]", "until=bench", "bench.concurrency=[1]",
-            "bench.requests_per_level=400", "bench.workloads=[chat]", f"paths.root={root}"]
+            "bench.requests_per_level=400", "bench.only=[chat]", f"paths.root={root}"]
     proc = subprocess.Popen(args, cwd=root, env=cli_env(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -582,7 +582,7 @@ def test_server_fault_during_bench_is_reported_and_no_server_outlives(tiny_build
     root = tmp_path / fault
     shutil.copytree(tiny_build, root)
     args = [sys.executable, "-m", "pipeline", "build", *TINY, "force=[bench]", "until=bench",
-            "bench.concurrency=[1]", "bench.requests_per_level=200", "bench.workloads=[chat]",
+            "bench.concurrency=[1]", "bench.requests_per_level=200", "bench.only=[chat]",
             "bench.request_timeout_s=3", f"paths.root={root}"]
     proc = subprocess.Popen(args, cwd=root, env=cli_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -617,7 +617,7 @@ def test_soak_500_requests_at_concurrency_32(tiny_build, tmp_path):
     def rss(p):
         return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
 
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
         proc = psutil.Process(s.proc.pid)
         r1, _ = client.run_level(s.grpc_url, "ensemble", prompts, list(range(100)), 32, 8, 120)
         rss_100 = rss(proc)

@@ -281,7 +281,7 @@ def test_engine_layout_python_models_load_in_the_real_server(tiny_build, tmp_pat
         return int(res.as_numpy("OUT_END_ID").reshape(-1)[0]), int(res.as_numpy("OUT_PAD_ID").reshape(-1)[0])
 
     models = ["preprocessing", "postprocessing", "tensorrt_llm_bls"]  # not tensorrt_llm (C++ backend), not ensemble
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180,
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180,
                         models=models) as s:
         for m in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
             with urllib.request.urlopen(f"{s.http_url}/v2/models/{m}/ready", timeout=5) as r:
@@ -353,7 +353,7 @@ def _copy(tiny_build: Path, dst: Path) -> Path:
 
 def test_bls_entry_point_and_an_absolute_gate_breach(tiny_build, tmp_path):
     root = _copy(tiny_build, tmp_path / "g")
-    proc = run_cli("build", *TINY, "bench.model=tensorrt_llm_bls", "bench.workloads=[chat]",
+    proc = run_cli("build", *TINY, "bench.model=tensorrt_llm_bls", "bench.only=[chat]",
                    "bench.gates.ttft_p95_ms=0.001", root=root)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "chat at concurrency 1: TTFT p95" in proc.stderr and "> 0.001 ms" in proc.stderr
@@ -402,7 +402,7 @@ def test_external_launcher_uses_a_running_server_of_this_package_only(tiny_build
 
     root = _copy(tiny_build, tmp_path / "e")
     repo = next(root.glob("triton_repo/*-package-*/manifest.json")).parent
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
         proc = run_cli("build", *TINY, "force=[bench]", "until=bench", "serve.launcher=external",
                        f"serve.url={s.grpc_url}", root=root)
         assert proc.returncode == 0, proc.stderr[-2000:]

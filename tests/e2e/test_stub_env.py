@@ -61,7 +61,7 @@ def _serve_probe(tmp_path: Path, monkeypatch) -> dict:
     import numpy as np
     import tritonclient.http as httpclient
 
-    with server.running(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=120) as s:
+    with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=120) as s:
         client = httpclient.InferenceServerClient(s.http_url.removeprefix("http://"))
         inp = httpclient.InferInput("IN", [1], "BYTES")
         inp.set_data_from_numpy(np.array(["ready ✓".encode()], dtype=object))

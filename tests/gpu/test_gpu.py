@@ -199,8 +199,9 @@ def test_the_reference_runtime_is_built_and_served_on_cuda(tmp_path):
     except UserError as exc:  # e.g. only the bundled server, under numpy 2, without `make stub-env`
         pytest.skip(str(exc))
     proc = _cli("build", "model=tiny-qwen3", "quant=fp8", "quant.gate=warn", "bench.concurrency=[1,2]",
-                "bench.requests_per_level=4", "bench.warmup_requests=1", "bench.chat.max_tokens=8",
-                "bench.rag.prompt_words=120", "bench.rag.max_tokens=4", "until=bench", root=tmp_path)
+                "bench.requests_per_level=4", "bench.warmup_requests=1", "bench.workloads.chat.max_tokens=8",
+                "bench.workloads.rag.prompt_words=120", "bench.workloads.rag.max_tokens=4", "until=bench",
+                root=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (build_json,) = tmp_path.glob("engines/**/build.json")  # the build stage's record, next to the engine
     assert json.loads(build_json.read_text())["device"] == "cuda"

@@ -42,12 +42,44 @@ def test_env_check_refuses_an_entry_point_the_layout_lacks_before_any_work():
 
 def test_default_sweep_is_a_smoke_on_cpu_and_full_on_gpus_and_explicit_values_win():
     cpu = config.compose(["target=cpu", "runtime=reference"]).bench
-    assert list(cpu.concurrency) == [1, 8] and cpu.requests_per_level <= 4 and cpu.chat.max_tokens <= 16
+    assert list(cpu.concurrency) == [1, 8] and cpu.requests_per_level <= 4 and cpu.workloads.chat.max_tokens <= 16
     gpu = config.compose(["target=h100", "model=qwen32b"]).bench
-    assert list(gpu.concurrency) == [1, 8, 32] and gpu.chat.max_tokens == 32 and gpu.rag.prompt_words == 300
+    assert list(gpu.concurrency) == [1, 8, 32] and gpu.workloads.chat.max_tokens == 32
+    assert gpu.workloads.rag.prompt_words == 300
     mine = config.compose(["target=cpu", "runtime=reference", "bench.concurrency=[1,2,3]",
-                           "bench.chat.max_tokens=5"]).bench
-    assert list(mine.concurrency) == [1, 2, 3] and mine.chat.max_tokens == 5 and mine.rag.max_tokens == 8
+                           "bench.workloads.chat.max_tokens=5"]).bench
+    assert list(mine.concurrency) == [1, 2, 3] and mine.workloads.chat.max_tokens == 5
+    assert mine.workloads.chat.prompt_words == 24 and mine.workloads.rag.max_tokens == 8
+    assert bench.workload_names(mine) == ["chat", "rag"]
+
+
+def _conf_with_workload(tmp_path, monkeypatch, entry: str) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(config.CONF_DIR, conf)
+    path = conf / "bench" / "default.yaml"
+    path.write_text(path.read_text().replace("workloads:\n", f"workloads:\n{entry}\n", 1))
+    monkeypatch.setattr(config, "CONF_DIR", conf)
+
+
+def test_a_new_workload_is_one_config_entry(tmp_path, monkeypatch):
+    _conf_with_workload(tmp_path, monkeypatch, "  code: {by_device: {cpu: {prompt_words: 60, max_tokens: 12}}}")
+    cfg = config.compose(["target=cpu", "runtime=reference"]).bench
+    assert bench.workload_names(cfg) == ["code", "chat", "rag"]
+    assert (cfg.workloads.code.prompt_words, cfg.workloads.code.max_tokens) == (60, 12)
+    assert bench.workload_names(config.compose(["target=cpu", "runtime=reference", "bench.only=[rag,code]"]).bench) \
+        == ["rag", "code"]
+    with pytest.raises(UserError, match="bench.only: unknown workload 'summarise'; choose from: code, chat, rag"):
+        config.compose(["target=cpu", "runtime=reference", "bench.only=[summarise]"])
+    with pytest.raises(UserError, match="bench.workloads.code.max_tokens is not set for target.device=cuda"):
+        config.compose(["target=h100", "model=qwen32b"])  # no cuda sizes given
+    with pytest.raises(UserError, match=r"bench.workloads.code.max_tokens=0 is out of range"):
+        config.compose(["target=cpu", "runtime=reference", "bench.workloads.code.max_tokens=0"])
+
+
+def test_a_workload_without_sizes_and_out_of_range_sizes_are_refused(tmp_path, monkeypatch):
+    _conf_with_workload(tmp_path, monkeypatch, "  code: {prompt_words: 60}")
+    with pytest.raises(UserError, match="bench.workloads.code.max_tokens is not set for target.device=cpu"):
+        config.compose(["target=cpu", "runtime=reference"])
 
 
 def _level(conc: int, tps: float, ttft_p95: float, errors: int = 0) -> dict:

@@ -82,3 +82,15 @@ def test_concurrent_timing_cache_publishes_are_never_seen_half_written(tmp_path)
     assert seen and b"torn" not in seen
     assert shared.read_bytes() in {bytes([k]) * size for k in range(1, writers + 1)}
     assert [p.name for p in shared.parent.iterdir()] == [shared.name]  # no temp file left behind
+
+
+def test_one_tokenizer_file_list_serves_fetch_quantize_and_build():
+    from pipeline.stages import fetch
+    from pipeline.tokenizer_files import TOKENIZER_GLOBS, is_tokenizer_file
+
+    assert set(TOKENIZER_GLOBS) <= set(fetch.META_PATTERNS)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                 "tokenizer.model", "qwen.tiktoken", "chat_template.jinja"):
+        assert is_tokenizer_file(name), name
+    for name in ("model.safetensors", "config.json", "hf_quant_config.json", "rank0.engine"):
+        assert not is_tokenizer_file(name), name

@@ -1,5 +1,5 @@
-"""Bundle manifest pieces that need no build: the bench gate read from bench.json, ``verify --container`` against the
-recorded container pairs, and one-line errors of object-store clients."""
+"""Bundle manifest pieces that need no build: the bench gate from the bench stage's typed result, ``verify --container``
+against the recorded container pairs, and one-line errors of object-store clients."""
 from __future__ import annotations
 
 import json
@@ -16,33 +16,36 @@ GATES = {"verdict": "pass", "breaches": [], "regressions": ["chat at concurrency
          "baseline": {"status": "found", "source": "memory://x", "version": "v1", "detail": None}}
 
 
-def _bench_json(tmp_path, gates) -> object:
-    path = tmp_path / "bench.json"
-    path.write_text(json.dumps({"workloads": {}, **({"gates": gates} if gates is not None else {})}))
-    return path
+def _bench_result(tmp_path, gates) -> object:
+    """The bench stage's result as its manifest records it, read the way publish reads it."""
+    from pipeline import results
+
+    raw = {"model": "ensemble", "layout": "inflight_batcher_llm", "workloads": {}, "answers_passed": 0, "answers": 0,
+           **({"gates": gates} if gates is not None else {})}
+    return results.read("bench", json.loads(json.dumps(raw)))
 
 
-def test_the_bench_verdict_and_its_regressions_are_read_from_bench_json(tmp_path):
-    got = publish.bench_verdict(_bench_json(tmp_path, GATES))
+def test_the_bench_verdict_and_its_regressions_are_read_from_the_bench_result(tmp_path):
+    got = publish.bench_verdict(_bench_result(tmp_path, GATES))
     assert got["verdict"] == "pass" and got["regressions"] == GATES["regressions"]
     assert got["regressions_gated"] is False and got["compared_with_previous_levels"] == 2
     gates = {"accuracy": "pass", "export_check": "pass", "bench": got["verdict"], "bench_detail": got}
     bundle.Gates.model_validate(gates)
     assert publish.gates_passed(gates)
-    no_baseline = publish.bench_verdict(_bench_json(tmp_path, {**GATES, "verdict": "no-baseline"}))
+    no_baseline = publish.bench_verdict(_bench_result(tmp_path, {**GATES, "verdict": "no-baseline"}))
     assert no_baseline["verdict"] == "no-baseline"
     assert not publish.gates_passed({**gates, "bench": "no-baseline"})  # latest does not move on no-baseline
 
 
 @pytest.mark.parametrize("gates, expected", [
-    (None, "no bench gate verdict (gates.verdict=None"),
-    ({**GATES, "verdict": None}, "no bench gate verdict (gates.verdict=None"),
-    ({**GATES, "verdict": "ok"}, "gates.verdict='ok', expected one of pass, fail, no-baseline"),
-    ({k: v for k, v in GATES.items() if k != "regressions"}, "gates.regressions is missing"),
+    (None, "(gates: Field required)"),
+    ({**GATES, "verdict": None}, "(gates.verdict: Input should be 'pass', 'fail' or 'no-baseline')"),
+    ({**GATES, "verdict": "ok"}, "(gates.verdict: Input should be 'pass', 'fail' or 'no-baseline')"),
+    ({k: v for k, v in GATES.items() if k != "regressions"}, "(gates.regressions: Field required)"),
 ])
-def test_a_bench_json_without_a_verdict_fails_publish_instead_of_passing(tmp_path, gates, expected):
-    with pytest.raises(StageFailed, match="re-run bench") as exc:
-        publish.bench_verdict(_bench_json(tmp_path, gates))
+def test_a_bench_result_without_a_verdict_fails_publish_instead_of_passing(tmp_path, gates, expected):
+    with pytest.raises(StageFailed, match=r"re-run bench \(force=\[bench\]\)") as exc:
+        _bench_result(tmp_path, gates)
     assert expected in str(exc.value)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -55,19 +56,6 @@ def test_row_bytes_hand_computed():
     # the logits dominate a large vocabulary: twice the vocabulary, nearly twice the bytes
     big = capacity.row_bytes({**QWEN32B_SYNTH, "vocab_size": 151936}, 128)
     assert 1.5 < big / capacity.row_bytes(QWEN32B_SYNTH, 128) < 2.5
-
-
-def test_the_batch_stays_within_a_tenth_of_the_weights():
-    weights = 63.8e9  # the synthetic Qwen3-32B shape in bf16
-    row = capacity.row_bytes(QWEN32B_SYNTH, 128)
-    bs = capacity.bounded_batch_size(weights, row, rows=10_000)
-    assert bs * row <= capacity.GPU_HEADROOM * weights - capacity.CUDA_CONTEXT_BYTES < (bs + 1) * row
-    assert capacity.bounded_batch_size(weights, row, rows=24) == 24  # never more than the rows
-    # negative control: a GPU-filling batch (what a free-memory probe picks on a 141 GB GPU) breaks the bound
-    probe = int((141e9 - weights) // row)
-    assert weights + probe * row + capacity.CUDA_CONTEXT_BYTES > 1.1 * weights and probe > bs
-    # too small to afford even the CUDA context: one row, never zero
-    assert capacity.bounded_batch_size(5e9, row, rows=24) == 1
 
 
 def test_calibration_memory_is_the_weights_plus_the_bounded_batch_and_context():
@@ -128,3 +116,47 @@ def test_bytes_per_param_of_an_export_counts_packed_4_bit_weights_twice(tmp_path
                "a.weight_scale": torch.ones(64, 2, dtype=torch.bfloat16)}, str(tmp_path / "w4.safetensors"))
     assert capacity.bytes_per_param(tmp_path) == round((64 * 16 + 64 * 2 * 2) / (64 * 32), 4)
     assert capacity.bytes_per_param(tmp_path / "empty") is None
+
+
+QWEN14B = {"hidden_size": 5120, "intermediate_size": 17408, "num_heads": 40, "num_kv_heads": 8, "head_dim": 128,
+           "vocab_size": 65536}
+
+
+def _batch_plan(monkeypatch, shape, weights, free, total, rows=512, seq=512):
+    """modelopt.batch_plan with the GPU's free memory and the model's shape given (no GPU here)."""
+    import torch
+
+    from pipeline.quant import modelopt
+
+    monkeypatch.setattr(modelopt, "weight_bytes_per_device", lambda m: {"cuda:0": int(weights)})
+    monkeypatch.setattr(modelopt, "free_memory", lambda devs: {"cuda:0": {"free": int(free), "total": int(total)}})
+    monkeypatch.setattr(modelopt, "model_shape", lambda m: shape)
+    model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    return modelopt.batch_plan("auto", model, seq, "cuda", rows, eval_seq_len=128, eval_rows=6)
+
+
+def test_batches_are_sized_to_the_free_memory_with_a_margin_and_a_token_cap(monkeypatch):
+    from pipeline.quant import modelopt
+
+    # 14B shape on an H200: ~115 GB free after 29.5 GB of weights; the token cap (64k tokens = 128 rows) binds
+    total = 150.1e9
+    p = _batch_plan(monkeypatch, QWEN14B, 29.5e9, 115e9, total)
+    assert p["budget_bytes"] == int(115e9 - modelopt.MARGIN_FRACTION * total)
+    assert p["batch_size"] == modelopt.BATCH_TOKENS // 512 == 128
+    assert 29.5e9 + p["batch_size"] * p["row_bytes"] <= 0.9 * total
+    assert p["eval_batch_size"] == 6 and p["eval_row_bytes"] > capacity.row_bytes(QWEN14B, 128, logits=False)
+    # 32B on an 80 GB GPU: ~13.9 GB free after the weights; memory binds, and the peak stays under 0.9 × the GPU
+    w32, total = 65.6e9, 80e9
+    p = _batch_plan(monkeypatch, {**QWEN32B_SYNTH, "vocab_size": 151936}, w32, total - w32 - 0.5e9, total)
+    assert 1 < p["batch_size"] < 128
+    assert w32 + 0.5e9 + p["batch_size"] * p["row_bytes"] <= 0.9 * total < w32 + 0.5e9 + (p["batch_size"] + 1) * \
+        p["row_bytes"] + modelopt.MARGIN_FRACTION * total
+    # negative control: sizing to all the free memory (what a probe does) would break the 0.9 bound
+    assert w32 + (total - w32 - 0.5e9) > 0.9 * total
+    # less free than the margin: one row, never zero
+    assert _batch_plan(monkeypatch, QWEN14B, 29.5e9, 5e9, total)["batch_size"] == 1
+
+
+def test_calibration_rows_skip_the_logits_that_evaluation_keeps():
+    full, calib = capacity.row_bytes(QWEN14B, 512), capacity.row_bytes(QWEN14B, 512, logits=False)
+    assert full - calib == pytest.approx(capacity.ROW_SAFETY * 511 * 65536 * (2 + 4))

@@ -52,3 +52,60 @@ def test_user_error_keeps_every_problem():
     err = errors.UserError("a; b", problems=["a", "b"])
     assert (str(err), err.problems, err.exit_code) == ("a; b", ["a", "b"], 2)
     assert errors.UserError("one").problems == [] and errors.StageFailed.exit_code == 1
+
+
+# ------------------------------------------------------------------------------------- the CLI's one error path
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+@pytest.mark.parametrize("verb,target,argv", [
+    ("verify", "verify", ("verify", "BUNDLE")),
+    ("diff", "diff", ("diff", "OLD", "NEW")),
+])
+def test_an_unexpected_error_in_any_verb_is_one_line_with_the_traceback_in_the_run_log(
+        tmp_path, monkeypatch, capsys, no_log, verb, target, argv):
+    from pipeline import bundle
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+    def planted(*a, **k):
+        raise KeyError("planted [internal] error")
+
+    monkeypatch.setattr(bundle, target, planted)
+    code, out, err = _cli(capsys, *argv)
+    logs = list(tmp_path.glob("*.log"))
+    assert code == 1 and len(logs) == 1
+    assert err.strip().splitlines() == [f"failed: KeyError: 'planted [internal] error' (traceback in {logs[0]})"]
+    assert "Traceback" not in err and "Traceback (most recent call last)" in logs[0].read_text()
+    assert "raise KeyError" in logs[0].read_text()
+
+
+def test_known_errors_keep_their_line_and_exit_code(tmp_path, monkeypatch, capsys, no_log):
+    from pipeline import bundle
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(bundle, "diff", lambda *a: (_ for _ in ()).throw(errors.UserError("no bundle at OLD")))
+    assert _cli(capsys, "diff", "OLD", "NEW")[::2] == (2, "error: no bundle at OLD\n")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device", "/out/bundle.json")
+
+    monkeypatch.setattr(bundle, "verify", full)
+    code, _, err = _cli(capsys, "verify", "B")
+    assert code == 1 and err.startswith("failed: no space left on the device writing /out/bundle.json")
+    assert not list(tmp_path.glob("*.log"))  # a known error writes no traceback
+
+
+def test_server_error_is_in_the_hierarchy():
+    from pipeline.triton import server
+
+    assert server.ServerError is errors.ServerError and issubclass(errors.ServerError, errors.StageFailed)
+    assert errors.known(errors.ServerError("died")).exit_code == 1
+    wrapped = RuntimeError("safetensors: No space left on device (os error 28)")
+    assert errors.disk_full(wrapped) == 28 and errors.disk_full(ValueError("x")) is None

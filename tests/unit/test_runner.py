@@ -76,7 +76,22 @@ def test_failed_stage_leaves_no_final_and_no_temp(tmp_path):
         runner.execute(cfg, planned["a"], planned)
     out = planned["a"].out
     assert not out.exists()
-    assert [p.name for p in out.parent.iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in out.parent.iterdir() if p.name != "locks"] == []  # no temp dir, no lock beside it
+    assert not list(out.parent.glob("*.lock"))
+
+
+def test_output_folders_hold_only_outputs(tmp_path):
+    from pipeline.config import resolved_paths
+
+    cfg = _cfg(tmp_path)
+    planned = {p.stage.name: p for p in runner.plan(cfg, [A, B])}
+    for name in ("a", "b"):
+        runner.execute(cfg, planned[name], planned)
+    outs = {planned[n].out for n in ("a", "b")}
+    for parent in {o.parent for o in outs}:
+        assert {p for p in parent.iterdir() if p.name != "locks"} == {o for o in outs if o.parent == parent}
+    locks = list((resolved_paths(cfg)["store"] / "locks").glob("*.lock"))
+    assert sorted(p.name.rsplit("-", 1)[0] for p in locks) == sorted(planned[n].out.name for n in ("a", "b"))
 
 
 def test_gate_failure_keeps_the_report_outside_the_outputs(tmp_path):

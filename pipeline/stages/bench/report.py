@@ -1,0 +1,65 @@
+"""The bench's human reports: ``bench.md`` and the latency/throughput plot."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.stages.bench.gates import baseline_line
+from pipeline.stages.bench.load import COUNTING
+
+
+def markdown(model: str, r: dict[str, Any]) -> str:
+    g = r["gates"]
+    lines = [f"# bench: {model}", "", f"Entry point `{r['model']}` ({r.get('layout')} layout), launcher "
+             f"{r['launcher']}, server start {r.get('server_start_s')} s. Gate: **{g['verdict']}**", "",
+             baseline_line(g), "", f"Counting: {r.get('counting', COUNTING)}."]
+    if g["breaches"]:
+        lines.append("")
+    lines += [f"- {b}" for b in g["breaches"]]
+    if g.get("regressions") and not g.get("regressions_gated"):
+        lines += ["", "Slower than the previous bundle (reported only: on target=cpu, set "
+                  "bench.gates.regression_on_cpu=true to fail on it):", ""]
+        lines += [f"- {x}" for x in g["regressions"]]
+    if r["answers"]:
+        lines += ["", "| answer check | expected | output | result |", "|---|---|---|---|"]
+        for a in r["answers"]:
+            out = (a["error"] or a["text"]).replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {a['prompt']} | {', '.join(a['expect'])} | {out} | {'pass' if a['pass'] else 'FAIL'} |")
+    for wname, w in r["workloads"].items():
+        lines += ["", f"## {wname}: ~{w['prompt_words']} prompt words, {w['max_tokens']} output tokens", "",
+                  "| concurrency | requests | errors | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | "
+                  "latency p50/p95/p99 ms | output tok/s | req/s |", "|---|---|---|---|---|---|---|---|"]
+        for lv in w["levels"]:
+            def f(key):
+                return "/".join("-" if lv[key][p] is None else f"{lv[key][p]:.1f}" for p in ("p50", "p95", "p99"))
+            lines.append(f"| {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
+                         f"{f('time_to_first_token')} | {f('inter_token_latency')} | {f('request_latency')} | "
+                         f"{lv['output_token_throughput']['avg']:.1f} | {lv['request_throughput']['avg']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    """Latency (p50/p95) and output throughput against concurrency, one row per workload."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, so any thread may draw
+
+    names = list(r["workloads"])
+    fig = Figure(figsize=(10, 3.2 * len(names)))
+    axes = fig.subplots(len(names), 2, squeeze=False)
+    for row, name in enumerate(names):
+        levels = r["workloads"][name]["levels"]
+        conc = [lv["concurrency"] for lv in levels]
+        ax = axes[row][0]
+        for key, label in (("time_to_first_token", "TTFT"), ("request_latency", "request latency")):
+            for p, style in (("p50", "-o"), ("p95", "--o")):
+                ax.plot(conc, [lv[key][p] or 0 for lv in levels], style, label=f"{label} {p}")
+        ax.set(title=f"{name}: latency", xlabel="concurrency", ylabel="ms", xscale="log")
+        ax.set_xticks(conc, [str(c) for c in conc])
+        ax.minorticks_off()
+        ax.legend(fontsize=7)
+        ax = axes[row][1]
+        ax.plot(conc, [lv["output_token_throughput"]["avg"] for lv in levels], "-o")
+        ax.set(title=f"{name}: output throughput", xlabel="concurrency", ylabel="tokens/s", xscale="log")
+        ax.set_xticks(conc, [str(c) for c in conc])
+        ax.minorticks_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)

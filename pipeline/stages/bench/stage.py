@@ -1,0 +1,170 @@
+"""The bench stage: serve the packaged repository, check that the server serves it, run the answer checks and the
+load, write the reports and gate."""
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import StageFailed, UserError
+from pipeline.identity import ArtifactKey
+from pipeline.results import BenchResult
+from pipeline.runner import Context, Stage
+from pipeline.stages.bench.aiperf import aiperf_export
+from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
+from pipeline.stages.bench.load import COUNTING, run_workloads
+from pipeline.stages.bench.report import markdown, plot
+from pipeline.triton import server as srv
+from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS  # the tokenizer lives with the engine in every layout
+from pipeline.ui import status
+
+
+def choose_entry(choice: str, layout: str, entry_points: list[str] | tuple[str, ...] | None = None) -> str:
+    """The model the load goes through: ``bench.model`` (``auto``: the layout's first entry point). A choice the
+    layout lacks is a :class:`UserError` naming the ones it has."""
+    have = list(entry_points or ENTRY_POINTS.get(layout, ()))
+    if layout not in ENTRY_POINTS or not have:
+        raise UserError(f"the packaged repository has layout '{layout}', which the bench cannot drive "
+                        f"(it drives: {', '.join(ENTRY_POINTS)})")
+    if choice == "auto":
+        return have[0]
+    if choice not in have:
+        raise UserError(f"bench.model={choice}: the {layout} layout has no such entry point (it has: "
+                        f"{', '.join(have)}); set bench.model=auto")
+    return choice
+
+
+def _layout_of(cfg) -> str | None:
+    from pipeline.stages import package
+
+    try:
+        return package.layout(cfg)
+    except UserError:  # package reports a layout that cannot serve the runtime itself
+        return None
+
+
+def packaged_configs(repo: Path) -> dict[str, Any]:
+    """{model name: its parsed config.pbtxt} for every model of the packaged repository."""
+    from pipeline.triton.render import parse_model_config
+
+    return {p.parent.name: parse_model_config(p.read_text(), name=f"{p.parent.name}/config.pbtxt")
+            for p in sorted(repo.glob("*/config.pbtxt"))}
+
+
+def run(ctx: Context) -> BenchResult:
+    from transformers import AutoTokenizer
+
+    from pipeline.triton import client
+
+    cfg = ctx.cfg
+    repo = ctx.inputs["package"]
+    pkg = ctx.result("package")
+    layout = pkg.layout
+    entry_model = choose_entry(cfg.bench.model.value, layout, pkg.entry_points)
+    tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
+    packaged = packaged_configs(repo)
+    baseline = previous_bench(ctx)
+    result: dict[str, Any] = {"model": entry_model, "layout": layout, "launcher": cfg.serve.launcher.value,
+                              "counting": COUNTING, "workloads": {}, "answers": []}
+    requests: list[dict[str, Any]] = []
+    levels: list[dict[str, Any]] = []  # what the aiperf export needs of each measured level
+    started = time.perf_counter()
+    log_path = None
+    writer = ThreadPoolExecutor(1, thread_name_prefix="bench-reports")
+    reports = None
+    try:
+        with contextlib.ExitStack() as stack:  # the server is stopped on every exit path
+            with status(f"starting tritonserver ({cfg.serve.launcher.value}; loading models)"):
+                server = stack.enter_context(srv.launched(cfg.serve, repo, ctx.paths["store"] / "servers"))
+            log_path = server.log_path
+            result["server_start_s"] = round(time.perf_counter() - started, 2)
+            mismatches = client.server_model_mismatches(server.grpc_url, packaged)
+            if mismatches:
+                more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
+                what = (f"the server at {server.grpc_url} does not serve this package's repository: "
+                        f"{mismatches[0]}{more}")
+                if cfg.serve.launcher.value == "external":
+                    raise UserError(f"{what}; point serve.url at a server of {repo}")
+                raise StageFailed(what)
+            try:
+                entry = client.entry_point(server.grpc_url, entry_model, layout)
+            except ValueError as exc:
+                raise StageFailed(str(exc)) from exc
+            result["decoupled"] = entry.decoupled
+            run_workloads(ctx, server, entry, tok, result, requests, levels)
+            # measured: the reports that need only the measurements are written while the server shuts down
+            reports = writer.submit(_measurement_reports, ctx.out, result, levels, tok, bool(cfg.bench.plot))
+    except srv.ServerError as exc:
+        (ctx.out / "server-error.txt").write_text(str(exc) + "\n")
+        raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
+    finally:
+        writer.shutdown(wait=True)
+        if log_path is not None and log_path.is_file():
+            shutil.copy2(log_path, ctx.out / "server.log")
+    reports.result()  # raises what the writer raised
+
+    result["gates"] = gates(cfg, result, baseline)
+    (ctx.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    (ctx.out / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    (ctx.out / "bench.md").write_text(markdown(cfg.model.name, result))
+    failed = [a for a in result["answers"] if not a["pass"]]
+    why = [f"answer check failed: {a['prompt']!r} -> {a['text']!r} (expected {a['expect']})" for a in failed]
+    why += result["gates"]["breaches"]
+    if why:
+        raise StageFailed("; ".join(why))
+    return bench_result(result)
+
+
+def _measurement_reports(out: Path, result: dict[str, Any], levels: list[dict[str, Any]], tok, with_plot: bool) -> None:
+    """aiperf's export of every measured level and the plot: they read the measurements only."""
+    for lv in levels:
+        aiperf_export(out / "aiperf" / lv["workload"] / f"concurrency_{lv['concurrency']}", lv, tok)
+    if with_plot:
+        plot(result, out / "bench.png")
+
+
+def bench_result(result: dict[str, Any]) -> BenchResult:
+    """The stage's typed result from bench.json's content: the rows of every level and the gates (without checks)."""
+    return BenchResult(
+        model=result["model"], layout=result["layout"],
+        workloads={w: [summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()},
+        answers_passed=len(result["answers"]), answers=len(result["answers"]),
+        gates={k: result["gates"][k] for k in GATE_FIELDS})
+
+
+def env_check(cfg) -> list[str]:
+    """Before any work starts: the entry point must exist in the layout the package stage will write, and the
+    server binary must exist here (serve.launcher=local)."""
+    problems = []
+    lay = _layout_of(cfg)
+    if lay is not None:
+        try:
+            choose_entry(cfg.bench.model.value, lay)
+        except UserError as exc:
+            problems.append(str(exc))
+    if cfg.serve.launcher.value == "local":
+        try:
+            srv.find_server(cfg.serve.server_bin)
+        except UserError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+STAGE = Stage(
+    env_check=env_check,
+    volatile=("bench.json", "bench.md", "bench.png", "server.log", "requests.jsonl"),
+    name="bench",
+    run=run,
+    reads=("bench", "model.name", "model.checks", "model.chat_template", "quant.format", "quant.kv_cache",
+           "target.name", "target.device", "runtime.name", "serve.host", "serve.server_bin",
+           "serve.startup_timeout_s", "serve.launcher", "serve.image", "serve.url", "serve.repo_mount"),
+    unhashed_reads=("publish.dest",),  # the regression baseline: the bundle published there (bench.json, volatile)
+    inputs=("package",),
+    libs=("tritonclient", "nvidia-pytriton", "transformers"),
+    root="store",
+    label=lambda cfg: ArtifactKey.of(cfg).label,
+)
