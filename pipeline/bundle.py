@@ -89,6 +89,8 @@ class BundleManifest(BaseModel):
     capacity: Optional[dict[str, Any]]
     accuracy: Optional[dict[str, Any]]
     bench: dict[str, Any]
+    eval: Optional[dict[str, Any]] = Field(None, description="task accuracy vs the unquantized baseline, per task "
+                                           "(the evaluate stage's result)")
     gates: Gates
     lineage: dict[str, str] = Field(description="stage -> fingerprint")
     provenance: Provenance
@@ -651,6 +653,10 @@ def diff(old: str, new: str) -> str:
         for c in sorted(set(old_rows) | set(new_rows)):
             for key in ("ttft_p50_ms", "latency_p95_ms", "output_tokens_per_s"):
                 rows.append((f"{w} c={c} {key}", (old_rows.get(c) or {}).get(key), (new_rows.get(c) or {}).get(key)))
+    for task in sorted(set(_get(a, "eval", "tasks") or {}) | set(_get(b, "eval", "tasks") or {})):
+        for key in ("baseline", "quantized", "difference", "ci_low", "items", "verdict"):
+            rows.append((f"task {task} {key}", _get(a, "eval", "tasks", task, key), _get(b, "eval", "tasks", task, key)))
+    rows.append(("lm-eval version", _get(a, "eval", "lm_eval"), _get(b, "eval", "lm_eval")))
     for key in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers", "container"):
         rows.append((f"{key} version", _get(a, "runtime_versions", key), _get(b, "runtime_versions", key)))
     rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))

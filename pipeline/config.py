@@ -16,7 +16,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUP_NAMES = tuple(schema.GROUPS)
 # The stages in execution order, for ``until=`` and ``force=``; the registry (pipeline/stages/__init__.py) holds these
 # names in this order, which a unit test checks.
-STAGE_NAMES = ("fetch", "quantize", "build", "package", "bench", "publish")
+STAGE_NAMES = ("fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate", "publish")
 
 
 def conf_dir() -> Path:

@@ -60,6 +60,17 @@ def bench_gate(summary: dict[str, Any]) -> str | None:
             f"{baseline_line(res.gates.model_dump(mode='json'))}")
 
 
+def eval_lines(summary: dict[str, Any]) -> list[str]:
+    """The task gate, one line per task (none without an evaluate result)."""
+    res = stage_result(summary, "evaluate")
+    if res is None or not res.tasks:
+        return []
+    return [f"Task gate: {t['verdict']}: {name} {t['metric']} {t['baseline']:.4f} (unquantized) -> "
+            f"{t['quantized']:.4f}, difference {t['difference']:+.4f}, {int(100 * t['confidence'])}% CI "
+            f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}], {t['items']} items, allowed drop {t['max_drop']:g}"
+            for name, t in res.tasks.items()]
+
+
 def markdown(s: dict[str, Any]) -> str:
     """The build report as Markdown: stages, publish outcome, bench table and gate, quantization accuracy."""
     lines = [f"# build report: {s['model']} · {s['quant']} (KV {s['kv_cache']}) · {s['target']} · {s['runtime']}", "",
@@ -84,6 +95,7 @@ def markdown(s: dict[str, Any]) -> str:
     gate = bench_gate(s)
     if gate:
         lines += ["", gate]
+    lines += [x for line in eval_lines(s) for x in ("", line)]
     quant = stage_result(s, "quantize")
     if quant is not None and quant.accuracy is not None:
         a = quant.accuracy
@@ -120,6 +132,8 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
     gate = bench_gate(s)
     if gate:
         console.print(gate.replace("**", ""), markup=False)
+    for line in eval_lines(s):
+        console.print(line, markup=False)
     p = s.get("published")
     if p:
         console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest "

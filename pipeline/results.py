@@ -168,6 +168,24 @@ class BenchResult(StageResult):
     gates: BenchVerdict
 
 
+# ---------------------------------------------------------------------------------------------------------- eval
+class EvalResult(StageResult):
+    """Task evaluation (``eval.json``): the baseline's scores (eval_baseline), or the paired gate per task
+    (evaluate): baseline and quantized scores, the difference and its interval, items, verdict."""
+
+    verdict: Literal["pass", "fail", "inconclusive", "n/a"]
+    note: Optional[str] = None  # why nothing was evaluated
+    strict: Optional[bool] = None
+    lm_eval: Optional[str] = None  # lm-eval's version
+    wall_s: Optional[Number] = None
+    baseline_wall_s: Optional[Number] = None
+    endpoint: Optional[str] = None  # the OpenAI base URL evaluated
+    baseline: Optional[str] = None  # the eval_baseline output compared with
+    task_files: Optional[dict[str, str]] = None  # the project's task files: name -> sha256
+    tasks: Optional[dict[str, dict[str, Any]]] = None  # evaluate: the gate of each task
+    scores: Optional[dict[str, dict[str, Any]]] = None  # eval_baseline: each task's score
+
+
 # ------------------------------------------------------------------------------------------------------- publish
 class Gates(BaseModel):  # bundle.json's gates (its schema, docs/bundle.schema.json, is generated from this)
     model_config = ConfigDict(extra="forbid")
@@ -176,6 +194,8 @@ class Gates(BaseModel):  # bundle.json's gates (its schema, docs/bundle.schema.j
     bench: Literal["pass", "fail", "no-baseline"] = Field(
         description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
     bench_detail: BenchVerdict
+    eval: Literal["pass", "fail", "inconclusive", "n/a"] = Field(
+        "n/a", description="the task gate (evaluate): inconclusive fails only under eval.strict; n/a: no tasks")
 
 
 class PublishResult(StageResult):
@@ -188,7 +208,7 @@ class PublishResult(StageResult):
 
 RESULTS: dict[str, type[StageResult]] = {
     "fetch": FetchResult, "quantize": QuantizeResult, "build": BuildRecord, "package": PackageResult,
-    "bench": BenchResult, "publish": PublishResult,
+    "bench": BenchResult, "eval_baseline": EvalResult, "evaluate": EvalResult, "publish": PublishResult,
 }
 
 

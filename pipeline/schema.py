@@ -357,6 +357,30 @@ class BenchConfig:
     openai: bool = True  # every level also through the OpenAI front end (pipeline.serving), beside the gRPC rows
 
 
+# ------------------------------------------------------------------------------------------------------------ eval
+@dataclass
+class TaskEvalConfig:
+    """Task accuracy through the served OpenAI endpoint (lm-evaluation-harness), quantized vs unquantized, gated on
+    the paired difference's confidence interval (pipeline/eval)."""
+
+    # lm-eval task or group names; the project's own offline tasks live in pipeline/eval/tasks (pipeline_facts);
+    # any task lm-eval ships runs where its dataset can be read (the `hub` extra and network). []: no evaluation
+    tasks: List[str] = field(default_factory=lambda: ["pipeline_facts"])
+    limit: Optional[int] = rng(None, 1, 10_000_000)  # items per task (null: all)
+    num_fewshot: Optional[int] = rng(None, 0, 100)  # null: the task's own
+    # the largest drop of the task score allowed per quant format (absolute: 0.05 = 5 accuracy points)
+    max_drop: Dict[str, float] = field(default_factory=lambda: {
+        "none": 0.02, "fp8": 0.05, "int8_sq": 0.05, "int4_awq": 0.08, "w4a8_awq": 0.08, "nvfp4": 0.08})
+    confidence: float = rng(0.95, 0.5, 0.999)
+    resamples: int = rng(2000, 100, 1_000_000)  # paired bootstrap resamples
+    seed: int = 0
+    strict: bool = False  # an inconclusive verdict fails the stage too
+    concurrency: int = rng(2, 1, 256)  # requests in flight (lm-eval num_concurrent)
+    max_length: int = rng(2048, 16, 1_048_576)  # lm-eval's context window (prompt + continuation tokens)
+    request_timeout_s: float = rng(300.0, 1.0, 7200.0)
+    timeout_s: float = rng(3600.0, 10.0, 86_400.0)  # the whole lm-eval run of one model
+
+
 # --------------------------------------------------------------------------------------------------------- publish
 class SignMethod(str, Enum):
     none = "none"
@@ -411,6 +435,7 @@ class PipelineConfig:
     bench: BenchConfig = MISSING
     publish: PublishConfig = MISSING
     paths: PathsConfig = MISSING
+    eval: TaskEvalConfig = MISSING
     gc: GcConfig = field(default_factory=GcConfig)
     until: Optional[str] = None  # stop after this stage
     force: List[str] = field(default_factory=list)  # re-run these stages even when cached
@@ -426,6 +451,7 @@ GROUPS: Dict[str, type] = {
     "bench": BenchConfig,
     "publish": PublishConfig,
     "paths": PathsConfig,
+    "eval": TaskEvalConfig,
 }
 
 

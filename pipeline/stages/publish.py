@@ -15,7 +15,9 @@ Layout::
     manifests/<stage>.json the manifest of every stage that produced it
     bundle.sig             with publish.sign: an OpenSSF model_signing signature over bundle.json
 
-``gates.bench`` is the bench stage's own verdict (``pass``, or ``no-baseline`` when the regression baseline could not
+``eval`` holds the task gate per task (baseline and quantized scores, the difference and its interval, items, verdict,
+lm-eval's version and the task files' digests); ``gates.eval`` its verdict (``inconclusive`` moves ``latest`` unless
+``eval.strict``, which fails the evaluate stage on it). ``gates.bench`` is the bench stage's own verdict (``pass``, or ``no-baseline`` when the regression baseline could not
 be read), with its breaches and reported regressions in ``gates.bench_detail``; publish fails when bench.json lacks
 them rather than assume a pass.
 """
@@ -36,7 +38,7 @@ from pipeline.runner import Context, Stage, host_info
 from pipeline.ui import status
 
 REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",),
-           "bench": ("bench.md", "bench.json", "requests.jsonl", "bench.png")}
+           "bench": ("bench.md", "bench.json", "requests.jsonl", "bench.png"), "evaluate": ("eval.md", "eval.json")}
 
 
 def _git_commit() -> str | None:
@@ -60,7 +62,9 @@ def bench_verdict(bench: BenchResult) -> dict[str, Any]:
 
 def gates_passed(gates: dict[str, Any]) -> bool:
     """Whether ``latest`` may move: every gate verdict passed or does not apply (``no-baseline`` does not pass)."""
-    return all(gates.get(k) in ("pass", "n/a") for k in GATE_NAMES)
+    # an inconclusive task gate reaches a bundle only without eval.strict (with it, evaluate fails)
+    return all(gates.get(k) in ("pass", "n/a") for k in GATE_NAMES) and \
+        gates.get("eval", "n/a") in ("pass", "n/a", "inconclusive")
 
 
 GATE_NAMES = ("accuracy", "export_check", "bench")  # the verdicts of bundle.json's gates that decide ``latest``
@@ -88,8 +92,9 @@ def run(ctx: Context) -> PublishResult:
                 if k in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers")}
     acc = q.accuracy
     bench_gate = bench_verdict(bench)
+    ev = ctx.result("evaluate") if "evaluate" in ctx.inputs else None
     gates = {"accuracy": acc.gate if acc else "n/a", "export_check": acc.export_check if acc else "n/a",
-             "bench": bench_gate["verdict"], "bench_detail": bench_gate}
+             "bench": bench_gate["verdict"], "bench_detail": bench_gate, "eval": ev.verdict if ev else "n/a"}
     manifest = BundleManifest.model_validate({
         "schema": SCHEMA, "version": f"v{ctx.fingerprint[:12]}",
         "model": {"name": cfg.model.name, "source": cfg.model.source, "revision": fetched.resolved_sha},
@@ -106,6 +111,7 @@ def run(ctx: Context) -> PublishResult:
         "build": to_plain(cfg.build), "capacity": build.capacity,
         "accuracy": acc.model_dump(mode="json") if acc else None,
         "bench": bench.model_dump(mode="json"),  # bundle.json holds it as the manifest does
+        "eval": ev.model_dump(mode="json") if ev else None,
         "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},
         "files": files,
@@ -141,7 +147,7 @@ STAGE = Stage(
     env_check=lambda cfg: sign_problems(cfg.publish.sign, environment=True),
     reads=("publish.link", "publish.sign", "model.name", "model.source", "target", "runtime", "build",
            "quant.format", "quant.kv_cache"),
-    inputs=("fetch", "quantize", "build", "package", "bench"),
+    inputs=("fetch", "quantize", "build", "package", "bench", "evaluate"),
     libs=("fsspec", "pydantic"),
     root="bundles",
     label=lambda cfg: ArtifactKey.of(cfg).label,

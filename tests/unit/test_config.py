@@ -17,7 +17,7 @@ TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 1
     ("build.max_batchsize=8", "unknown config key 'build.max_batchsize'; valid keys: max_batch_size"),
     ("quant.kv_cache=int8", "quant.kv_cache: invalid value 'int8', expected one of [none, fp8, nvfp4]"),
     ("bench.concurrency=[0]", "bench.concurrency=[0] is out of range"),
-    ("until=deploy", "until: unknown stage 'deploy'; choose one of: fetch, quantize, build, package, bench, publish"),
+    ("until=deploy", "until: unknown stage 'deploy'; choose one of: fetch, quantize, build, package, bench, eval_baseline, evaluate, publish"),
     ("force=[quantise]", "force: unknown stage 'quantise'"),
     ("serve.startup_timeout_s=abc", "serve.startup_timeout_s"),
     ("+build.foo=1", "unknown config key 'build.foo'; valid keys: max_batch_size"),

@@ -239,6 +239,11 @@ HAND_LISTED = {
     "package": {"pipeline.triton.render", "pipeline.triton.lint", "pipeline.runtime.reference",
                 "pipeline.runtime.batching", "pipeline.planning", "pipeline.capacity", "pipeline.upstream"},
     "bench": {"pipeline.triton.client", "pipeline.triton.server", "pipeline.calib"},
+    "eval_baseline": {"pipeline.eval", "pipeline.eval.harness", "pipeline.eval.stats", "pipeline.eval.tasks",
+                      "pipeline.eval.env", "pipeline.eval.endpoint", "pipeline.triton.server",
+                      "pipeline.runtime.reference"},
+    "evaluate": {"pipeline.eval", "pipeline.eval.harness", "pipeline.eval.stats", "pipeline.eval.tasks",
+                 "pipeline.eval.endpoint", "pipeline.triton.server"},
     "publish": {"pipeline.bundle"},
 }
 

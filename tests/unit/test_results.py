@@ -45,11 +45,20 @@ MANIFEST_RESULTS = {
               "answers_passed": 0, "answers": 0,
               "gates": {"verdict": "pass", "breaches": [], "regressions": [], "regressions_gated": False,
                         "baseline": BASELINE}},
+    "eval_baseline": {"verdict": "n/a", "lm_eval": "0.4.13", "wall_s": 21.5,
+                      "scores": {"pipeline_facts": {"metric": "acc", "score": 0.7259, "items": 135}}},
+    "evaluate": {"verdict": "pass", "strict": False, "lm_eval": "0.4.13", "wall_s": 20.1, "baseline_wall_s": 21.5,
+                 "endpoint": "http://127.0.0.1:9000/v1", "baseline": "smollm2-135m.cpu-eval_baseline-0123456789ab",
+                 "task_files": {"pipeline_facts.yaml": "ab" * 32},
+                 "tasks": {"pipeline_facts": {"metric": "acc", "baseline": 0.7259, "quantized": 0.7185,
+                                              "difference": -0.0074, "ci_low": -0.03, "ci_high": 0.0148,
+                                              "confidence": 0.95, "items": 135, "max_drop": 0.05,
+                                              "verdict": "pass", "explanation": "..."}}},
     "publish": {"signed": False, "files": 49, "bytes": 1574382, "version": "v89aff715c3bb",
                 "gates": {"accuracy": "warn", "export_check": "pass", "bench": "pass",
                           "bench_detail": {"verdict": "pass", "breaches": [], "regressions": [],
                                            "regressions_gated": False, "compared_with_previous_levels": 0,
-                                           "baseline": BASELINE}}},
+                                           "baseline": BASELINE}, "eval": "pass"}},
 }
 
 

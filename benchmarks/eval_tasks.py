@@ -1,0 +1,140 @@
+"""How long the default evaluation tasks take: the eval_baseline and evaluate stages, measured fresh.
+
+    python benchmarks/eval_tasks.py                                  # SmolLM2 (the default model) on this machine
+    python benchmarks/eval_tasks.py --root /data/ev -- model=synthetic-4b ...   # extra overrides after --
+    python benchmarks/eval_tasks.py --render benchmarks/results/eval_tasks-*.json   # only (re)write the doc section
+
+Runs ``python -m pipeline build until=evaluate force=[eval_baseline,evaluate]`` (earlier stages cached or run
+first, unmeasured), then reads both stages' manifests and ``eval.json``: the stage's wall time (server start, front
+end, lm-eval and the gate), lm-eval's own wall time, items and requests (four per item for the multiple-choice
+task), the scores and the gate. The machine's load average is recorded before and after: on a shared machine the
+figures are upper bounds. Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>.json``; the
+section is prepended to ``docs/benchmarks.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import _docfile  # noqa: E402
+
+
+def _commit() -> str:
+    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+def _gpu() -> str | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def measure(root: Path, overrides: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    prep = [sys.executable, "-m", "pipeline", "build", "until=bench", f"paths.root={root}", *overrides]
+    p = subprocess.run(prep, cwd=root, env=env, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"preparing the build failed:\n{p.stderr[-3000:]}")
+    load_before = os.getloadavg()
+    cmd = [sys.executable, "-m", "pipeline", "build", "until=evaluate", "force=[eval_baseline,evaluate]",
+           f"paths.root={root}", *overrides]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    load_after = os.getloadavg()
+    reports = sorted((root / "reports").glob("*.json"), key=lambda f: f.stat().st_mtime)
+    rep = json.loads(reports[-1].read_text())
+    rows = {r["stage"]: r for r in rep["stages"]}
+    out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+           "host": platform.node(), "cpus": os.cpu_count(), "gpu": _gpu(), "python": platform.python_version(),
+           "overrides": overrides, "model": rep["model"], "quant": rep["quant"], "target": rep["target"],
+           "returncode": p.returncode, "command_wall_s": round(wall, 1),
+           "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
+           "stages": {}}
+    for name in ("eval_baseline", "evaluate"):
+        r = rows.get(name)
+        if r is None:
+            continue
+        doc = json.loads((Path(r["output"]) / "eval.json").read_text()) if (Path(r["output"]) / "eval.json").is_file() else {}
+        tasks = {}
+        for task, t in (doc.get("tasks") or {}).items():
+            items = t["items"].get("acc") or next(iter(t["items"].values()))
+            tasks[task] = {"items": len(items), "score": sum(items.values()) / max(1, len(items)),
+                           "output_types": t.get("output_types")}
+        out["stages"][name] = {"stage_wall_s": r.get("stage_wall_s"), "lm_eval_wall_s": doc.get("wall_s"),
+                               "tasks": tasks}
+        if name == "evaluate" and "gate" in doc:
+            out["gate"] = {k: {f: v[f] for f in ("baseline", "quantized", "difference", "ci_low", "ci_high",
+                                                 "verdict")} for k, v in doc["gate"]["tasks"].items()}
+    if p.returncode:
+        out["error"] = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"
+    return out
+
+
+def section(runs: list[dict], files: list[str]) -> str:
+    r0 = runs[0]
+    lines = [f"## Task evaluation time: the default tasks, baseline and quantized (`benchmarks/eval_tasks.py`)",
+             f"{r0['date'][:10]} · commit {r0['commit']} · {r0['host']} · {r0['cpus']} CPUs"
+             + (f" · {r0['gpu']}" if r0.get("gpu") else "") + f" · Python {r0['python']}", "",
+             "Each stage serves its model on a real tritonserver behind the OpenAI front end and runs lm-eval "
+             "(`local-completions`, echo + logprobs) over every item; stage time includes the server start.", "",
+             "| model | quant | target | stage | items | lm-eval s | stage s | score | load avg before → after |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for name, s in r["stages"].items():
+            for task, t in s["tasks"].items():
+                lines.append(f"| {r['model']} | {r['quant'] if name == 'evaluate' else 'none (baseline)'} | "
+                             f"{r['target']} | {name} ({task}) | {t['items']} | {s['lm_eval_wall_s']} | "
+                             f"{s['stage_wall_s']} | {t['score']:.4f} | {r['load_avg_before'][0]} → "
+                             f"{r['load_avg_after'][0]} |")
+        for task, g in (r.get("gate") or {}).items():
+            lines.append("")
+            lines.append(f"Gate ({r['model']} {r['quant']}, {task}): difference {g['difference']:+.4f}, CI "
+                         f"[{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]: {g['verdict']}.")
+        if r.get("error"):
+            lines += ["", f"Run failed: {r['error']}"]
+    lines += ["", "Raw data: " + ", ".join(f"`{f}`" for f in files) + "."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, help="output root (default: a new temp directory)")
+    ap.add_argument("--render", nargs="+", help="raw JSON files: only write the doc section")
+    ap.add_argument("--no-doc", action="store_true", help="write the raw JSON only")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides after --")
+    a = ap.parse_args()
+    if a.render:
+        runs = [json.loads(Path(f).read_text()) for f in a.render]
+        _docfile.prepend(section(runs, [str(Path(f).relative_to(REPO)) if Path(f).is_absolute() else f
+                                        for f in a.render]))
+        return
+    import tempfile
+
+    root = a.root or Path(tempfile.mkdtemp(prefix="eval-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    run = measure(root, a.overrides)
+    name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}.json"
+    path = REPO / "benchmarks" / "results" / name
+    path.write_text(json.dumps(run, indent=2) + "\n")
+    print(json.dumps(run, indent=2))
+    if not a.no_doc:
+        _docfile.prepend(section([run], [str(path.relative_to(REPO))]))
+    sys.exit(1 if run["returncode"] else 0)
+
+
+if __name__ == "__main__":
+    main()
