@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,11 @@ def serve_target(where: str) -> Path:
                         f"remote bundle first)")
     if (p / "latest").is_file() and not (p / "bundle.json").is_file():
         p = p / (p / "latest").read_text().strip()
+    elif not (p / "bundle.json").is_file() and not any(p.glob("*/config.pbtxt")):
+        versions = sorted(d.name for d in p.glob("*/bundle.json") for d in [d.parent])
+        if versions:  # a bundle base whose versions never passed every gate: no `latest` to follow
+            raise UserError(f"{where}: no `latest` here (no version passed every gate); serve a version: "
+                            f"{', '.join(str(p / v) for v in versions)}")
     if (p / "bundle.json").is_file():
         p = p / "triton_repo"
     if not any(p.glob("*/config.pbtxt")):
@@ -85,7 +91,26 @@ def cmd_serve(args: list[str]) -> int:
         print("stopped", flush=True)
         return 0
     except server.ServerError as exc:
+        log = _keep_log(exc.log_path, cfg)
+        if exc.reason:  # the server's own reason, in one line, instead of its summary "failed to load all models"
+            raise UserError(f"the server did not load {repo}: {exc.reason} (server log: {log})") from None
         raise UserError(f"the server did not start: {exc}") from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(work, ignore_errors=True)  # the backends copy and server logs: nothing left in /tmp
+
+
+def _keep_log(log_path, cfg) -> Path | None:
+    """A copy of a failed server's log under ``<store>/logs`` (the work directory it was in is removed)."""
+    from pipeline.config import resolved_paths
+
+    if log_path is None or not Path(log_path).is_file():
+        return None
+    dest = resolved_paths(cfg)["store"] / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}-{Path(log_path).parent.name}.log"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, dest)
+    except OSError:
+        return None
+    return dest

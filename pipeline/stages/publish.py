@@ -9,7 +9,9 @@ Layout::
 
     bundle.json            what it is (model, quant, target, runtime, fingerprints, results) + every file's sha256
     checkpoint/            the exported (quantized) unified HF checkpoint
-    triton_repo/           the model repository, ready for tritonserver --model-repository
+    triton_repo/           the model repository, ready for tritonserver --model-repository: every directory of the
+                           package stage's (an empty version directory holds an empty .keep, so that object stores
+                           and file syncs keep it), no byte-code caches
     reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json, bench.png,
                            requests.jsonl, aiperf/<workload>/concurrency_<N>/ (aiperf's export)
     manifests/<stage>.json the manifest of every stage that produced it
@@ -25,7 +27,7 @@ import json
 from typing import Any
 
 from pipeline import __version__, store
-from pipeline.bundle import SCHEMA, BundleManifest
+from pipeline.bundle import SCHEMA, BundleManifest, bundle_tree, store_dirs
 from pipeline.bundle import publish as publish_bundle
 from pipeline.bundle import sign as sign_bundle
 from pipeline.bundle import sign_problems
@@ -76,6 +78,7 @@ def run(ctx: Context) -> PublishResult:
         for name in names:
             if (ctx.inputs[stage] / name).is_file():
                 ctx.link_input(stage, name, f"reports/{name}", link=cfg.publish.link)
+    bundle_tree(out, ctx.inputs["package"], "triton_repo")
     (out / "manifests").mkdir()
     lineage = {}
     for stage, manifest in ctx.manifests.items():
@@ -108,7 +111,7 @@ def run(ctx: Context) -> PublishResult:
         "bench": bench.model_dump(mode="json"),  # bundle.json holds it as the manifest does
         "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},
-        "files": files,
+        "files": files, "dirs": store_dirs(out),
     })
     (out / "bundle.json").write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n")
     signature = sign_bundle(out, cfg.publish.sign)  # bundle.sig over bundle.json (publish.sign.method != none)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,8 +30,25 @@ from typing import Iterator
 from pipeline.errors import ServerError, UserError
 from pipeline.triton import stubenv
 
-
 __all__ = ["ServerError"]  # part of the error hierarchy (pipeline.errors); raised here
+
+
+_LOAD_FAILURE = re.compile(r"failed to load (?:model )?'([^']+)'(?: version \d+)?: (.+?)\"?\s*$")
+
+
+def load_failures(log: str) -> list[str]:
+    """The server's reasons for models that did not load, one line each (``model 'ensemble': at least one version
+    must be available ...``), from its log lines such as ``E... model_repository_manager.cc:...] "failed to load
+    model 'ensemble': ..."`` (Triton's model_repository_manager and model_lifecycle messages); the summary line
+    "failed to load all models" carries no reason and is left out."""
+    out: list[str] = []
+    for line in log.splitlines():
+        m = _LOAD_FAILURE.search(line)
+        if m:
+            item = f"model '{m.group(1)}': {m.group(2).strip()}"
+            if item not in out:
+                out.append(item)
+    return out
 
 
 @dataclass
@@ -326,7 +344,9 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
             if "address already in use" in tail.lower():
                 last_err = exc
                 continue
-            raise ServerError(f"{exc}; log {log_path}:\n{tail}") from None
+            reasons = load_failures(server.log_tail(lines=400))
+            raise ServerError(f"{exc}; log {log_path}:\n{tail}", reason="; ".join(reasons) or None,
+                              log_path=log_path) from None
         except BaseException:
             stop(server)
             raise
