@@ -93,6 +93,11 @@ class BundleManifest(BaseModel):
     lineage: dict[str, str] = Field(description="stage -> fingerprint")
     provenance: Provenance
     files: list[FileEntry]
+    recipe: Optional[dict[str, dict[str, Any]]] = Field(
+        None, description="stage -> the resolved config that stage ran with (its manifest's config): the whole recipe")
+    served_by: Optional[dict[str, Any]] = Field(
+        None, description="the server the bench ran on: launcher, binary or image, and the name and version the "
+                          "server reported (KServe v2 server metadata)")
     dirs: Optional[list[str]] = Field(None, description="every directory of the bundle (relative, sorted): the tree "
                                                         "verify checks exactly, empty version directories included")
 
@@ -744,14 +749,33 @@ def _get(d: dict[str, Any], *path: str) -> Any:
     return d
 
 
+def recipe_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """A bundle's recorded recipe (``recipe``: each stage's resolved config) as one flat ``key -> value`` map
+    (every stage reads one config: a key has one value); paths and the destination are left out. Empty for a
+    bundle that records no recipe."""
+    from pipeline.fleet import UNCOMPARED, _flat
+
+    out: dict[str, Any] = {}
+    for cfg in (doc.get("recipe") or {}).values():
+        out.update(_flat(cfg))
+    return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
+
+
 def diff(old: str, new: str) -> str:
-    """A Markdown table of what changed between two bundles: size, accuracy, bench, versions."""
+    """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
+    the server benched on, size, accuracy, bench, versions."""
     with store_errors(old, "reading the bundle"):
         _, _, a = _open_manifest(old)
     with store_errors(new, "reading the bundle"):
         _, _, b = _open_manifest(new)
-    rows: list[tuple[str, Any, Any]] = [
-        ("version", a.get("version"), b.get("version")),
+    rows: list[tuple[str, Any, Any]] = [("version", a.get("version"), b.get("version"))]
+    ca, cb = recipe_settings(a), recipe_settings(b)
+    for key in sorted(set(ca) | set(cb)):  # first: why two versions differ
+        rows.append((f"config {key}", ca.get(key), cb.get(key)))
+    sa, sb = a.get("served_by") or {}, b.get("served_by") or {}
+    for key in ("launcher", "binary", "image", "version"):
+        rows.append((f"server {key}", sa.get(key), sb.get(key)))
+    rows += [
         ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),
         ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),
         ("kv_cache_quant_algo", _get(a, "quant", "kv_cache_quant_algo"), _get(b, "quant", "kv_cache_quant_algo")),
@@ -773,7 +797,7 @@ def diff(old: str, new: str) -> str:
         if o == n:
             continue
         change = ""
-        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o:
+        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o and not name.startswith("config "):
             change = f"{100 * (n / o - 1):+.1f}%"
         fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")

@@ -54,6 +54,62 @@ def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, A
     return keep, drop
 
 
+UNCOMPARED = ("paths.", "publish.dest", "publish.link", "publish.sign", "publish.move_latest")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def stage_settings(cfg) -> dict[str, Any]:
+    """Every setting a stage reads (``reads`` of each stage, resolved), flattened to dotted keys: what makes two
+    builds of one model x quant x target x runtime differ. Paths and the destination are left out."""
+    from pipeline.config import to_plain
+    from pipeline.runner import stage_config
+    from pipeline.stages import STAGES
+
+    out: dict[str, Any] = {}
+    for st in STAGES:
+        out.update(_flat(to_plain(stage_config(cfg, st))))
+    return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
+
+
+def matrix_differences(cfg) -> tuple[str | None, list[str]]:
+    """The shipped matrix entry (``conf/matrix/*.yaml``) of ``cfg``'s model x quant x target x runtime, and how
+    ``cfg`` differs from it (``key: entry -> this``), nearest entry first: (None, []) when no matrix holds the
+    combination (a model of one's own: nothing to differ from), (name, []) when it is the entry."""
+    from pipeline.identity import ArtifactKey
+
+    key = ArtifactKey.of(cfg)
+    jobs, names = [], []
+    for path in sorted((conf_dir() / "matrix").glob("*.yaml")):
+        doc = load_matrix(path.stem)
+        if key.model in doc.get("models", []) and key.target in doc.get("targets", []) \
+                and key.runtime in doc.get("runtimes", []):
+            for q in doc.get("quants", []):
+                jobs.append([f"model={key.model}", f"quant={q}", f"target={key.target}", f"runtime={key.runtime}",
+                             *(doc.get("overrides") or [])])
+                names.append(path.stem)
+    mine = stage_settings(cfg)
+    best: tuple[str | None, list[str]] = (None, [])
+    for name, entry in zip(names, compose_many(jobs)):
+        if isinstance(entry, UserError) or ArtifactKey.of(entry) != key:
+            continue
+        theirs = stage_settings(entry)
+        diffs = [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
+                 if mine.get(k) != theirs.get(k)]
+        if not diffs:
+            return name, []
+        if best[0] is None or len(diffs) < len(best[1]):
+            best = (name, diffs)
+    return best
+
+
 def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[str, Any]:
     """The GitHub Actions ``strategy.matrix``: only ``include`` (any other key would become a matrix axis). Each
     excluded entry goes to stderr as one line with its reason, for the job log and summary."""

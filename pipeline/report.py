@@ -72,7 +72,7 @@ def markdown(s: dict[str, Any]) -> str:
     if s.get("published"):
         p = s["published"]
         lines += ["", f"Published `{p['url']}` ({p['uploaded_files']} files uploaded; `latest` "
-                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})."]
+                      f"{'moved' if p['latest_moved'] else 'not moved: ' + (p.get('latest_not_moved') or 'a gate did not pass')})."]
     bench = bench_rows(s)
     if bench:
         lines += ["", "| workload | concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | "
@@ -123,7 +123,7 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
     p = s.get("published")
     if p:
         console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest "
-                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})")
+                      f"{'moved' if p['latest_moved'] else 'not moved: ' + (p.get('latest_not_moved') or 'a gate did not pass')})")
     console.print(f"total {s['total_s']:.1f}s · report: {report}")
 
 

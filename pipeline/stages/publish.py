@@ -60,6 +60,33 @@ def bench_verdict(bench: BenchResult) -> dict[str, Any]:
     return bench.gates.model_dump(mode="json")
 
 
+def recipe(ctx: Context) -> dict[str, dict[str, Any]]:
+    """The resolved config of every stage (what each ran with, from its manifest), this one's included; URLs lose
+    any credentials embedded in them."""
+    from pipeline.bundle import redact
+
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return redact(v) if isinstance(v, str) and "://" in v else v
+
+    out = {stage: clean(m.get("config") or {}) for stage, m in ctx.manifests.items()}
+    out["publish"] = clean(to_plain(ctx.cfg))
+    return out
+
+
+def _served_by(path, libraries: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The server the bench ran on, as bench.json records it, with the bench's library versions (the client and
+    the bundled server's package); None for a bench that recorded no server."""
+    try:
+        server = json.loads(path.read_text()).get("server")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return {**server, "libraries": libraries or {}} if isinstance(server, dict) else None
+
+
 def gates_passed(gates: dict[str, Any]) -> bool:
     """Whether ``latest`` may move: every gate verdict passed or does not apply (``no-baseline`` does not pass)."""
     return all(gates.get(k) in ("pass", "n/a") for k in GATE_NAMES)
@@ -112,6 +139,8 @@ def run(ctx: Context) -> PublishResult:
         "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},
         "files": files, "dirs": store_dirs(out),
+        "recipe": recipe(ctx),
+        "served_by": _served_by(ctx.inputs["bench"] / "bench.json", ctx.manifests["bench"].get("versions")),
     })
     (out / "bundle.json").write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n")
     signature = sign_bundle(out, cfg.publish.sign)  # bundle.sig over bundle.json (publish.sign.method != none)
@@ -119,20 +148,36 @@ def run(ctx: Context) -> PublishResult:
                          version=manifest.version, gates=gates)
 
 
-def upload(local, dest: str, *, lock_dir=None) -> dict[str, Any]:
+def upload(local, dest: str, *, lock_dir=None, config_differs: list[str] | None = None,
+           move_latest: bool | None = None) -> dict[str, Any]:
     """Upload an assembled bundle to ``publish.dest`` (after every build: a complete version already there is
-    checked, and only its missing or damaged files are uploaded). ``latest`` moves only when every gate passed. Not part of the cached stage: the destination is no property of
-    the bundle, and its version must not depend on it."""
+    checked, and only its missing or damaged files are uploaded). ``latest`` moves only when every gate passed and
+    the config is its matrix entry's (``config_differs`` empty); ``move_latest=True`` moves it for an ad-hoc config
+    too, ``False`` never. Not part of the cached stage: the destination is no property of the bundle, and its
+    version must not depend on it."""
     doc = json.loads((local / "bundle.json").read_text())
     passed = gates_passed(doc["gates"])
+    move = passed and move_latest is not False and (move_latest is True or not config_differs)
+    why = None
+    if not move:
+        why = ("a gate did not pass" if not passed else "publish.move_latest=false" if move_latest is False else
+               f"the config differs from its matrix entry ({'; '.join(config_differs[:3])}); "
+               f"publish.move_latest=true moves it")
     with status(f"publishing {doc['version']} to {dest}"):
-        return {**publish_bundle(local, dest, move_latest=passed, lock_dir=lock_dir), "gates_passed": passed}
+        return {**publish_bundle(local, dest, move_latest=move, lock_dir=lock_dir), "gates_passed": passed,
+                "latest_not_moved": why}
 
 
 def after(cfg, out) -> dict[str, Any]:
     """After every build: upload the bundle to ``publish.dest`` (with the full config; the destination is no
-    property of the bundle)."""
-    return upload(out, str(cfg.publish.dest), lock_dir=resolved_paths(cfg)["store"] / "locks")
+    property of the bundle). ``latest`` follows :func:`pipeline.fleet.matrix_differences` unless
+    ``publish.move_latest`` says otherwise."""
+    from pipeline import fleet
+
+    choice = cfg.publish.get("move_latest")
+    differs = [] if choice is not None else fleet.matrix_differences(cfg)[1]
+    return upload(out, str(cfg.publish.dest), lock_dir=resolved_paths(cfg)["store"] / "locks",
+                  config_differs=differs, move_latest=choice)
 
 
 STAGE = Stage(

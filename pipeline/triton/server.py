@@ -25,7 +25,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from pipeline.errors import ServerError, UserError
 from pipeline.triton import stubenv
@@ -59,6 +59,7 @@ class Server:
     grpc_port: int
     log_path: Path
     container: str | None = None
+    binary: str | None = None  # the tritonserver started here (local launcher)
 
     @property
     def grpc_url(self) -> str:
@@ -283,6 +284,29 @@ def _supervise(cmd: list[str]) -> int:
             os.killpg(0, signal.SIGKILL)
 
 
+def describe(server: Server, serve) -> dict[str, Any]:
+    """The server a bench ran on, as the server reports itself: ``{"launcher", "binary", "image", "name",
+    "version", "extensions"}`` (Triton's server metadata, ``GET /v2`` of the KServe v2 protocol; gRPC
+    ``ServerMetadata`` for an external server, whose HTTP address is unknown). Fields it cannot tell are None."""
+    meta: dict[str, Any] = {}
+    try:
+        if server.proc is None:
+            import tritonclient.grpc as grpcclient
+
+            with contextlib.closing(grpcclient.InferenceServerClient(server.grpc_url)) as c:
+                m = c.get_server_metadata(as_json=True)
+        else:
+            with urllib.request.urlopen(f"{server.http_url}/v2", timeout=5) as r:
+                m = json.loads(r.read())
+        meta = {"name": m.get("name"), "version": m.get("version"), "extensions": sorted(m.get("extensions") or [])}
+    except Exception:  # noqa: BLE001 - a server that does not answer its metadata: the fields stay None
+        meta = {}
+    kind = serve.launcher.value
+    return {"launcher": kind, "binary": server.binary, "image": str(serve.image) if kind == "docker" else None,
+            "url": str(serve.url) if kind == "external" else None, "name": meta.get("name"),
+            "version": meta.get("version"), "extensions": meta.get("extensions")}
+
+
 def free_ports(host: str, n: int = 2) -> list[int]:
     """``n`` distinct free TCP ports on ``host``: the probe sockets stay bound together, so the kernel cannot hand
     out the same port twice."""
@@ -331,7 +355,7 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
                                   f"--grpc-port={grpc_port}"]),
                 cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        server = Server(proc, host, http_port, grpc_port, log_path)
+        server = Server(proc, host, http_port, grpc_port, log_path, binary=str(binary))
         try:
             state = wait_ready(server, timeout_s, on_wait)
             if state == "exited":

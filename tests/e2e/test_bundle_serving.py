@@ -27,9 +27,10 @@ def _local_bundle(tiny_build: Path) -> Path:
     return next(tiny_build.glob("bundles/*-publish-*/bundle.json")).parent
 
 
-def _serve_and_ask(where: Path | str, tmp: Path) -> str:
-    """``pipeline serve WHERE``; one generate request to the ensemble; SIGINT. -> the generated text. Asserts the
-    clean stop and that the serve work directory is gone."""
+def _serve_and_ask(where: Path | str, tmp: Path) -> dict:
+    """``pipeline serve WHERE``; one generate request to the ensemble; SIGINT. -> {"text": the generated text,
+    "server": the server's own metadata (GET /v2)}. Asserts the clean stop and that the serve work directory is
+    gone."""
     tmpdir = tmp / f"tmp-{uuid.uuid4().hex[:6]}"
     tmpdir.mkdir(parents=True)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(where), f"paths.root={tmp / 'root'}"],
@@ -46,6 +47,8 @@ def _serve_and_ask(where: Path | str, tmp: Path) -> str:
         req = urllib.request.Request(f"{http}/v2/models/ensemble/generate", data=body, method="POST")
         with urllib.request.urlopen(req, timeout=120) as r:
             answer = json.loads(r.read())
+        with urllib.request.urlopen(f"{http}/v2", timeout=10) as r:
+            meta = json.loads(r.read())
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
     finally:
@@ -53,7 +56,7 @@ def _serve_and_ask(where: Path | str, tmp: Path) -> str:
             proc.kill()
     assert list(tmpdir.glob("pipeline-serve-*")) == [], "serve left its work directory"
     assert isinstance(answer.get("text_output"), str)
-    return answer["text_output"]
+    return {"text": answer["text_output"], "server": meta}
 
 
 def _copy_files_only(src: Path, dst: Path) -> None:
@@ -71,7 +74,14 @@ def test_the_published_bundle_serves_from_latest_and_from_a_synced_copy(tiny_bui
     base = Path(out["url"]).parent
     assert (base / "latest").is_file() and (base / "latest").read_text().strip() == Path(out["url"]).name
     assert (Path(out["url"]) / "triton_repo/ensemble/1").is_dir()
-    _serve_and_ask(base, tmp_path)  # follows latest
+    served = _serve_and_ask(base, tmp_path)  # follows latest
+    doc = json.loads((local / "bundle.json").read_text())
+    # the recipe and the server it was benched on, as that server reports itself
+    assert doc["served_by"]["name"] == served["server"]["name"] == "triton"
+    assert doc["served_by"]["version"] == served["server"]["version"]
+    assert doc["served_by"]["launcher"] == "local" and doc["served_by"]["binary"].endswith("tritonserver")
+    assert set(doc["recipe"]) == {"fetch", "quantize", "build", "package", "bench", "publish"}
+    assert doc["recipe"]["package"]["serve"]["torch_threads"] == 1
     moved = tmp_path / "elsewhere" / "bundle"
     _copy_files_only(Path(out["url"]), moved)
     checks = {n: ok for n, ok, _ in bundle.verify(str(moved))}

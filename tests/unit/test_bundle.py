@@ -259,3 +259,58 @@ def test_the_servers_reason_for_a_model_that_did_not_load_is_one_line():
     assert server.load_failures(log) == ["model 'ensemble': at least one version must be available under the "
                                          "version policy of model 'ensemble'"]
     assert server.load_failures("error: creating server: Internal - failed to load all models\n") == []
+
+
+# ------------------------------------------------------------------------------------------ recipe and latest
+@pytest.mark.parametrize("differs, choice, moved, why", [
+    ([], None, True, None),
+    (["serve.torch_threads: 1 -> 0"], None, False, "the config differs from its matrix entry "
+                                                   "(serve.torch_threads: 1 -> 0); publish.move_latest=true moves it"),
+    (["serve.torch_threads: 1 -> 0"], True, True, None),
+    ([], False, False, "publish.move_latest=false"),
+])
+def test_latest_moves_only_for_the_matrix_config_or_when_asked(tmp_path, differs, choice, moved, why):
+    """An ad-hoc override still publishes its version; only ``latest`` stays where it was."""
+    from tests.helpers.bundles import make_bundle
+
+    local = make_bundle(tmp_path)
+    res = publish.upload(local, str(tmp_path / "published"), lock_dir=tmp_path / "locks", config_differs=differs,
+                         move_latest=choice)
+    version_dir = tmp_path / res["url"].split(str(tmp_path) + "/", 1)[1]
+    assert (version_dir / "bundle.json").is_file()
+    assert res["latest_moved"] is moved and (version_dir.parent / "latest").is_file() is moved
+    assert res["latest_not_moved"] == why
+
+
+def test_a_gate_that_did_not_pass_keeps_latest_even_when_asked(tmp_path):
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    local = make_bundle(tmp_path)
+    rewrite_manifest(local / "bundle.json", lambda d: d["gates"].update(accuracy="warn"))
+    res = publish.upload(local, str(tmp_path / "published"), lock_dir=tmp_path / "locks", move_latest=True)
+    assert res["latest_moved"] is False and res["latest_not_moved"] == "a gate did not pass"
+
+
+def test_the_matrix_entry_of_a_config_and_how_it_differs():
+    from pipeline import config, fleet
+
+    smoke = ["model=tiny-qwen3", "quant=fp8", "target=cpu", "runtime=reference", "quant.gate=warn"]
+    assert fleet.matrix_differences(config.compose(smoke)) == ("smoke", [])
+    name, diffs = fleet.matrix_differences(config.compose([*smoke, "serve.torch_threads=0"]))
+    assert name == "smoke" and diffs == ["serve.torch_threads: 1 -> 0"]
+    # a model of one's own is in no matrix: nothing to differ from
+    own = config.compose([*smoke, "model.name=my-model"])
+    assert fleet.matrix_differences(own) == (None, [])
+
+
+def test_diff_shows_config_differences_first(tmp_path):
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    a, b = make_bundle(tmp_path / "a"), make_bundle(tmp_path / "b", version="v0000000000bb", size=1000)
+    recipe = {"package": {"serve": {"torch_threads": 1}, "paths": {"root": "/x"}}}
+    rewrite_manifest(a / "bundle.json", lambda d: d.update(recipe=recipe, served_by={"version": "2.51.0"}))
+    rewrite_manifest(b / "bundle.json", lambda d: d.update(
+        recipe={"package": {"serve": {"torch_threads": 0}, "paths": {"root": "/y"}}}, served_by={"version": "2.52.0"}))
+    rows = [line.split(" | ")[0].lstrip("| ") for line in bundle.diff(str(a), str(b)).splitlines()[2:]]
+    assert rows[:4] == ["version", "config serve.torch_threads", "server version", "bytes"], rows
+    assert not any("paths" in r for r in rows)
