@@ -71,6 +71,42 @@ def check(cfg: DictConfig) -> list[str]:
     return [p for p in problems if p]
 
 
+def env_check(cfg: DictConfig) -> list[str]:
+    """Before any stage runs: the calibration data exists on this machine. A Hub dataset needs the ``hub`` extra
+    (``datasets``) and a reachable Hub (not ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``); the fix named is the
+    shipped corpus or a local file."""
+    import os
+
+    c = cfg.quant.calib
+    if cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none":
+        return []
+    dataset = calib.resolve(c.dataset, cfg.model.source)
+    if not calib.is_hub(dataset):
+        return []
+    fix = "calibrate on the shipped corpus (quant.calib.dataset=builtin) or a local .txt/.jsonl file"
+    try:
+        calib.require_hub_support(dataset)
+    except UserError:
+        return [f"quant.calib.dataset={dataset} comes from the Hub and needs {calib.HUB_EXTRA}; or {fix}"]
+    offline = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+               if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")]
+    if offline:
+        return [f"quant.calib.dataset={dataset} comes from the Hub and {offline[0]}=1; {fix}"]
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{endpoint}/api/datasets?limit=1", timeout=5).close()
+    except urllib.error.HTTPError:
+        pass  # the Hub answered
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "reason", exc)
+        return [f"quant.calib.dataset={dataset} comes from the Hub, which is not reachable from here ({endpoint}: "
+                f"{why}); {fix}"]
+    return []
+
+
 def _row_bytes(cfg: DictConfig) -> float:
     """One calibration or evaluation row's activation bytes (``capacity.row_bytes``) from the declared shape; 0 when
     the shape does not say enough."""
@@ -311,6 +347,7 @@ STAGE = Stage(
     root="store",
     label=lambda cfg: ArtifactKey.of(cfg).checkpoint_label,
     check=check,
+    env_check=env_check,
     extra=extra,
     capacity=trtllm_mapping,
 )
