@@ -205,7 +205,8 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
     """Remove stage outputs that no published bundle references and that are older than ``max_age_days``.
 
     References are the lineages of the local bundles (``paths.bundles``) and of every complete version under
-    ``publish.dest``. Published bundles themselves are never touched."""
+    ``publish.dest``. Published bundles themselves are never touched. The temp directories of a killed build go
+    too, whatever their age (:func:`pipeline.store.orphans`)."""
     paths = resolved_paths(cfg)
     referenced: set[str] = set()
     for bundle in paths["bundles"].glob("*/bundle.json"):
@@ -232,6 +233,14 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
                 (out.parent / f"{out.name}.lock").unlink(missing_ok=True)
             removed.append(str(out))
             freed += size
+    from pipeline import store
+
+    for out in store.orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles")]):
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())  # a killed build's temp directory
+        if not dry_run:
+            shutil.rmtree(out, ignore_errors=True)
+        removed.append(str(out))
+        freed += size
     return {"removed": removed, "kept": kept, "freed_bytes": freed, "dry_run": dry_run}
 
 

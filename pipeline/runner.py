@@ -537,6 +537,9 @@ def run(plan: BuildPlan, console: Any = None) -> BuildReport:
     if log_path is None:
         log_path = errors.log_path(resolved_paths(cfg)["store"] / "logs")
         errors.setup_logging(log_path)
+    paths = resolved_paths(cfg)
+    for p in store.remove_orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles") if k in paths]):
+        log.info("removed %s, left by a build that was killed", p)
     rows = []
     t_all = time.perf_counter()
     for ps in plan.stages:
