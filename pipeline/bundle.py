@@ -749,15 +749,26 @@ def _get(d: dict[str, Any], *path: str) -> Any:
     return d
 
 
+UNCOMPARED = ("paths.", "publish.dest", "publish.link", "publish.sign", "publish.move_latest")  # where, not what
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": value}``."""
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
 def recipe_settings(doc: dict[str, Any]) -> dict[str, Any]:
     """A bundle's recorded recipe (``recipe``: each stage's resolved config) as one flat ``key -> value`` map
     (every stage reads one config: a key has one value); paths and the destination are left out. Empty for a
     bundle that records no recipe."""
-    from pipeline.fleet import UNCOMPARED, _flat
-
     out: dict[str, Any] = {}
     for cfg in (doc.get("recipe") or {}).values():
-        out.update(_flat(cfg))
+        out.update(flatten(cfg))
     return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
 
 

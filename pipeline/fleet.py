@@ -7,25 +7,9 @@ import sys
 import time
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from pipeline.config import CONF_DIR, compose_many, conf_dir, resolved_paths
+from pipeline.config import compose_many, resolved_paths
 from pipeline.errors import UserError
-
-AXES = (("models", "model"), ("quants", "quant"), ("targets", "target"), ("runtimes", "runtime"))
-
-
-def load_matrix(name: str) -> dict[str, Any]:
-    path = conf_dir() / "matrix" / f"{name}.yaml"
-    if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in (CONF_DIR / "matrix").glob("*.yaml")))
-        raise UserError(f"unknown matrix '{name}'; choose one of: {names}")
-    doc = OmegaConf.to_container(OmegaConf.load(path)) or {}
-    unknown = set(doc) - {a for a, _ in AXES} - {"overrides"}
-    if unknown:
-        raise UserError(f"conf/matrix/{name}.yaml: unknown key(s) {', '.join(sorted(unknown))}; use models, quants, "
-                        f"targets, runtimes, overrides")
-    return doc
+from pipeline.matrix import AXES, load_matrix  # noqa: F401 - part of this module's interface
 
 
 def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -52,62 +36,6 @@ def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, A
         machine = ["self-hosted", f"sm{sm}"] if cfg.target.device.value == "cuda" else ["self-hosted", "cpu"]
         keep.append({**combo, "runner": machine, "overrides": job, "_cfg": cfg})
     return keep, drop
-
-
-UNCOMPARED = ("paths.", "publish.dest", "publish.link", "publish.sign", "publish.move_latest")
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-def stage_settings(cfg) -> dict[str, Any]:
-    """Every setting a stage reads (``reads`` of each stage, resolved), flattened to dotted keys: what makes two
-    builds of one model x quant x target x runtime differ. Paths and the destination are left out."""
-    from pipeline.config import to_plain
-    from pipeline.runner import stage_config
-    from pipeline.stages import STAGES
-
-    out: dict[str, Any] = {}
-    for st in STAGES:
-        out.update(_flat(to_plain(stage_config(cfg, st))))
-    return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
-
-
-def matrix_differences(cfg) -> tuple[str | None, list[str]]:
-    """The shipped matrix entry (``conf/matrix/*.yaml``) of ``cfg``'s model x quant x target x runtime, and how
-    ``cfg`` differs from it (``key: entry -> this``), nearest entry first: (None, []) when no matrix holds the
-    combination (a model of one's own: nothing to differ from), (name, []) when it is the entry."""
-    from pipeline.identity import ArtifactKey
-
-    key = ArtifactKey.of(cfg)
-    jobs, names = [], []
-    for path in sorted((conf_dir() / "matrix").glob("*.yaml")):
-        doc = load_matrix(path.stem)
-        if key.model in doc.get("models", []) and key.target in doc.get("targets", []) \
-                and key.runtime in doc.get("runtimes", []):
-            for q in doc.get("quants", []):
-                jobs.append([f"model={key.model}", f"quant={q}", f"target={key.target}", f"runtime={key.runtime}",
-                             *(doc.get("overrides") or [])])
-                names.append(path.stem)
-    mine = stage_settings(cfg)
-    best: tuple[str | None, list[str]] = (None, [])
-    for name, entry in zip(names, compose_many(jobs)):
-        if isinstance(entry, UserError) or ArtifactKey.of(entry) != key:
-            continue
-        theirs = stage_settings(entry)
-        diffs = [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
-                 if mine.get(k) != theirs.get(k)]
-        if not diffs:
-            return name, []
-        if best[0] is None or len(diffs) < len(best[1]):
-            best = (name, diffs)
-    return best
 
 
 def ci_matrix(keep: list[dict[str, Any]], drop: list[dict[str, Any]]) -> dict[str, Any]:
@@ -235,7 +163,7 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
             freed += size
     from pipeline import store
 
-    for out in store.orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles")]):
+    for out in store.orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles")], paths["store"] / "locks"):
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())  # a killed build's temp directory
         if not dry_run:
             shutil.rmtree(out, ignore_errors=True)

@@ -80,7 +80,7 @@ def safetensors_params(d: Path) -> int | None:
 
 def default_name(source: str) -> str:
     """A model name from its source: the Hub repository's name or the directory's, lower case, ``[a-z0-9._-]``."""
-    from pipeline.stages.fetch import parse_source
+    from pipeline.sources import parse_source
 
     kind, loc, _ = parse_source(source)
     raw = loc.split("/")[-1] if kind == "hf" else Path(loc).expanduser().resolve().name
@@ -88,7 +88,7 @@ def default_name(source: str) -> str:
 
 
 def _config_json(source: str) -> tuple[dict[str, Any] | None, str]:
-    from pipeline.stages.fetch import parse_source
+    from pipeline.sources import parse_source
 
     kind, loc, rev = parse_source(source)
     if kind == "local":
@@ -124,7 +124,7 @@ def adopt(cfg: DictConfig, group: str, conf_dir: Path, job: list[str] = ()) -> l
     """Fill ``cfg.model`` from a checkpoint of one's own (see the module docstring), in place. Returns the problems
     (a given shape that disagrees with the checkpoint's ``config.json``); nothing for a shipped model's own source,
     a synthetic or a GGUF one."""
-    from pipeline.stages.fetch import parse_source
+    from pipeline.sources import parse_source
 
     source = str(cfg.model.source)
     try:

@@ -144,10 +144,10 @@ def clean_partials(final: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def orphans(roots: list[Path]) -> list[Path]:
+def orphans(roots: list[Path], lock_dir: Path | None = None) -> list[Path]:
     """Temp and swapped-out directories (``.<name>.tmp-*``, ``.<name>.old-*``) under ``roots`` that no running
-    build owns, whatever their age: a build writes them only while it holds ``<name>.lock``, so one whose lock can
-    be taken now was left by a build that was killed."""
+    build owns, whatever their age: a build writes them only while it holds the lock of ``<name>``
+    (:func:`lock_path` in ``lock_dir``), so one whose lock can be taken now was left by a build that was killed."""
     import re
 
     found = []
@@ -158,7 +158,9 @@ def orphans(roots: list[Path]) -> list[Path]:
             m = re.match(r"^\.(.+)\.(?:tmp|old)-", p.name)
             if not m or not p.is_dir():
                 continue
-            lock = FileLock(str(root / f"{m.group(1)}.lock"))
+            path = lock_path(root / m.group(1), lock_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(path))
             try:
                 lock.acquire(timeout=0)
             except Timeout:
@@ -170,9 +172,9 @@ def orphans(roots: list[Path]) -> list[Path]:
     return found
 
 
-def remove_orphans(roots: list[Path]) -> list[Path]:
+def remove_orphans(roots: list[Path], lock_dir: Path | None = None) -> list[Path]:
     """Remove :func:`orphans`; returns what was removed."""
-    gone = orphans(roots)
+    gone = orphans(roots, lock_dir)
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone

@@ -78,7 +78,7 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     from pipeline.stages import STAGES
 
     plan = runner.preflight(cfg, STAGES, environment=False)
-    here = [p for st in runner.select(cfg, STAGES) if st.env_check for p in st.env_check(cfg)]
+    here = runner.env_problems(plan)
     rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
              "output": str(p.out)} for p in plan.stages]
     key = ArtifactKey.of(cfg)
@@ -108,6 +108,7 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
 
     plan = runner.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
     paths = resolved_paths(cfg)
+    runner.writable_root(cfg)  # an unwritable or missing root: one line, before the log is opened there
     log_path = errors.log_path(paths["store"] / "logs")
     errors.setup_logging(log_path)
     logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))

@@ -170,12 +170,14 @@ def upload(local, dest: str, *, lock_dir=None, config_differs: list[str] | None 
 
 def after(cfg, out) -> dict[str, Any]:
     """After every build: upload the bundle to ``publish.dest`` (with the full config; the destination is no
-    property of the bundle). ``latest`` follows :func:`pipeline.fleet.matrix_differences` unless
-    ``publish.move_latest`` says otherwise."""
-    from pipeline import fleet
+    property of the bundle). ``latest`` follows :func:`pipeline.matrix.differences` (the bundle's recipe against
+    its matrix entry) unless ``publish.move_latest`` says otherwise."""
+    from pipeline import matrix
+    from pipeline.bundle import recipe_settings
 
     choice = cfg.publish.get("move_latest")
-    differs = [] if choice is not None else fleet.matrix_differences(cfg)[1]
+    doc = json.loads((out / "bundle.json").read_text())
+    differs = [] if choice is not None else matrix.differences(cfg, recipe_settings(doc))[1]
     return upload(out, str(cfg.publish.dest), lock_dir=resolved_paths(cfg)["store"] / "locks",
                   config_differs=differs, move_latest=choice)
 

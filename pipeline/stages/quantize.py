@@ -72,14 +72,47 @@ def check(cfg: DictConfig) -> list[str]:
 
 
 def env_check(cfg: DictConfig) -> list[str]:
-    """Before any stage runs: the calibration data exists on this machine. A Hub dataset needs the ``hub`` extra
-    (``datasets``) and a reachable Hub (not ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``); the fix named is the
-    shipped corpus or a local file."""
+    """Before any stage runs, on this machine (quantize runs here, whatever the target): the model fits this
+    machine's GPUs, or its memory without one (:func:`machine_fit_problem`), and the calibration data exists here
+    (:func:`calibration_problem`)."""
+    if cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none":
+        return []
+    return [p for p in (machine_fit_problem(cfg), *calibration_problem(cfg)) if p]
+
+
+def machine_fit_problem(cfg: DictConfig) -> str | None:
+    """Quantize calibrates on this machine's GPUs (all of them, the model spread over them), or on its CPU when it
+    has none: the ``check`` above sizes the target's GPUs, this one the machine that will run it. A cached quantize
+    needs nothing here (``runner.env_problems`` runs this only for a quantize that runs). The refusal names what
+    would work."""
+    from pipeline import hardware
+
+    params = float(cfg.model.shape.params_b or 0)
+    if params <= 0:
+        return None
+    gpu = hardware.local_gpu()
+    if gpu is not None:
+        problem = capacity.calibration_fit_problem(
+            cfg.model.name, params, device="cuda", target=f"this machine ({gpu['name']})",
+            memory_gb=gpu["memory_gb"], gpus_per_node=gpu["count"], row=_row_bytes(cfg))
+    else:
+        problem = capacity.calibration_fit_problem(cfg.model.name, params, device="cpu", target="cpu",
+                                                   memory_gb=0, gpus_per_node=0, row=_row_bytes(cfg))
+        if problem:
+            problem = problem.replace("target cpu calibrates on this host", "quantize runs on this machine")
+    if problem is None:
+        return None
+    return (f"{problem}; build until=quantize on such a host (or submit it there with "
+            f"hydra/launcher=pipeline_slurm), then build the rest here from the same store; until=fetch works here")
+
+
+def calibration_problem(cfg: DictConfig) -> list[str]:
+    """The calibration data exists on this machine. A Hub dataset needs the ``hub`` extra (``datasets``) and a
+    reachable Hub (not ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``); the fix named is the shipped corpus or a local
+    file."""
     import os
 
     c = cfg.quant.calib
-    if cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none":
-        return []
     dataset = calib.resolve(c.dataset, cfg.model.source)
     if not calib.is_hub(dataset):
         return []

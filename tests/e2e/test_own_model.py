@@ -44,3 +44,14 @@ def test_plan_refuses_a_shape_that_disagrees_with_the_checkpoint(own_ckpt, tmp_p
         f"error: model.shape.num_layers=30 but {own_ckpt}/config.json says 2: drop model.shape for a checkpoint of "
         f"your own (it is read from its config.json) or give the right values"]
     assert not (tmp_path / "root" / ".store").exists() or not any((tmp_path / "root" / ".store").glob("*-fetch-*"))
+
+
+def test_a_truncated_weights_file_is_named_and_nothing_is_cached(own_ckpt, tmp_path):
+    f = own_ckpt / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    root = tmp_path / "root"
+    proc = run_cli("build", f"model.source={own_ckpt}", "quant.calib.dataset=builtin", root=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {own_ckpt}: model.safetensors is damaged:"), lines
+    assert not list(root.glob(".store/*fetch*"))

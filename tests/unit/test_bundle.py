@@ -292,15 +292,19 @@ def test_a_gate_that_did_not_pass_keeps_latest_even_when_asked(tmp_path):
 
 
 def test_the_matrix_entry_of_a_config_and_how_it_differs():
-    from pipeline import config, fleet
+    """The build's recorded settings (what its stages read) against the entry of the shipped matrix."""
+    from pipeline import config, matrix
+    from pipeline.bundle import flatten
 
     smoke = ["model=tiny-qwen3", "quant=fp8", "target=cpu", "runtime=reference", "quant.gate=warn"]
-    assert fleet.matrix_differences(config.compose(smoke)) == ("smoke", [])
-    name, diffs = fleet.matrix_differences(config.compose([*smoke, "serve.torch_threads=0"]))
-    assert name == "smoke" and diffs == ["serve.torch_threads: 1 -> 0"]
-    # a model of one's own is in no matrix: nothing to differ from
-    own = config.compose([*smoke, "model.name=my-model"])
-    assert fleet.matrix_differences(own) == (None, [])
+    settings = lambda cfg: {k: v for k, v in flatten(config.to_plain(cfg)).items()  # noqa: E731
+                            if k.startswith(("serve.", "quant.", "bench."))}
+    cfg = config.compose(smoke)
+    assert matrix.differences(cfg, settings(cfg)) == ("smoke", [])
+    cfg = config.compose([*smoke, "serve.torch_threads=0"])
+    assert matrix.differences(cfg, settings(cfg)) == ("smoke", ["serve.torch_threads: 1 -> 0"])
+    own = config.compose([*smoke, "model.name=my-model"])  # a model of one's own is in no matrix
+    assert matrix.differences(own, settings(own)) == (None, [])
 
 
 def test_diff_shows_config_differences_first(tmp_path):

@@ -27,15 +27,17 @@ def test_orphaned_temp_directories_go_and_owned_ones_stay(tmp_path):
         (d / "sub" / "weights.bin").write_bytes(b"x" * 10)
     done = root / "m-fetch-aaaaaaaaaaaa"  # a finished output is never an orphan
     done.mkdir()
-    holder = _hold_lock(root / "m-bench-cccccccccccc.lock")
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    holder = _hold_lock(store.lock_path(root / "m-bench-cccccccccccc", locks))
     try:
-        assert sorted(store.orphans([root])) == sorted([killed, swapped])
-        assert sorted(store.remove_orphans([root])) == sorted([killed, swapped])
+        assert sorted(store.orphans([root], locks)) == sorted([killed, swapped])
+        assert sorted(store.remove_orphans([root], locks)) == sorted([killed, swapped])
         assert not killed.exists() and not swapped.exists() and running.is_dir() and done.is_dir()
     finally:
         holder.kill()
         holder.wait()
-    assert store.orphans([root]) == [running]  # its build is gone now
+    assert store.orphans([root], locks) == [running]  # its build is gone now
 
 
 def test_gc_removes_a_killed_builds_temp_directory_of_any_age(tmp_path):
