@@ -123,6 +123,24 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     return summary
 
 
+def refusal_summary(refused: list[dict[str, Any]]) -> list[str]:
+    """The expected refusals (a quant a GPU cannot serve, a runtime a target has not) in one line per target: how
+    many combinations, and the most common reason with its count (``validate --json`` lists every one)."""
+    from collections import Counter
+
+    by_target: dict[str, Counter] = {}
+    for r in refused:
+        by_target.setdefault(str(r["combination"].get("target")), Counter()).update(r["refused"][:1])
+    out = []
+    for target, reasons in sorted(by_target.items()):
+        n = sum(reasons.values())
+        (top, k), *others = reasons.most_common()
+        more = f"; {len(others)} other reason{'s' if len(others) != 1 else ''}" if others else ""
+        out.append(f"target={target}: {n} combination{'s' if n != 1 else ''} refused by the compatibility rules "
+                   f"({k}× {top}{more}; validate --json lists each)")
+    return out
+
+
 def cmd_validate(as_json: bool) -> int:
     """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
     are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
@@ -151,12 +169,14 @@ def cmd_validate(as_json: bool) -> int:
     else:
         from pipeline.ui import console
 
+        from rich.markup import escape
+
         for r in results:
             name = " ".join(f"{k}={v}" for k, v in r["combination"].items())
             for p in r["errors"]:
-                console.print(f"[red]✗[/] {name}: {p}")
-            for p in r["refused"]:
-                console.print(f"[yellow]–[/] {name}: refused by the compatibility rules: {p}")
+                console.print(f"[red]✗[/] {escape(name)}: {escape(p)}")
+        for line in refusal_summary(refused):
+            console.print(f"[yellow]–[/] {escape(line)}")
         console.print(f"{len(results) - len(bad)}/{len(results)} combinations compose; {len(refused)} refused by "
                       f"the compatibility rules; {len(bad)} with config errors")
     return 2 if bad else 0
