@@ -107,12 +107,14 @@ def machine_fit_problem(cfg: DictConfig) -> str | None:
 
 
 def calibration_problem(cfg: DictConfig) -> list[str]:
-    """The calibration data exists on this machine. A Hub dataset needs the ``hub`` extra (``datasets``) and a
-    reachable Hub (not ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``); the fix named is the shipped corpus or a local
-    file."""
+    """The calibration data given (``quant.calib.dataset``, not ``auto``) exists on this machine. A Hub dataset needs
+    the ``hub`` extra (``datasets``) and a reachable Hub (not ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``); the fix
+    named is the shipped corpus or a local file."""
     import os
 
     c = cfg.quant.calib
+    if c.dataset == "auto":
+        return []  # the recipe's dataset, with the shipped corpus as the fallback where it cannot be loaded (calib)
     dataset = calib.resolve(c.dataset, cfg.model.source)
     if not calib.is_hub(dataset):
         return []
