@@ -95,9 +95,49 @@ class BundleManifest(BaseModel):
     lineage: dict[str, str] = Field(description="stage -> fingerprint")
     provenance: Provenance
     files: list[FileEntry]
+    recipe: Optional[dict[str, dict[str, Any]]] = Field(
+        None, description="stage -> the resolved config that stage ran with (its manifest's config): the whole recipe")
+    served_by: Optional[dict[str, Any]] = Field(
+        None, description="the server the bench ran on: launcher, binary or image, and the name and version the "
+                          "server reported (KServe v2 server metadata)")
+    dirs: Optional[list[str]] = Field(None, description="every directory of the bundle (relative, sorted): the tree "
+                                                        "verify checks exactly, empty version directories included")
 
 
 SIGNATURE = "bundle.sig"
+KEEP = ".keep"  # an empty file that keeps a directory that must exist but has no files (a model's version directory)
+LITTER_DIRS = ("__pycache__",)  # written by a Python process that ran from the tree (the server's python stubs)
+LITTER_SUFFIXES = (".pyc", ".pyo")
+
+
+def is_litter(rel: str) -> bool:
+    """Whether a relative path is run-time litter that never belongs in a bundle (byte-code caches)."""
+    parts = rel.split("/")
+    return any(p in LITTER_DIRS for p in parts) or parts[-1].endswith(LITTER_SUFFIXES)
+
+
+def bundle_tree(out: Path, source: Path, rel: str) -> None:
+    """Make the bundle's copy ``out/rel`` of the directory ``source`` keep its structure and nothing else: run-time
+    litter (``__pycache__``, ``*.pyc``) copied with it is removed, every directory of ``source`` exists (a Triton
+    model's empty version directory included: Triton refuses a model without one, "at least one version must be
+    available"), and a directory left without files gets an empty ``.keep``, so that every transport keeps it
+    (object stores have no directories; ``aws s3 sync`` and fsspec copies carry files only)."""
+    dst = out / rel
+    for p in sorted(dst.rglob("*"), reverse=True):
+        r = p.relative_to(dst).as_posix()
+        if is_litter(r):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for d in sorted(source.rglob("*")):
+        if d.is_dir() and not is_litter(d.relative_to(source).as_posix()):
+            (dst / d.relative_to(source)).mkdir(parents=True, exist_ok=True)
+    for d in [dst, *sorted(dst.rglob("*"))]:
+        if d.is_dir() and not any(d.iterdir()):
+            (d / KEEP).write_bytes(b"")
+
+
+def store_dirs(root: Path) -> list[str]:
+    """Every directory under ``root``, relative and sorted (what ``bundle.json`` records as ``dirs``)."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir() and not p.is_symlink())
 
 
 def sign_problems(sign, *, environment: bool = True) -> list[str]:
@@ -394,7 +434,8 @@ def _put(fs, src: Path, dst: str, *, local_dest: bool) -> None:
     os.replace(tmp, path)
 
 
-def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *, local_dest: bool) -> None:
+def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *, local_dest: bool,
+                    dirs: list[str] | None = None) -> None:
     """Upload a whole version, ``bundle.json`` last. Locally it is assembled in a hidden sibling directory and renamed
     into place (replacing an incomplete one), so the version appears complete or not at all."""
     extra = [SIGNATURE] if (local / SIGNATURE).is_file() else []  # the signature before bundle.json
@@ -409,6 +450,8 @@ def _upload_version(fs, local: Path, target: str, files: list[dict[str, Any]], *
     store.clean_partials(final)
     _clean_stale_uploads(final.parent)
     tmp = store.new_tmp_dir(final)
+    for rel in dirs or []:  # the whole tree, empty directories included
+        (tmp / rel).mkdir(parents=True, exist_ok=True)
     for rel in [f["path"] for f in files] + extra:
         _put(fs, local / rel, str(tmp / rel), local_dest=True)
     _put(fs, local / "bundle.json", str(tmp / "bundle.json"), local_dest=True)
@@ -439,7 +482,7 @@ def _publish_version(fs, local: Path, target: str, manifest: dict[str, Any], *,
     ``bundle.json`` and a missing or damaged one is uploaded again from this bundle's identical copy."""
     published = _published_manifest(fs, target)
     if published is None:
-        _upload_version(fs, local, target, manifest["files"], local_dest=local_dest)
+        _upload_version(fs, local, target, manifest["files"], local_dest=local_dest, dirs=manifest.get("dirs"))
         return len(manifest["files"]) + 1 + (local / SIGNATURE).is_file(), []
     ours = {f["path"]: f["sha256"] for f in manifest["files"]}
     damaged = _damaged(fs, target, published["files"], local_dest=local_dest)
@@ -560,6 +603,9 @@ def _verify(where: str, *, container: str | None, public_key: str | None, certif
             bad.append(f"{f['path']} has sha256 {sha[:12]}…, the manifest says {f['sha256'][:12]}…")
     n = len(doc.get("files", []))
     out.append(("checksums", not bad, f"{n} files match their sha256" if not bad else "; ".join(bad[:5])))
+    files, dirs = _tree(fs, root)
+    out.append(tree_check(doc, files, dirs, local=_is_local(fs)))
+    out.append(loadability_check(fs, root, files, dirs))
     out.append(signature_check(fs, root, raw, public_key=public_key, certificate_chain=certificate_chain,
                                require=require_signature))
     t = doc.get("target", {})
@@ -588,6 +634,79 @@ def _verify(where: str, *, container: str | None, public_key: str | None, certif
             out.append(("runtime", ok, f"bundle TensorRT-LLM {want.get('tensorrt_llm')}/TensorRT {want.get('tensorrt')}"
                                        f"; installed {info.version}/{info.tensorrt}"))
     return out
+
+
+def _tree(fs, root: str) -> tuple[set[str], set[str]]:
+    """(files, directories) under a bundle root, relative POSIX paths. On an object store a directory is any key
+    prefix (it has no others)."""
+    files, dirs = set(), set()
+    base = root.rstrip("/")
+    for path, info in fs.find(base, withdirs=True, detail=True).items():
+        rel = path.rstrip("/")[len(base):].lstrip("/")
+        if not rel:
+            continue
+        (dirs if info.get("type") == "directory" else files).add(rel)
+    for f in list(files):  # every parent of a file is a directory (object stores list only some)
+        parts = f.split("/")[:-1]
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return files, dirs
+
+
+def _topmost(paths: set[str]) -> list[str]:
+    """The paths of ``paths`` that lie under no other one of them."""
+    return sorted(p for p in paths if not any(p.startswith(f"{q}/") for q in paths))
+
+
+def tree_check(doc: dict[str, Any], files: set[str], dirs: set[str], *, local: bool) -> tuple[str, bool, str]:
+    """The bundle's tree against its manifest, exactly: every file and directory ``bundle.json`` lists and nothing
+    else (an added, removed or renamed file or directory fails, named). Byte-code caches (``__pycache__``), which
+    the server's python stubs write beside each ``model.py`` of a copy they serve, are not part of the tree. Besides the listed files a bundle holds
+    ``bundle.json``, ``bundle.sig``, and in the local stage store its ``manifest.json``. A manifest without ``dirs``
+    (older bundles) lists its directories through its files' parents."""
+    want = {f["path"] for f in doc.get("files", [])}
+    allowed = {"bundle.json", SIGNATURE} | ({"manifest.json"} if local else set())
+    caches = {p for p in files | dirs if is_litter(p) and not p.endswith(".py")}
+    files, dirs = files - caches, dirs - caches  # byte code a server wrote beside model.py when it served this copy
+    want_dirs = set(doc["dirs"]) if isinstance(doc.get("dirs"), list) else \
+        {"/".join(p.split("/")[:i]) for p in want for i in range(1, p.count("/") + 1)}
+    gone, added = _topmost(want_dirs - dirs), _topmost(dirs - want_dirs)
+    problems = []
+    for d in list(gone):
+        parent = d.rsplit("/", 1)[0] if "/" in d else ""
+        twin = next((e for e in added if (e.rsplit("/", 1)[0] if "/" in e else "") == parent), None)
+        if twin is not None:  # one directory gone and one added beside it: a rename
+            problems.append(f"directory {d}/ was renamed to {twin}/")
+            added.remove(twin)
+        else:
+            problems.append(f"directory {d}/ is missing")
+    problems += [f"directory {e}/ is not in the manifest" for e in added]
+    under = lambda p, tops: any(p.startswith(f"{t}/") for t in tops)  # noqa: E731
+    problems += [f"{p} is missing" for p in sorted(want - files) if not under(p, gone)]
+    problems += [f"{p} is not in the manifest" for p in sorted(files - want - allowed)
+                 if not under(p, _topmost(dirs - want_dirs))]
+    if problems:
+        more = f" (and {len(problems) - 6} more)" if len(problems) > 6 else ""
+        return ("tree", False, "; ".join(problems[:6]) + more)
+    note = f" (ignored: {len(caches)} byte-code cache entries a Python process wrote here)" if caches else ""
+    return ("tree", True, f"{len(want)} files and {len(want_dirs)} directories, exactly as listed{note}")
+
+
+def loadability_check(fs, root: str, files: set[str], dirs: set[str]) -> tuple[str, bool | None, str]:
+    """Whether Triton can load the bundle's ``triton_repo/`` (:func:`pipeline.triton.lint.loadability`): every model
+    has a version directory, the layout's models agree on decoupled mode and batch sizes."""
+    from pipeline.triton import lint
+
+    pre = "triton_repo/"
+    rf = {f[len(pre):] for f in files if f.startswith(pre)}
+    rd = {d[len(pre):] for d in dirs if d.startswith(pre)}
+    if not rf:
+        return ("loadable", False, "no triton_repo/ in the bundle")
+    findings = lint.loadability(rf, rd, lambda rel: fs.cat_file(f"{root}/{pre}{rel}").decode(errors="replace"))
+    if findings:
+        return ("loadable", False, "; ".join(f"triton_repo/{f}" for f in findings[:3]))
+    models = sorted({f.split("/", 1)[0] for f in rf if f.endswith("/config.pbtxt") and f.count("/") == 1})
+    return ("loadable", True, f"{len(models)} models, each with a version directory; decoupled mode and batch "
+                              f"sizes agree")
 
 
 def _same_version(a: str | None, b: str | None) -> bool:
@@ -632,14 +751,44 @@ def _get(d: dict[str, Any], *path: str) -> Any:
     return d
 
 
+UNCOMPARED = ("paths.", "publish.dest", "publish.link", "publish.sign", "publish.move_latest")  # where, not what
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": value}``."""
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def recipe_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """A bundle's recorded recipe (``recipe``: each stage's resolved config) as one flat ``key -> value`` map
+    (every stage reads one config: a key has one value); paths and the destination are left out. Empty for a
+    bundle that records no recipe."""
+    out: dict[str, Any] = {}
+    for cfg in (doc.get("recipe") or {}).values():
+        out.update(flatten(cfg))
+    return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
+
+
 def diff(old: str, new: str) -> str:
-    """A Markdown table of what changed between two bundles: size, accuracy, bench, versions."""
+    """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
+    the server benched on, size, accuracy, bench, versions."""
     with store_errors(old, "reading the bundle"):
         _, _, a = _open_manifest(old)
     with store_errors(new, "reading the bundle"):
         _, _, b = _open_manifest(new)
-    rows: list[tuple[str, Any, Any]] = [
-        ("version", a.get("version"), b.get("version")),
+    rows: list[tuple[str, Any, Any]] = [("version", a.get("version"), b.get("version"))]
+    ca, cb = recipe_settings(a), recipe_settings(b)
+    for key in sorted(set(ca) | set(cb)):  # first: why two versions differ
+        rows.append((f"config {key}", ca.get(key), cb.get(key)))
+    sa, sb = a.get("served_by") or {}, b.get("served_by") or {}
+    for key in ("launcher", "binary", "image", "version"):
+        rows.append((f"server {key}", sa.get(key), sb.get(key)))
+    rows += [
         ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),
         ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),
         ("kv_cache_quant_algo", _get(a, "quant", "kv_cache_quant_algo"), _get(b, "quant", "kv_cache_quant_algo")),
@@ -665,7 +814,7 @@ def diff(old: str, new: str) -> str:
         if o == n:
             continue
         change = ""
-        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o:
+        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o and not name.startswith("config "):
             change = f"{100 * (n / o - 1):+.1f}%"
         fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")

@@ -125,7 +125,9 @@ def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig
                     err.__cause__ = exc
                     out.append(err)
                     continue
-                problems = validate(cfg)
+                from pipeline import own_model
+
+                problems = own_model.adopt(cfg, own_model.group_of(job, conf_dir()), conf_dir(), job) or validate(cfg)
                 if problems:
                     out.append(UserError(problems[0] if len(problems) == 1 else
                                          f"{len(problems)} config problems: " + "; ".join(problems),

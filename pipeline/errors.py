@@ -39,7 +39,13 @@ class StageFailed(PipelineError):
 
 
 class ServerError(StageFailed):
-    """The Triton server failed to start or died; carries the log tail. Exit code 1."""
+    """The Triton server failed to start or died; carries the log tail, and in ``reason`` the server's own one-line
+    account of why (a model that failed to load), when its log has one. Exit code 1."""
+
+    def __init__(self, message: str = "", reason: str | None = None, log_path=None):
+        super().__init__(message)
+        self.reason = reason
+        self.log_path = log_path
 
 
 class InternalError(PipelineError):

@@ -7,25 +7,9 @@ import sys
 import time
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from pipeline.config import CONF_DIR, compose_many, conf_dir, resolved_paths
+from pipeline.config import compose_many, resolved_paths
 from pipeline.errors import UserError
-
-AXES = (("models", "model"), ("quants", "quant"), ("targets", "target"), ("runtimes", "runtime"))
-
-
-def load_matrix(name: str) -> dict[str, Any]:
-    path = conf_dir() / "matrix" / f"{name}.yaml"
-    if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in (CONF_DIR / "matrix").glob("*.yaml")))
-        raise UserError(f"unknown matrix '{name}'; choose one of: {names}")
-    doc = OmegaConf.to_container(OmegaConf.load(path)) or {}
-    unknown = set(doc) - {a for a, _ in AXES} - {"overrides"}
-    if unknown:
-        raise UserError(f"conf/matrix/{name}.yaml: unknown key(s) {', '.join(sorted(unknown))}; use models, quants, "
-                        f"targets, runtimes, overrides")
-    return doc
+from pipeline.matrix import AXES, load_matrix  # noqa: F401 - part of this module's interface
 
 
 def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -149,7 +133,8 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
     """Remove stage outputs that no published bundle references and that are older than ``max_age_days``.
 
     References are the lineages of the local bundles (``paths.bundles``) and of every complete version under
-    ``publish.dest``. Published bundles themselves are never touched."""
+    ``publish.dest``. Published bundles themselves are never touched. The temp directories of a killed build go
+    too, whatever their age (:func:`pipeline.store.orphans`)."""
     paths = resolved_paths(cfg)
     referenced: set[str] = set()
     for bundle in paths["bundles"].glob("*/bundle.json"):
@@ -176,6 +161,14 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
                 (out.parent / f"{out.name}.lock").unlink(missing_ok=True)
             removed.append(str(out))
             freed += size
+    from pipeline import store
+
+    for out in store.orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles")], paths["store"] / "locks"):
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())  # a killed build's temp directory
+        if not dry_run:
+            shutil.rmtree(out, ignore_errors=True)
+        removed.append(str(out))
+        freed += size
     return {"removed": removed, "kept": kept, "freed_bytes": freed, "dry_run": dry_run}
 
 

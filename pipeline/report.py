@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from pipeline import store
 from pipeline.identity import ArtifactKey
 
@@ -83,7 +85,7 @@ def markdown(s: dict[str, Any]) -> str:
     if s.get("published"):
         p = s["published"]
         lines += ["", f"Published `{p['url']}` ({p['uploaded_files']} files uploaded; `latest` "
-                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})."]
+                      f"{'moved' if p['latest_moved'] else 'not moved: ' + (p.get('latest_not_moved') or 'a gate did not pass')})."]
     bench = bench_rows(s)
     if bench:
         lines += ["", "| workload | concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | "
@@ -113,17 +115,17 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
     from pipeline.ui import console
 
     t = Table(title="stages")
-    for col in ("stage", "status", "time", "size", "output"):
-        t.add_column(col, overflow="fold")
+    for col in ("stage", "status", "time", "size"):
+        t.add_column(col, no_wrap=True)
     for r in s["stages"]:
         st = "[green]ran[/]" if r["status"] == "ran" else "[dim]cached[/]"
-        t.add_row(r["stage"], st, f"{r['seconds']:.1f}s", human(r["bytes"]), r["output"])
+        t.add_row(r["stage"], st, f"{r['seconds']:.1f}s", human(r["bytes"]))
     console.print(t)
+    print_paths(console, [(r["stage"], r["output"]) for r in s["stages"]])
     bench = bench_rows(s)
     if bench:
         b = Table(title="bench (streaming gRPC)")
-        for col in ("workload", "concurrency", "errors", "TTFT p50 ms", "ITL p50 ms", "latency p95 ms", "tok/s",
-                    "req/s"):
+        for col in ("workload", "conc.", "errors", "TTFT p50 ms", "ITL p50 ms", "p95 ms", "tok/s", "req/s"):
             b.add_column(col, justify="right")
         for w, lv in bench:
             b.add_row(w, str(lv.concurrency), str(lv.error_count), fmt(lv.ttft_p50_ms), fmt(lv.itl_p50_ms),
@@ -136,9 +138,18 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
         console.print(line, markup=False)
     p = s.get("published")
     if p:
-        console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest "
-                      f"{'moved' if p['latest_moved'] else 'not moved: a gate did not pass'})")
-    console.print(f"total {s['total_s']:.1f}s · report: {report}")
+        why = "moved" if p["latest_moved"] else f"not moved: {p.get('latest_not_moved') or 'a gate did not pass'}"
+        console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest {why})", markup=False,
+                      soft_wrap=True)
+    console.print(f"total {s['total_s']:.1f}s · report: {report}", markup=False, soft_wrap=True)
+
+
+def print_paths(console, rows: list[tuple[str, str]]) -> None:
+    """``name  path`` lines below a table: a path is never cut or folded by a column width, with or without a
+    terminal (each line is written whole; a terminal wraps it, a log keeps it on one line)."""
+    width = max((len(n) for n, _ in rows), default=0)
+    for name, path in rows:
+        console.print(f"  {name:<{width}}  {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _duration(s: float) -> str:
@@ -154,12 +165,13 @@ def print_plan(doc: dict[str, Any]) -> None:
 
     t = Table(title=f"plan: {doc['model']} {doc['quant']} (KV {doc['kv_cache']}) on {doc['target']} / "
                     f"{doc['runtime']}")
-    for col in ("stage", "fingerprint", "status", "output"):
+    for col in ("stage", "fingerprint", "status"):
         t.add_column(col)
     for r in doc["stages"]:
         t.add_row(r["stage"], r["fingerprint"][:12], "[green]cached[/]" if r["cached"] else
-                  f"[yellow]run[/] ({r['reason']})", r["output"])
+                  f"[yellow]run[/] ({escape(r['reason'])})")
     console.print(t)
+    print_paths(console, [(r["stage"], r["output"]) for r in doc["stages"]])
     cap = doc["capacity"]
     if cap:
         c = Table(title=f"KV-cache capacity per GPU on {doc['target']}: TP={cap['tp']}"
@@ -174,11 +186,9 @@ def print_plan(doc: dict[str, Any]) -> None:
                       f"{r['max_tokens']:,}", f"{r['max_concurrent_sequences']:,}")
         console.print(c)
         for w in cap["warnings"]:
-            console.print(f"[yellow]warning:[/] {w}")
+            console.print(f"[yellow]warning:[/] {escape(w)}")
     cal = doc.get("calibration")
     if cal:
-        from rich.markup import escape
-
         est = f"~{_duration(cal['estimated_s'])} on {doc['target']}" if cal["estimated_s"] is not None else \
             f"no time estimate for {doc['target']}"
         console.print(escape(f"calibration: {cal['dataset']}, {cal['num_samples']} rows × {cal['seq_len']} tokens "
@@ -187,4 +197,4 @@ def print_plan(doc: dict[str, Any]) -> None:
                 cal["short_reasons"]):]):
             console.print("[yellow]calibration:[/] " + escape(note))
     for p in doc["not_buildable_here"]:
-        console.print(f"[yellow]build here would be refused:[/] {p}")
+        console.print(f"[yellow]build here would be refused:[/] {escape(p)}")

@@ -477,6 +477,23 @@ class BuildPlan:
         self.by_name = {p.stage.name: p for p in self.stages}
 
 
+def writable_root(cfg: DictConfig) -> None:
+    """``paths.root`` and the stage store can be created and written here; else one line naming the path."""
+    import errno as _errno
+    import tempfile
+
+    paths = resolved_paths(cfg)
+    for key in ("root", "store"):
+        p = paths[key]
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=p).close()
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            hint = "free some space" if exc.errno in (_errno.ENOSPC, _errno.EDQUOT) else "give a writable directory"
+            raise UserError(f"paths.{key}={p}: cannot write there ({why}); {hint} (paths.root=DIR)") from None
+
+
 def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, environment: bool = True) -> BuildPlan:
     """Every plan-time check of the stages ``cfg`` selects from ``registry``, then their fingerprints. Config
     incompatibilities come first (and alone); then, with ``environment``, what this machine lacks to run the stages.
@@ -484,12 +501,21 @@ def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, env
     once, and handed to the stages that declare what they use of it."""
     stages = select(cfg, registry)
     problems = plan_checks(cfg, stages, environment=False)
-    if not problems and environment:
-        problems = plan_checks(cfg, stages)
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
     capacity = planning.resolve(cfg)
-    return BuildPlan(cfg, plan(cfg, stages, capacity), capacity)
+    planned = BuildPlan(cfg, plan(cfg, stages, capacity), capacity)
+    problems = env_problems(planned) if environment else []
+    if problems:
+        raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
+    return planned
+
+
+def env_problems(p: "BuildPlan") -> list[str]:
+    """What this machine lacks to run the planned stages that are not cached (a cached stage needs nothing here:
+    a quantize done on a GPU host and copied into the store is not refused on a CPU machine)."""
+    return [msg for ps in p.stages if not ps.cached and ps.stage.env_check is not None
+            for msg in ps.stage.env_check(p.cfg)]
 
 
 @dataclass
@@ -533,10 +559,15 @@ def run(plan: BuildPlan, console: Any = None) -> BuildReport:
     from pipeline import errors
 
     cfg = plan.cfg
+    writable_root(cfg)
     log_path = errors.current_log()
     if log_path is None:
         log_path = errors.log_path(resolved_paths(cfg)["store"] / "logs")
         errors.setup_logging(log_path)
+    paths = resolved_paths(cfg)
+    for p in store.remove_orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles") if k in paths],
+                                  paths["store"] / "locks"):
+        log.info("removed %s, left by a build that was killed", p)
     rows = []
     t_all = time.perf_counter()
     for ps in plan.stages:

@@ -405,6 +405,9 @@ class PublishConfig:
     dest: str = "${paths.root}/published"  # any fsspec URL: a local path, s3://bucket/prefix, gs://..., memory://
     link: bool = True  # hard-link files into the local bundle when on the same filesystem
     sign: SignConfig = field(default_factory=SignConfig)
+    # null: `latest` moves when every gate passed and the config is its matrix entry's (conf/matrix); true: an ad-hoc
+    # config moves it too (gates still apply); false: it never moves (the version is published either way)
+    move_latest: Optional[bool] = None
 
 
 @dataclass

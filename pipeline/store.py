@@ -144,6 +144,42 @@ def clean_partials(final: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+def orphans(roots: list[Path], lock_dir: Path | None = None) -> list[Path]:
+    """Temp and swapped-out directories (``.<name>.tmp-*``, ``.<name>.old-*``) under ``roots`` that no running
+    build owns, whatever their age: a build writes them only while it holds the lock of ``<name>``
+    (:func:`lock_path` in ``lock_dir``), so one whose lock can be taken now was left by a build that was killed."""
+    import re
+
+    found = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for p in root.iterdir():
+            m = re.match(r"^\.(.+)\.(?:tmp|old)-", p.name)
+            if not m or not p.is_dir():
+                continue
+            path = lock_path(root / m.group(1), lock_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(path))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue  # its build is running
+            try:
+                found.append(p)
+            finally:
+                lock.release()
+    return found
+
+
+def remove_orphans(roots: list[Path], lock_dir: Path | None = None) -> list[Path]:
+    """Remove :func:`orphans`; returns what was removed."""
+    gone = orphans(roots, lock_dir)
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
 def new_tmp_dir(final: Path) -> Path:
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)

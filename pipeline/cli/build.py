@@ -78,7 +78,7 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     from pipeline.stages import STAGES
 
     plan = runner.preflight(cfg, STAGES, environment=False)
-    here = [p for st in runner.select(cfg, STAGES) if st.env_check for p in st.env_check(cfg)]
+    here = runner.env_problems(plan)
     rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
              "output": str(p.out)} for p in plan.stages]
     key = ArtifactKey.of(cfg)
@@ -118,6 +118,7 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
 
     plan = runner.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
     paths = resolved_paths(cfg)
+    runner.writable_root(cfg)  # an unwritable or missing root: one line, before the log is opened there
     log_path = errors.log_path(paths["store"] / "logs")
     errors.setup_logging(log_path)
     logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
@@ -130,6 +131,24 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def refusal_summary(refused: list[dict[str, Any]]) -> list[str]:
+    """The expected refusals (a quant a GPU cannot serve, a runtime a target has not) in one line per target: how
+    many combinations, and the most common reason with its count (``validate --json`` lists every one)."""
+    from collections import Counter
+
+    by_target: dict[str, Counter] = {}
+    for r in refused:
+        by_target.setdefault(str(r["combination"].get("target")), Counter()).update(r["refused"][:1])
+    out = []
+    for target, reasons in sorted(by_target.items()):
+        n = sum(reasons.values())
+        (top, k), *others = reasons.most_common()
+        more = f"; {len(others)} other reason{'s' if len(others) != 1 else ''}" if others else ""
+        out.append(f"target={target}: {n} combination{'s' if n != 1 else ''} refused by the compatibility rules "
+                   f"({k}× {top}{more}; validate --json lists each)")
+    return out
 
 
 def cmd_validate(as_json: bool) -> int:
@@ -160,12 +179,14 @@ def cmd_validate(as_json: bool) -> int:
     else:
         from pipeline.ui import console
 
+        from rich.markup import escape
+
         for r in results:
             name = " ".join(f"{k}={v}" for k, v in r["combination"].items())
             for p in r["errors"]:
-                console.print(f"[red]✗[/] {name}: {p}")
-            for p in r["refused"]:
-                console.print(f"[yellow]–[/] {name}: refused by the compatibility rules: {p}")
+                console.print(f"[red]✗[/] {escape(name)}: {escape(p)}")
+        for line in refusal_summary(refused):
+            console.print(f"[yellow]–[/] {escape(line)}")
         console.print(f"{len(results) - len(bad)}/{len(results)} combinations compose; {len(refused)} refused by "
                       f"the compatibility rules; {len(bad)} with config errors")
     return 2 if bad else 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,11 @@ def serve_target(where: str) -> Path:
                         f"remote bundle first)")
     if (p / "latest").is_file() and not (p / "bundle.json").is_file():
         p = p / (p / "latest").read_text().strip()
+    elif not (p / "bundle.json").is_file() and not any(p.glob("*/config.pbtxt")):
+        versions = sorted(d.name for d in p.glob("*/bundle.json") for d in [d.parent])
+        if versions:  # a bundle base whose versions never passed every gate: no `latest` to follow
+            raise UserError(f"{where}: no `latest` here (no version passed every gate); serve a version: "
+                            f"{', '.join(str(p / v) for v in versions)}")
     if (p / "bundle.json").is_file():
         p = p / "triton_repo"
     if not any(p.glob("*/config.pbtxt")):
@@ -113,19 +119,22 @@ def cmd_serve(args: list[str]) -> int:
             else:
                 while s.alive():
                     time.sleep(0.5)
-            print(f"error: the server exited; its log {s.log_path}:\n{s.log_tail()}", file=sys.stderr)
+            print(f"error: the server exited; its log {_keep_log(s.log_path, cfg)}:\n{s.log_tail()}", file=sys.stderr)
             return 1
     except KeyboardInterrupt:
         print("stopped", flush=True)
         return 0
     except server.ServerError as exc:
+        log = _keep_log(exc.log_path, cfg)
+        if exc.reason:  # the server's own reason, in one line, instead of its summary "failed to load all models"
+            raise UserError(f"the server did not load {repo}: {exc.reason} (server log: {log})") from None
         raise UserError(f"the server did not start: {exc}") from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if front is not None:
             sock.close()
-        shutil.rmtree(work / "repo", ignore_errors=True)  # the staged links; the server log stays
+        shutil.rmtree(work, ignore_errors=True)  # the staged links, backends copy and server logs: nothing left in /tmp
 
 
 def _ready_models(s) -> list[str]:
@@ -137,3 +146,18 @@ def _ready_models(s) -> list[str]:
     finally:
         client.close()
     return sorted(m["name"] for m in index if m.get("state") == "READY")
+
+
+def _keep_log(log_path, cfg) -> Path | None:
+    """A copy of a failed server's log under ``<store>/logs`` (the work directory it was in is removed)."""
+    from pipeline.config import resolved_paths
+
+    if log_path is None or not Path(log_path).is_file():
+        return None
+    dest = resolved_paths(cfg)["store"] / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}-{Path(log_path).parent.name}.log"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, dest)
+    except OSError:
+        return None
+    return dest

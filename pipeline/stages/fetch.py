@@ -25,6 +25,7 @@ from pipeline import store
 from pipeline.errors import UserError
 from pipeline.results import FetchResult
 from pipeline.runner import Context, Stage
+from pipeline.sources import parse_source  # noqa: F401 - part of this module's interface
 from pipeline.ui import status
 from pipeline.tokenizer_files import TOKENIZER_FILES, TOKENIZER_GLOBS
 
@@ -32,19 +33,6 @@ WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
 META_PATTERNS = ["config.json", "generation_config.json", *TOKENIZER_GLOBS]
 
 
-def parse_source(source: str) -> tuple[str, str, str | None]:
-    """-> (kind, location, revision). kind is hf | gguf | local | synthetic."""
-    if source == "synthetic":
-        return "synthetic", "", None
-    if source.startswith("hf://"):
-        body = source[len("hf://"):]
-        repo, _, rev = body.partition("@")
-        if repo.count("/") != 1 or not all(repo.split("/")):
-            raise UserError(f"model.source={source!r}: expected hf://org/name@revision")
-        return "hf", repo, rev or None
-    if source.startswith("gguf://"):
-        return "gguf", source[len("gguf://"):], None
-    return "local", source, None
 
 
 def gguf_path(location: str) -> Path:
@@ -71,11 +59,15 @@ def check(cfg: DictConfig) -> list[str]:
             gguf_path(loc)
         elif kind == "local":
             src = Path(loc).expanduser()
+            if src.suffix == ".gguf":
+                return [f"model.source={loc}: a GGUF file is given as model.source=gguf://{src.resolve()} (or "
+                        f"gguf://PACKAGE/FILE.gguf for one a package ships)"]
             if not src.is_dir():
                 return [f"model.source={loc!r}: no such directory (sources: hf://org/name@rev, gguf://..., a local "
                         f"dir, synthetic)"]
             _check_checkpoint(src.resolve(), loc)
             _check_no_escape(src.resolve(), loc)
+            validate_checkpoint(src.resolve(), loc)  # a damaged file is named before anything runs
     except UserError as exc:
         return [str(exc)]
     return []
@@ -182,6 +174,81 @@ def _check_checkpoint(d: Path, source: str) -> None:
         raise UserError(f"{source}: no safetensors weights{what}; only safetensors checkpoints are loaded")
     if not any((d / f).is_file() for f in TOKENIZER_FILES):
         raise UserError(f"{source}: checkpoint has no tokenizer (tokenizer.json or tokenizer.model); add one")
+
+
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+                           "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1,
+                           "BOOL": 1}
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a ``.safetensors`` file, read from its header alone (the format: an 8-byte little-endian
+    header length, a JSON header naming each tensor's dtype, shape and ``data_offsets`` into the data that
+    follows): a header that does not parse, a tensor whose offsets disagree with its dtype and shape or overlap,
+    or a file whose size is not the header's end (truncated or padded). None for a sound file."""
+    import struct
+
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > size - 8 or n > 100 << 20:
+                return f"its header claims {n} bytes but the file has {size} (truncated or not safetensors)"
+            header = json.loads(fh.read(n))
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        return f"its header does not parse ({type(exc).__name__}; truncated or not safetensors)"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    end, spans = 0, []
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, stop = (int(x) for x in t["data_offsets"])
+            count = 1
+            for dim in t["shape"]:
+                count *= int(dim)
+            width = SAFETENSORS_DTYPE_BYTES.get(t["dtype"])
+        except (KeyError, TypeError, ValueError):
+            return f"tensor {name!r} has no valid dtype, shape and data_offsets"
+        if width is not None and stop - start != count * width:
+            return f"tensor {name!r} ({t['dtype']} {list(t['shape'])}) spans {stop - start} bytes, not {count * width}"
+        spans.append((start, stop, name))
+        end = max(end, stop)
+    spans.sort()
+    for (_, a_end, a), (b_start, _, b) in zip(spans, spans[1:]):
+        if b_start < a_end:
+            return f"tensors {a!r} and {b!r} overlap"
+    if size != 8 + n + end:
+        return (f"the header describes {8 + n + end} bytes but the file has {size} "
+                f"({'truncated' if size < 8 + n + end else 'trailing bytes'})")
+    return None
+
+
+def validate_checkpoint(d: Path, source: str) -> None:
+    """Refuse a checkpoint whose files would fail later, naming the file: every ``.safetensors`` file sound
+    (:func:`safetensors_problem`), ``config.json`` and the tokenizer's JSON files parse, ``tokenizer.json`` loads
+    with the tokenizers library. Raised as :class:`UserError` (exit 2): the stage output is not kept."""
+    for f in sorted(d.glob("*.safetensors")):
+        why = safetensors_problem(f)
+        if why:
+            raise UserError(f"{source}: {f.name} is damaged: {why}; fetch it again (or replace the file)")
+    for name in ("config.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"):
+        f = d / name
+        if f.is_file():
+            try:
+                json.loads(f.read_text())
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise UserError(f"{source}: {name} is not valid JSON ({exc}); fetch it again") from None
+    tok = d / "tokenizer.json"
+    if tok.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(tok))
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            raise UserError(f"{source}: tokenizer.json does not load ({str(exc).splitlines()[0][:200]}); fetch it "
+                            f"again") from None
 
 
 def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
@@ -361,6 +428,7 @@ def run(ctx: Context) -> FetchResult:
     else:
         result = _from_synthetic(ctx)
     _check_checkpoint(ctx.out, ctx.cfg.model.source)
+    validate_checkpoint(ctx.out, ctx.cfg.model.source)
     hf_cfg = json.loads((ctx.out / "config.json").read_text())
     return FetchResult(**result, architectures=hf_cfg.get("architectures"), model_type=hf_cfg.get("model_type"))
 

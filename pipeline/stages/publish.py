@@ -9,7 +9,9 @@ Layout::
 
     bundle.json            what it is (model, quant, target, runtime, fingerprints, results) + every file's sha256
     checkpoint/            the exported (quantized) unified HF checkpoint
-    triton_repo/           the model repository, ready for tritonserver --model-repository
+    triton_repo/           the model repository, ready for tritonserver --model-repository: every directory of the
+                           package stage's (an empty version directory holds an empty .keep, so that object stores
+                           and file syncs keep it), no byte-code caches
     reports/               quantize.md, accuracy.json, build.json, bench.md, bench.json, bench.png,
                            requests.jsonl, aiperf/<workload>/concurrency_<N>/ (aiperf's export)
     manifests/<stage>.json the manifest of every stage that produced it
@@ -27,7 +29,7 @@ import json
 from typing import Any
 
 from pipeline import __version__, store
-from pipeline.bundle import SCHEMA, BundleManifest
+from pipeline.bundle import SCHEMA, BundleManifest, bundle_tree, store_dirs
 from pipeline.bundle import publish as publish_bundle
 from pipeline.bundle import sign as sign_bundle
 from pipeline.bundle import sign_problems
@@ -60,6 +62,33 @@ def bench_verdict(bench: BenchResult) -> dict[str, Any]:
     return bench.gates.model_dump(mode="json")
 
 
+def recipe(ctx: Context) -> dict[str, dict[str, Any]]:
+    """The resolved config of every stage (what each ran with, from its manifest), this one's included; URLs lose
+    any credentials embedded in them."""
+    from pipeline.bundle import redact
+
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return redact(v) if isinstance(v, str) and "://" in v else v
+
+    out = {stage: clean(m.get("config") or {}) for stage, m in ctx.manifests.items()}
+    out["publish"] = clean(to_plain(ctx.cfg))
+    return out
+
+
+def _served_by(path, libraries: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The server the bench ran on, as bench.json records it, with the bench's library versions (the client and
+    the bundled server's package); None for a bench that recorded no server."""
+    try:
+        server = json.loads(path.read_text()).get("server")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return {**server, "libraries": libraries or {}} if isinstance(server, dict) else None
+
+
 def gates_passed(gates: dict[str, Any]) -> bool:
     """Whether ``latest`` may move: every gate verdict passed or does not apply (``no-baseline`` does not pass)."""
     # an inconclusive task gate reaches a bundle only without eval.strict (with it, evaluate fails)
@@ -80,6 +109,7 @@ def run(ctx: Context) -> PublishResult:
         for name in names:
             if (ctx.inputs[stage] / name).is_file():
                 ctx.link_input(stage, name, f"reports/{name}", link=cfg.publish.link)
+    bundle_tree(out, ctx.inputs["package"], "triton_repo")
     (out / "manifests").mkdir()
     lineage = {}
     for stage, manifest in ctx.manifests.items():
@@ -114,7 +144,9 @@ def run(ctx: Context) -> PublishResult:
         "eval": ev.model_dump(mode="json") if ev else None,
         "gates": gates, "lineage": lineage,
         "provenance": {"pipeline": __version__, "git_commit": _git_commit(), "host": host_info()},
-        "files": files,
+        "files": files, "dirs": store_dirs(out),
+        "recipe": recipe(ctx),
+        "served_by": _served_by(ctx.inputs["bench"] / "bench.json", ctx.manifests["bench"].get("versions")),
     })
     (out / "bundle.json").write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n")
     signature = sign_bundle(out, cfg.publish.sign)  # bundle.sig over bundle.json (publish.sign.method != none)
@@ -122,20 +154,38 @@ def run(ctx: Context) -> PublishResult:
                          version=manifest.version, gates=gates)
 
 
-def upload(local, dest: str, *, lock_dir=None) -> dict[str, Any]:
+def upload(local, dest: str, *, lock_dir=None, config_differs: list[str] | None = None,
+           move_latest: bool | None = None) -> dict[str, Any]:
     """Upload an assembled bundle to ``publish.dest`` (after every build: a complete version already there is
-    checked, and only its missing or damaged files are uploaded). ``latest`` moves only when every gate passed. Not part of the cached stage: the destination is no property of
-    the bundle, and its version must not depend on it."""
+    checked, and only its missing or damaged files are uploaded). ``latest`` moves only when every gate passed and
+    the config is its matrix entry's (``config_differs`` empty); ``move_latest=True`` moves it for an ad-hoc config
+    too, ``False`` never. Not part of the cached stage: the destination is no property of the bundle, and its
+    version must not depend on it."""
     doc = json.loads((local / "bundle.json").read_text())
     passed = gates_passed(doc["gates"])
+    move = passed and move_latest is not False and (move_latest is True or not config_differs)
+    why = None
+    if not move:
+        why = ("a gate did not pass" if not passed else "publish.move_latest=false" if move_latest is False else
+               f"the config differs from its matrix entry ({'; '.join(config_differs[:3])}); "
+               f"publish.move_latest=true moves it")
     with status(f"publishing {doc['version']} to {dest}"):
-        return {**publish_bundle(local, dest, move_latest=passed, lock_dir=lock_dir), "gates_passed": passed}
+        return {**publish_bundle(local, dest, move_latest=move, lock_dir=lock_dir), "gates_passed": passed,
+                "latest_not_moved": why}
 
 
 def after(cfg, out) -> dict[str, Any]:
     """After every build: upload the bundle to ``publish.dest`` (with the full config; the destination is no
-    property of the bundle)."""
-    return upload(out, str(cfg.publish.dest), lock_dir=resolved_paths(cfg)["store"] / "locks")
+    property of the bundle). ``latest`` follows :func:`pipeline.matrix.differences` (the bundle's recipe against
+    its matrix entry) unless ``publish.move_latest`` says otherwise."""
+    from pipeline import matrix
+    from pipeline.bundle import recipe_settings
+
+    choice = cfg.publish.get("move_latest")
+    doc = json.loads((out / "bundle.json").read_text())
+    differs = [] if choice is not None else matrix.differences(cfg, recipe_settings(doc))[1]
+    return upload(out, str(cfg.publish.dest), lock_dir=resolved_paths(cfg)["store"] / "locks",
+                  config_differs=differs, move_latest=choice)
 
 
 STAGE = Stage(

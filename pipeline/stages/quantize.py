@@ -71,6 +71,77 @@ def check(cfg: DictConfig) -> list[str]:
     return [p for p in problems if p]
 
 
+def env_check(cfg: DictConfig) -> list[str]:
+    """Before any stage runs, on this machine (quantize runs here, whatever the target): the model fits this
+    machine's GPUs, or its memory without one (:func:`machine_fit_problem`), and the calibration data exists here
+    (:func:`calibration_problem`)."""
+    if cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none":
+        return []
+    return [p for p in (machine_fit_problem(cfg), *calibration_problem(cfg)) if p]
+
+
+def machine_fit_problem(cfg: DictConfig) -> str | None:
+    """Quantize calibrates on this machine's GPUs (all of them, the model spread over them), or on its CPU when it
+    has none: the ``check`` above sizes the target's GPUs, this one the machine that will run it. A cached quantize
+    needs nothing here (``runner.env_problems`` runs this only for a quantize that runs). The refusal names what
+    would work."""
+    from pipeline import hardware
+
+    params = float(cfg.model.shape.params_b or 0)
+    if params <= 0:
+        return None
+    gpu = hardware.local_gpu()
+    if gpu is not None:
+        problem = capacity.calibration_fit_problem(
+            cfg.model.name, params, device="cuda", target=f"this machine ({gpu['name']})",
+            memory_gb=gpu["memory_gb"], gpus_per_node=gpu["count"], row=_row_bytes(cfg))
+    else:
+        problem = capacity.calibration_fit_problem(cfg.model.name, params, device="cpu", target="cpu",
+                                                   memory_gb=0, gpus_per_node=0, row=_row_bytes(cfg))
+        if problem:
+            problem = problem.replace("target cpu calibrates on this host", "quantize runs on this machine")
+    if problem is None:
+        return None
+    return (f"{problem}; build until=quantize on such a host (or submit it there with "
+            f"hydra/launcher=pipeline_slurm), then build the rest here from the same store; until=fetch works here")
+
+
+def calibration_problem(cfg: DictConfig) -> list[str]:
+    """The calibration data given (``quant.calib.dataset``, not ``auto``) exists on this machine. A Hub dataset needs
+    the ``hub`` extra (``datasets``) and a reachable Hub (not ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``); the fix
+    named is the shipped corpus or a local file."""
+    import os
+
+    c = cfg.quant.calib
+    if c.dataset == "auto":
+        return []  # the recipe's dataset, with the shipped corpus as the fallback where it cannot be loaded (calib)
+    dataset = calib.resolve(c.dataset, cfg.model.source)
+    if not calib.is_hub(dataset):
+        return []
+    fix = "calibrate on the shipped corpus (quant.calib.dataset=builtin) or a local .txt/.jsonl file"
+    try:
+        calib.require_hub_support(dataset)
+    except UserError:
+        return [f"quant.calib.dataset={dataset} comes from the Hub and needs {calib.HUB_EXTRA}; or {fix}"]
+    offline = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+               if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")]
+    if offline:
+        return [f"quant.calib.dataset={dataset} comes from the Hub and {offline[0]}=1; {fix}"]
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{endpoint}/api/datasets?limit=1", timeout=5).close()
+    except urllib.error.HTTPError:
+        pass  # the Hub answered
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "reason", exc)
+        return [f"quant.calib.dataset={dataset} comes from the Hub, which is not reachable from here ({endpoint}: "
+                f"{why}); {fix}"]
+    return []
+
+
 def _row_bytes(cfg: DictConfig) -> float:
     """One calibration or evaluation row's activation bytes (``capacity.row_bytes``) from the declared shape; 0 when
     the shape does not say enough."""
@@ -311,6 +382,7 @@ STAGE = Stage(
     root="store",
     label=lambda cfg: ArtifactKey.of(cfg).checkpoint_label,
     check=check,
+    env_check=env_check,
     extra=extra,
     capacity=trtllm_mapping,
 )

@@ -19,7 +19,12 @@ Rules (each finding is one line naming the file and the fix):
    and any other absolute path is a finding;
 7. the engine's TRT-LLM version (its ``config.json``) is the serving container's (``trtllm_version``, or the version
    upstream pairs with ``container``);
-8. an ``llmapi`` model takes ``max_batch_size`` and decoupled mode from ``model.yaml``'s ``triton_config`` (not from
+8. the repository loads (:func:`loadability`, also run by ``verify`` on a bundle): every model directory has a
+   version directory (Triton: "at least one version must be available"), every top-level directory is a model,
+   ``tensorrt_llm`` and ``tensorrt_llm_bls`` share one transaction policy (the BLS calls the model with its own
+   ``decoupled`` flag: a decoupled BLS over a unary model cannot stream) and the BLS's ``max_batch_size`` is at most
+   the model's;
+9. an ``llmapi`` model takes ``max_batch_size`` and decoupled mode from ``model.yaml``'s ``triton_config`` (not from
    ``config.pbtxt``, as upstream), its ``model`` is an absolute path that exists in the repository, and N instances
    name N GPU sets in ``gpu_device_ids``.
 """
@@ -293,6 +298,69 @@ def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ loadability
+def loadability(files: set[str], dirs: set[str], read) -> list[str]:
+    """What keeps the real server from loading a repository, from its tree alone: ``files`` and ``dirs`` are the
+    repository's paths relative to its root (POSIX), ``read(rel)`` returns a file's text. Works on a local
+    directory (:func:`tree_of`) and on a bundle read through fsspec alike. A config that does not parse is left to
+    the parse check (its models are skipped here, so one error is reported once)."""
+    out: list[str] = []
+    tops = sorted({p.split("/", 1)[0] for p in files | dirs if "/" in p} | {d for d in dirs if "/" not in d})
+    configs = {}
+    for top in tops:
+        if top.startswith("."):
+            continue
+        if f"{top}/config.pbtxt" not in files:
+            out.append(f"{top}/: a directory without config.pbtxt; Triton tries to load it as a model and fails: "
+                       f"remove it or add its config")
+            continue
+        versions = sorted(d.split("/")[1] for d in dirs if d.count("/") == 1 and d.startswith(f"{top}/")
+                          and d.split("/")[1].isdigit())
+        versions += sorted({f.split("/")[1] for f in files if f.count("/") >= 2 and f.startswith(f"{top}/")
+                            and f.split("/")[1].isdigit()} - set(versions))
+        if not versions:
+            out.append(f"{top}/: no version directory ({top}/1/); Triton refuses the model (\"at least one version "
+                       f"must be available\"): create {top}/1/")
+        try:
+            configs[top] = parse_model_config(read(f"{top}/config.pbtxt"), name=f"{top}/config.pbtxt")
+        except (UserError, UnicodeDecodeError):
+            continue
+    llm, bls = configs.get("tensorrt_llm"), configs.get("tensorrt_llm_bls")
+    if llm is not None and bls is not None:
+        d_llm, d_bls = _decoupled(llm, read), bls.model_transaction_policy.decoupled
+        if d_llm is not None and d_llm != d_bls:
+            out.append(f"tensorrt_llm_bls/config.pbtxt: decoupled: {str(d_bls).lower()}, but tensorrt_llm is "
+                       f"{'decoupled' if d_llm else 'unary'}; the BLS calls it with its own mode (streaming fails at "
+                       f"run time): give both the same model_transaction_policy")
+        if llm.max_batch_size and bls.max_batch_size > llm.max_batch_size:
+            out.append(f"tensorrt_llm_bls/config.pbtxt: max_batch_size {bls.max_batch_size} exceeds tensorrt_llm's "
+                       f"{llm.max_batch_size}; lower the BLS's or raise the model's")
+    return out
+
+
+def _decoupled(cfg, read) -> bool | None:
+    """A model's transaction policy: config.pbtxt's, or an llmapi model's ``triton_config.decoupled``."""
+    if cfg.HasField("model_transaction_policy"):
+        return cfg.model_transaction_policy.decoupled
+    import yaml
+
+    try:
+        doc = yaml.safe_load(read("tensorrt_llm/1/model.yaml")) or {}
+    except (OSError, FileNotFoundError, yaml.YAMLError):
+        return False
+    tc = doc.get("triton_config") if isinstance(doc, dict) else None
+    return bool(tc.get("decoupled")) if isinstance(tc, dict) else None
+
+
+def tree_of(root: Path) -> tuple[set[str], set[str]]:
+    """(files, directories) under ``root``, relative POSIX paths."""
+    files, dirs = set(), set()
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).as_posix()
+        (dirs if p.is_dir() else files).add(rel)
+    return files, dirs
+
+
 def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str = REPO_MOUNT,
          container: str | None = None, line: str | None = None) -> list[str]:
     """Every finding, one line each. ``trtllm_version``: the serving container's TensorRT-LLM (else the one upstream
@@ -305,13 +373,16 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
     if container and not trtllm_version:
         trtllm_version = upstream.trtllm_for(container)
     configs, dirs, findings = load(repo)
+    unparsed = bool(findings)
+    broken = {f.split("/", 1)[0] for f in findings if "/config.pbtxt:" in f}
+    files, tree_dirs = tree_of(repo)
+    findings += loadability(files, tree_dirs, lambda rel: (repo / rel).read_text(errors="replace"))
     lay = layout_of(dirs)
     line = line or upstream.line_for(trtllm_version)
     recorded = upstream.interface(line, lay)
     reads = upstream.reads(line, lay)
     # A config that does not parse leaves the layout unknown: its parse error is the finding, not every model the
     # guessed layout would then miss.
-    unparsed = bool(findings)
     for model in ([] if unparsed else recorded):
         if model not in configs and not any(f.startswith(f"{model}/") for f in findings):
             if lay == layouts.LLMAPI or model in ("preprocessing", "postprocessing", layouts.LLM_MODEL):
@@ -320,6 +391,8 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
         if name in recorded:
             findings += conformance(name, cfg, recorded[name], reads.get(name, {}))
         if cfg.platform == "ensemble":
+            if any(step.model_name in broken for step in cfg.ensemble_scheduling.step):
+                continue  # a step's config does not parse: that error is the finding, not what follows from it
             findings += check_ensemble(name, cfg, configs)
         else:
             findings += check_model(repo, name, cfg, dirs[name], trtllm_version, repo_mount)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,13 +25,30 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from pipeline.errors import ServerError, UserError
 from pipeline.triton import stubenv
 
-
 __all__ = ["ServerError"]  # part of the error hierarchy (pipeline.errors); raised here
+
+
+_LOAD_FAILURE = re.compile(r"failed to load (?:model )?'([^']+)'(?: version \d+)?: (.+?)\"?\s*$")
+
+
+def load_failures(log: str) -> list[str]:
+    """The server's reasons for models that did not load, one line each (``model 'ensemble': at least one version
+    must be available ...``), from its log lines such as ``E... model_repository_manager.cc:...] "failed to load
+    model 'ensemble': ..."`` (Triton's model_repository_manager and model_lifecycle messages); the summary line
+    "failed to load all models" carries no reason and is left out."""
+    out: list[str] = []
+    for line in log.splitlines():
+        m = _LOAD_FAILURE.search(line)
+        if m:
+            item = f"model '{m.group(1)}': {m.group(2).strip()}"
+            if item not in out:
+                out.append(item)
+    return out
 
 
 @dataclass
@@ -41,6 +59,7 @@ class Server:
     grpc_port: int
     log_path: Path
     container: str | None = None
+    binary: str | None = None  # the tritonserver started here (local launcher)
 
     @property
     def grpc_url(self) -> str:
@@ -265,6 +284,29 @@ def _supervise(cmd: list[str]) -> int:
             os.killpg(0, signal.SIGKILL)
 
 
+def describe(server: Server, serve) -> dict[str, Any]:
+    """The server a bench ran on, as the server reports itself: ``{"launcher", "binary", "image", "name",
+    "version", "extensions"}`` (Triton's server metadata, ``GET /v2`` of the KServe v2 protocol; gRPC
+    ``ServerMetadata`` for an external server, whose HTTP address is unknown). Fields it cannot tell are None."""
+    meta: dict[str, Any] = {}
+    try:
+        if server.proc is None:
+            import tritonclient.grpc as grpcclient
+
+            with contextlib.closing(grpcclient.InferenceServerClient(server.grpc_url)) as c:
+                m = c.get_server_metadata(as_json=True)
+        else:
+            with urllib.request.urlopen(f"{server.http_url}/v2", timeout=5) as r:
+                m = json.loads(r.read())
+        meta = {"name": m.get("name"), "version": m.get("version"), "extensions": sorted(m.get("extensions") or [])}
+    except Exception:  # noqa: BLE001 - a server that does not answer its metadata: the fields stay None
+        meta = {}
+    kind = serve.launcher.value
+    return {"launcher": kind, "binary": server.binary, "image": str(serve.image) if kind == "docker" else None,
+            "url": str(serve.url) if kind == "external" else None, "name": meta.get("name"),
+            "version": meta.get("version"), "extensions": meta.get("extensions")}
+
+
 def free_ports(host: str, n: int = 2) -> list[int]:
     """``n`` distinct free TCP ports on ``host``: the probe sockets stay bound together, so the kernel cannot hand
     out the same port twice."""
@@ -313,7 +355,7 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
                                   f"--grpc-port={grpc_port}"]),
                 cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        server = Server(proc, host, http_port, grpc_port, log_path)
+        server = Server(proc, host, http_port, grpc_port, log_path, binary=str(binary))
         try:
             state = wait_ready(server, timeout_s, on_wait)
             if state == "exited":
@@ -326,7 +368,9 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
             if "address already in use" in tail.lower():
                 last_err = exc
                 continue
-            raise ServerError(f"{exc}; log {log_path}:\n{tail}") from None
+            reasons = load_failures(server.log_tail(lines=400))
+            raise ServerError(f"{exc}; log {log_path}:\n{tail}", reason="; ".join(reasons) or None,
+                              log_path=log_path) from None
         except BaseException:
             stop(server)
             raise

@@ -89,6 +89,9 @@ def test_serve_finds_the_repository_of_a_bundle_and_refuses_anything_else(tmp_pa
         serve_target(str(tmp_path / "b" / "v1" / "triton_repo" / "ensemble"))
     with pytest.raises(UserError, match="no such directory"):
         serve_target(str(tmp_path / "nowhere"))
+    (tmp_path / "b" / "latest").unlink()  # no version passed every gate: the versions are named
+    with pytest.raises(UserError, match=r"no `latest` here \(no version passed every gate\); serve a version: .*/b/v1"):
+        serve_target(str(tmp_path / "b"))
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from pipeline import bundle
 FILES = {"checkpoint/config.json": b'{"architectures": ["Qwen3ForCausalLM"]}\n',
          "checkpoint/model.safetensors": None,  # random bytes
          "triton_repo/ensemble/config.pbtxt": b'name: "ensemble"\nplatform: "ensemble"\n',
+         "triton_repo/ensemble/1/.keep": b"",  # the version directory Triton needs (pipeline.bundle.bundle_tree)
          "reports/bench.json": b'{"gates": {"verdict": "pass"}}\n'}
 
 
@@ -45,7 +46,7 @@ def make_bundle(root: Path, *, version: str = "v0123456789ab", lineage: dict[str
         "accuracy": None, "bench": {"workloads": {}},
         "gates": {"accuracy": "pass", "export_check": "pass", "bench": "pass", "bench_detail": detail},
         "lineage": lineage or {"fetch": "f" * 64}, "provenance": {"pipeline": "0.1.0", "git_commit": None, "host": {}},
-        "files": files,
+        "files": files, "dirs": bundle.store_dirs(out),
     }
     bundle.BundleManifest.model_validate(doc)
     (out / "bundle.json").write_text(json.dumps(doc, indent=2) + "\n")

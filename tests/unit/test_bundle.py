@@ -152,3 +152,169 @@ def test_the_published_bundle_reader_takes_latest_and_skips_incomplete_versions(
     (Path(base) / "latest").write_text("v3")
     assert bundle.read_published(cfg)[1] in ("v1", "v2")
     assert bundle.read_published(cfg)[1] != "v3"
+
+
+# ------------------------------------------------------------------------------------------------ the bundle's tree
+def _checks(where) -> dict[str, tuple[bool | None, str]]:
+    return {name: (ok, msg) for name, ok, msg in bundle.verify(str(where))}
+
+
+def test_verify_passes_the_tree_exactly_as_listed(tmp_path):
+    from tests.helpers.bundles import make_bundle
+
+    checks = _checks(make_bundle(tmp_path))
+    assert checks["tree"][0] is True, checks["tree"]
+    assert checks["loadable"][0] is True, checks["loadable"]
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda b: (b / "triton_repo/ensemble/1/extra_module.py").write_text("x = 1\n"),
+     "triton_repo/ensemble/1/extra_module.py is not in the manifest"),
+    (lambda b: (b / "triton_repo/ensemble/2").mkdir(), "directory triton_repo/ensemble/2/ is not in the manifest"),
+    (lambda b: __import__("shutil").rmtree(b / "triton_repo/ensemble/1"), "directory triton_repo/ensemble/1/ is missing"),
+    (lambda b: (b / "triton_repo/ensemble/1").rename(b / "triton_repo/ensemble/7"),
+     "directory triton_repo/ensemble/1/ was renamed to triton_repo/ensemble/7/"),
+    (lambda b: (b / "checkpoint/config.json").rename(b / "checkpoint/config.json.bak"),
+     "checkpoint/config.json is missing; checkpoint/config.json.bak is not in the manifest"),
+])
+def test_verify_fails_an_added_removed_or_renamed_file_or_directory_naming_it(tmp_path, change, named):
+    from tests.helpers.bundles import make_bundle
+
+    b = make_bundle(tmp_path)
+    for p in b.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    change(b)
+    ok, msg = _checks(b)["tree"]
+    assert ok is False and named in msg, msg
+
+
+def test_verify_ignores_byte_code_a_server_wrote_but_not_a_planted_module(tmp_path):
+    from tests.helpers.bundles import make_bundle
+
+    b = make_bundle(tmp_path)
+    cache = b / "triton_repo/ensemble/1/__pycache__"
+    cache.mkdir()
+    (cache / "model.cpython-311.pyc").write_bytes(b"\0")
+    ok, msg = _checks(b)["tree"]
+    assert ok is True and "ignored: 2 byte-code cache entries" in msg, msg
+    (cache / "evil.py").write_text("")
+    ok, msg = _checks(b)["tree"]
+    assert ok is False and "__pycache__/evil.py is not in the manifest" in msg, msg
+
+
+def test_verify_fails_a_model_without_a_version_directory_even_when_the_manifest_agrees(tmp_path):
+    """A bundle published by a file-only copy lists no ``ensemble/1/``: its tree matches, the server refuses it."""
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    b = make_bundle(tmp_path)
+    (b / "triton_repo/ensemble/1/.keep").chmod(0o644)
+    __import__("shutil").rmtree(b / "triton_repo/ensemble/1")
+
+    def drop(doc):
+        doc["files"] = [f for f in doc["files"] if "/1/" not in f["path"]]
+        doc["dirs"] = [d for d in doc["dirs"] if not d.endswith("/1")]
+    rewrite_manifest(b / "bundle.json", drop)
+    checks = _checks(b)
+    assert checks["tree"][0] is True and checks["checksums"][0] is True
+    assert checks["loadable"] == (False, "triton_repo/ensemble/: no version directory (ensemble/1/); Triton refuses "
+                                         "the model (\"at least one version must be available\"): create ensemble/1/")
+
+
+def test_bundle_tree_keeps_every_directory_and_drops_byte_code(tmp_path):
+    src, out = tmp_path / "package", tmp_path / "bundle"
+    for d in ("ensemble/1", "m/1/__pycache__"):
+        (src / d).mkdir(parents=True)
+    (src / "m/1/model.py").write_text("")
+    (src / "m/1/__pycache__/model.cpython-311.pyc").write_bytes(b"\0")
+    (out / "triton_repo/m/1/__pycache__").mkdir(parents=True)  # what a file copy of src gives
+    (out / "triton_repo/m/1/model.py").write_text("")
+    (out / "triton_repo/m/1/__pycache__/model.cpython-311.pyc").write_bytes(b"\0")
+    (out / "triton_repo/m/1/stray.pyc").write_bytes(b"\0")
+    bundle.bundle_tree(out, src, "triton_repo")
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == ["triton_repo/ensemble/1/.keep", "triton_repo/m/1/model.py"]
+    assert bundle.store_dirs(out) == ["triton_repo", "triton_repo/ensemble", "triton_repo/ensemble/1",
+                                      "triton_repo/m", "triton_repo/m/1"]
+
+
+def test_a_local_publish_creates_every_listed_directory(tmp_path):
+    """``dirs`` of bundle.json is the tree: an empty directory listed there exists in the published version."""
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    b = make_bundle(tmp_path)
+    (b / "reports/empty").mkdir()
+    rewrite_manifest(b / "bundle.json", lambda doc: doc["dirs"].append("reports/empty"))
+    out = bundle.publish(b, str(tmp_path / "published"), move_latest=True)
+    assert (tmp_path / out["url"].split(str(tmp_path) + "/", 1)[1] / "reports/empty").is_dir()
+    assert _checks(out["url"])["tree"][0] is True
+
+
+def test_the_servers_reason_for_a_model_that_did_not_load_is_one_line():
+    from pipeline.triton import server
+
+    log = ('E1201 09:47:27.116468 9191 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+           'E1201 09:47:32.889070 9191 model_repository_manager.cc:724] "failed to load model \'ensemble\': at least '
+           'one version must be available under the version policy of model \'ensemble\'"\n'
+           "error: creating server: Internal - failed to load all models\n")
+    assert server.load_failures(log) == ["model 'ensemble': at least one version must be available under the "
+                                         "version policy of model 'ensemble'"]
+    assert server.load_failures("error: creating server: Internal - failed to load all models\n") == []
+
+
+# ------------------------------------------------------------------------------------------ recipe and latest
+@pytest.mark.parametrize("differs, choice, moved, why", [
+    ([], None, True, None),
+    (["serve.torch_threads: 1 -> 0"], None, False, "the config differs from its matrix entry "
+                                                   "(serve.torch_threads: 1 -> 0); publish.move_latest=true moves it"),
+    (["serve.torch_threads: 1 -> 0"], True, True, None),
+    ([], False, False, "publish.move_latest=false"),
+])
+def test_latest_moves_only_for_the_matrix_config_or_when_asked(tmp_path, differs, choice, moved, why):
+    """An ad-hoc override still publishes its version; only ``latest`` stays where it was."""
+    from tests.helpers.bundles import make_bundle
+
+    local = make_bundle(tmp_path)
+    res = publish.upload(local, str(tmp_path / "published"), lock_dir=tmp_path / "locks", config_differs=differs,
+                         move_latest=choice)
+    version_dir = tmp_path / res["url"].split(str(tmp_path) + "/", 1)[1]
+    assert (version_dir / "bundle.json").is_file()
+    assert res["latest_moved"] is moved and (version_dir.parent / "latest").is_file() is moved
+    assert res["latest_not_moved"] == why
+
+
+def test_a_gate_that_did_not_pass_keeps_latest_even_when_asked(tmp_path):
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    local = make_bundle(tmp_path)
+    rewrite_manifest(local / "bundle.json", lambda d: d["gates"].update(accuracy="warn"))
+    res = publish.upload(local, str(tmp_path / "published"), lock_dir=tmp_path / "locks", move_latest=True)
+    assert res["latest_moved"] is False and res["latest_not_moved"] == "a gate did not pass"
+
+
+def test_the_matrix_entry_of_a_config_and_how_it_differs():
+    """The build's recorded settings (what its stages read) against the entry of the shipped matrix."""
+    from pipeline import config, matrix
+    from pipeline.bundle import flatten
+
+    smoke = ["model=tiny-qwen3", "quant=fp8", "target=cpu", "runtime=reference", "quant.gate=warn"]
+    settings = lambda cfg: {k: v for k, v in flatten(config.to_plain(cfg)).items()  # noqa: E731
+                            if k.startswith(("serve.", "quant.", "bench."))}
+    cfg = config.compose(smoke)
+    assert matrix.differences(cfg, settings(cfg)) == ("smoke", [])
+    cfg = config.compose([*smoke, "serve.torch_threads=0"])
+    assert matrix.differences(cfg, settings(cfg)) == ("smoke", ["serve.torch_threads: 1 -> 0"])
+    own = config.compose([*smoke, "model.name=my-model"])  # a model of one's own is in no matrix
+    assert matrix.differences(own, settings(own)) == (None, [])
+
+
+def test_diff_shows_config_differences_first(tmp_path):
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    a, b = make_bundle(tmp_path / "a"), make_bundle(tmp_path / "b", version="v0000000000bb", size=1000)
+    recipe = {"package": {"serve": {"torch_threads": 1}, "paths": {"root": "/x"}}}
+    rewrite_manifest(a / "bundle.json", lambda d: d.update(recipe=recipe, served_by={"version": "2.51.0"}))
+    rewrite_manifest(b / "bundle.json", lambda d: d.update(
+        recipe={"package": {"serve": {"torch_threads": 0}, "paths": {"root": "/y"}}}, served_by={"version": "2.52.0"}))
+    rows = [line.split(" | ")[0].lstrip("| ") for line in bundle.diff(str(a), str(b)).splitlines()[2:]]
+    assert rows[:4] == ["version", "config serve.torch_threads", "server version", "bytes"], rows
+    assert not any("paths" in r for r in rows)

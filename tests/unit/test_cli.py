@@ -152,3 +152,17 @@ def test_hydra_overrides_pass_through_untouched():
     args = verbs["verify"].parse_intermixed_args(["b", "--certificate-chain", "a.pem", "--certificate-chain",
                                                   "b.pem"])
     assert (args.bundle, args.certificate_chain, args.require_signature) == ("b", ["a.pem", "b.pem"], False)
+
+
+def test_validate_summarises_expected_refusals_in_one_line_per_target():
+    from pipeline.cli.build import refusal_summary
+
+    refused = [{"combination": {"model": m, "quant": q, "target": t}, "refused": [why]}
+               for m, q, t, why in [("a", "nvfp4", "h100", "NVFP4 needs sm100 [Blackwell]"),
+                                    ("b", "nvfp4", "h100", "NVFP4 needs sm100 [Blackwell]"),
+                                    ("a", "int4_awq", "h100", "other"), ("a", "fp8", "a10g", "FP8 needs sm89")]]
+    assert refusal_summary(refused) == [
+        "target=a10g: 1 combination refused by the compatibility rules (1× FP8 needs sm89; validate --json lists "
+        "each)",
+        "target=h100: 3 combinations refused by the compatibility rules (2× NVFP4 needs sm100 [Blackwell]; 1 other "
+        "reason; validate --json lists each)"]

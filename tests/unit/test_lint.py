@@ -166,3 +166,59 @@ def test_llmapi_config_must_leave_batching_to_model_yaml_and_name_each_instances
 def test_llmapi_layout_against_the_newest_line_names_what_it_lacks(rendered):
     findings = lint.lint(rendered["reference-llmapi-unary"], line="main")
     assert any('upstream input "image_url" is missing' in f for f in findings)
+
+
+# ------------------------------------------------------------------------------------------------ loadability
+def test_a_model_without_a_version_directory_is_named(rendered, tmp_path):
+    """Triton refuses a model with no version directory ("at least one version must be available"): the empty
+    ``ensemble/1/`` that a file-only copy loses."""
+    repo = copy(rendered, "engine", tmp_path)
+    shutil.rmtree(repo / "ensemble" / "1")
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert findings == ["ensemble/: no version directory (ensemble/1/); Triton refuses the model (\"at least one "
+                        "version must be available\"): create ensemble/1/"]
+
+
+def test_a_stray_directory_in_the_repository_is_named(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    (repo / "notes").mkdir()
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert len(findings) == 1 and findings[0].startswith("notes/: a directory without config.pbtxt"), findings
+
+
+@pytest.mark.parametrize("bls, llm", [("true", "false"), ("false", "true")])
+def test_a_bls_and_a_model_in_different_decoupled_modes_are_named(rendered, tmp_path, bls, llm):
+    """The BLS calls ``tensorrt_llm`` with its own decoupled flag: a decoupled BLS over a unary model (or the
+    reverse) fails at run time, so lint refuses the mix; each repository alone is valid (the clean cases above)."""
+    repo = copy(rendered, "engine", tmp_path)
+    for name, mode in (("tensorrt_llm_bls", bls), ("tensorrt_llm", llm)):
+        p = repo / name / "config.pbtxt"
+        text = p.read_text()
+        assert "decoupled: true" in text
+        p.write_text(text.replace("decoupled: true", f"decoupled: {mode}"))
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    want = (f"tensorrt_llm_bls/config.pbtxt: decoupled: {bls}, but tensorrt_llm is "
+            f"{'decoupled' if llm == 'true' else 'unary'}")
+    assert len(findings) == 1 and findings[0].startswith(want), findings
+
+
+def test_a_bls_batch_size_above_the_models_is_named(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    p = repo / "tensorrt_llm_bls" / "config.pbtxt"
+    text = p.read_text()
+    assert "max_batch_size: 8" in text
+    p.write_text(text.replace("max_batch_size: 8", "max_batch_size: 64", 1))
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert any("tensorrt_llm_bls/config.pbtxt: max_batch_size 64 exceeds tensorrt_llm's 8" in f for f in findings)
+
+
+def test_a_parse_error_is_reported_once(rendered, tmp_path):
+    """One missing brace is one finding, not every ensemble step and output that follows from the unparsed model."""
+    repo = copy(rendered, "engine", tmp_path)
+    p = repo / "tensorrt_llm" / "config.pbtxt"
+    text = p.read_text()
+    i = text.index("}")
+    p.write_text(text[:i] + text[i + 1:])
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert len(findings) == 1 and findings[0].startswith("tensorrt_llm/config.pbtxt: not a valid Triton model"), \
+        findings

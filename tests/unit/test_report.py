@@ -110,3 +110,31 @@ def test_human_sizes(n, text):
 
 def test_fmt_marks_a_missing_value():
     assert (report.fmt(None), report.fmt(1.25), report.fmt(1.256, ".2f")) == ("-", "1.2", "1.26")
+
+
+LONG = "/srv/very/long/output/root/.store/a-model-with-a-long-name.fp8-kvfp8.cpu.reference-bench-0123456789ab"
+
+
+def test_printed_messages_keep_their_brackets_and_paths_stay_whole(capsys):
+    """Without a terminal (capsys): a refusal with rich-markup-looking text reaches the user whole, and every stage
+    path is printed on one line of its own, never cut by a table column (negative control: the text is there)."""
+    doc = {"model": "m", "quant": "fp8", "kv_cache": "fp8", "target": "cpu", "runtime": "reference",
+           "capacity": None, "not_buildable_here": ["the stub needs numpy<2: pip install -e '.[cpu-server]'"],
+           "stages": [{"stage": "bench", "fingerprint": "b" * 64, "cached": False, "reason": "[forced]",
+                       "output": LONG}]}
+    report.print_plan(doc)
+    err = capsys.readouterr().err
+    assert "pip install -e '.[cpu-server]'" in err and "[forced]" in err
+    assert any(line.strip() == f"bench  {LONG}" for line in err.splitlines()), err
+
+
+def test_the_summary_prints_paths_whole(tmp_path, capsys):
+    summary = _report(published={"url": f"file://{LONG}/v1", "uploaded_files": 3, "latest_moved": False,
+                                 "latest_not_moved": "the config differs from its matrix entry ([x]: 1 -> 2)"})
+    d = summary.to_dict()
+    d["stages"][0]["output"] = LONG
+    report.print_summary(d, tmp_path / "r.md")
+    err = capsys.readouterr().err
+    assert any(line.strip().endswith(LONG) for line in err.splitlines()), err
+    assert f"published file://{LONG}/v1 (3 files uploaded; latest not moved: the config differs from its matrix " \
+           f"entry ([x]: 1 -> 2))" in err

@@ -82,6 +82,7 @@ def run(ctx: Context) -> BenchResult:
                 server = stack.enter_context(srv.launched(cfg.serve, repo, ctx.paths["store"] / "servers"))
             log_path = server.log_path
             result["server_start_s"] = round(time.perf_counter() - started, 2)
+            result["server"] = srv.describe(server, cfg.serve)  # what the bundle records it was benched on
             mismatches = client.server_model_mismatches(server.grpc_url, packaged)
             if mismatches:
                 more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
