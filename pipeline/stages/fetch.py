@@ -251,14 +251,30 @@ def validate_checkpoint(d: Path, source: str) -> None:
                             f"again") from None
 
 
+def _cached_commit(repo: str, rev: str | None) -> Path | None:
+    """Offline, a full commit sha names its snapshot in the local Hugging Face cache directly (some huggingface_hub
+    releases ask the Hub's file listing for a commit even in offline mode, and fail)."""
+    import re
+
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    if not rev or not re.fullmatch(r"[0-9a-f]{40}", rev):
+        return None
+    snap = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model") / "snapshots" / rev
+    return snap if snap.is_dir() else None
+
+
 def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        with status(f"downloading {repo}@{rev or 'main'}"):
-            snap = Path(snapshot_download(repo, revision=rev,  # the standard HF cache (HF_HOME)
-                                          allow_patterns=WEIGHT_PATTERNS + META_PATTERNS))
+        snap = _cached_commit(repo, rev) if _offline() else None
+        if snap is None:
+            with status(f"downloading {repo}@{rev or 'main'}"):
+                snap = Path(snapshot_download(repo, revision=rev,  # the standard HF cache (HF_HOME)
+                                              allow_patterns=WEIGHT_PATTERNS + META_PATTERNS))
     except LocalEntryNotFoundError as exc:
         raise UserError(f"{repo}@{rev}: not in the local cache and the Hub is unreachable or HF_HUB_OFFLINE=1") from exc
     except Exception as exc:
