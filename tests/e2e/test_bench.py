@@ -64,7 +64,7 @@ def test_aiperfs_own_loader_reads_every_level(tiny_build, tmp_path):
     rec = json.loads((bad / "profile_export.jsonl").read_text().splitlines()[0])
     rec["metadata"].pop("request_end_ns")
     (bad / "profile_export.jsonl").write_text(json.dumps(rec) + "\n")
-    with pytest.raises(Exception, match="request_end_ns"):
+    with pytest.raises(Exception, match="request_end_ns|No valid records"):  # aiperf 0.13 drops it, then finds none
         loader.load_run(bad)
 
 

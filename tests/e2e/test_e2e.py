@@ -181,13 +181,16 @@ def test_a_moved_hub_branch_changes_the_fetch_fingerprint(tiny_build, tmp_path):
         proc = run_cli(*args, root=root, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         m = json.loads((_outputs_label(root, "fetch") / "manifest.json").read_text())
-        plans.append((statuses(root)["fetch"], m["fingerprint"], m["result"]["resolved_sha"]))
+        plans.append((statuses(root, HUB_LABEL)["fetch"], m["fingerprint"], m["result"]["resolved_sha"]))
     assert [p[0] for p in plans] == ["ran", "cached", "ran"]
     assert plans[0][1] == plans[1][1] != plans[2][1] and plans[2][2] == "2" * 40
 
 
-def _outputs_label(root: Path, stage: str) -> Path:
-    return {r["stage"]: Path(r["output"]) for r in report(root)["stages"]}[stage]
+HUB_LABEL = "tiny.fp8-kvfp8.cpu.reference"  # a model named by its source: hf://acme/tiny is "tiny"
+
+
+def _outputs_label(root: Path, stage: str, label: str = HUB_LABEL) -> Path:
+    return {r["stage"]: Path(r["output"]) for r in report(root, label)["stages"]}[stage]
 
 
 def test_multirun_sweeps_and_shares_fetch(tiny_build, tmp_path):
