@@ -222,3 +222,51 @@ def test_a_parse_error_is_reported_once(rendered, tmp_path):
     findings = lint.lint(repo, trtllm_version="1.2.1")
     assert len(findings) == 1 and findings[0].startswith("tensorrt_llm/config.pbtxt: not a valid Triton model"), \
         findings
+
+
+def _plant_wrong_type(path: Path, kind: str, tensor: str) -> tuple[str, str]:
+    """Give ``tensor`` (an input or output of ``path``) another data type; -> (the type it had, the planted one)."""
+    import re
+
+    block = "input" if kind == "inputs" else "output"
+    text = path.read_text()
+    # the tensor's own entry inside the input [...] / output [...] list (an ensemble's step maps repeat its name)
+    start = re.search(rf"^{block}\s*\[", text, re.M).end()
+    m = re.compile(rf'name:\s*"{re.escape(tensor)}"\s+data_type:\s*(TYPE_\w+)').search(text, start)
+    assert m, (path, tensor)
+    old = m.group(1)
+    new = "TYPE_FP64" if old != "TYPE_FP64" else "TYPE_INT8"
+    path.write_text(text[: m.start(1)] + new + text[m.end(1):])
+    return old, new
+
+
+def _typed_tensors(layout: str, line: str = "1.2.1"):
+    """(model, kind, tensor): the first tensor of each kind of every recorded model whose data type upstream fixes
+    (a templated ``${...}`` type is the deployer's choice)."""
+    from pipeline import upstream
+
+    for model, rec in upstream.interface(line, layout).items():
+        for kind in ("inputs", "outputs"):
+            fixed = [t["name"] for t in rec.get(kind, []) if not str(t["data_type"]).startswith("${")]
+            if fixed:
+                yield model, kind, fixed[0]
+
+
+@pytest.mark.parametrize("case, layout", [("engine", "inflight_batcher_llm"), ("llmapi", "llmapi")])
+def test_a_planted_wrong_data_type_is_named_for_every_model_of_each_layout(rendered, tmp_path, case, layout):
+    """The data-type comparison with the record, one planted type per model and direction; each must be named with
+    the upstream type, and no other difference from upstream for that tensor."""
+    planted = list(_typed_tensors(layout))
+    assert {m for m, _, _ in planted} >= ({"tensorrt_llm"} if layout == "llmapi" else
+                                          {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm",
+                                           "tensorrt_llm_bls"})
+    for model, kind, tensor in planted:
+        repo = tmp_path / f"{model}-{kind}"
+        shutil.copytree(rendered[case], repo)
+        old, new = _plant_wrong_type(repo / model / "config.pbtxt", kind, tensor)
+        findings = lint.lint(repo, trtllm_version="1.2.1")
+        want = f'{model}/config.pbtxt: {kind[:-1]} "{tensor}" is {new}, upstream has {old}'
+        assert want in findings, (want, findings)
+        about = [f for f in findings if f.startswith(f'{model}/config.pbtxt: {kind[:-1]} "{tensor}"')
+                 and "upstream has" in f]
+        assert about == [want], about  # its dims, reshape and optional flag still match
