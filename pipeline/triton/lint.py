@@ -4,8 +4,9 @@ Rules (each finding is one line naming the file and the fix):
 
 1. every ``config.pbtxt`` parses against Triton's protobuf ``ModelConfig`` and has no unfilled ``${placeholder}``;
 2. every model of upstream's layout (``inflight_batcher_llm`` or ``llmapi``, recorded in ``pipeline/upstream`` for
-   the repository's TensorRT-LLM line) has upstream's inputs and outputs, with upstream's data type, dims, optional
-   flag and reshape, and sets every parameter its backend or ``model.py`` reads without a fallback
+   the repository's TensorRT-LLM line) has upstream's backend, inputs and outputs, with upstream's data type, dims,
+   optional flag, ragged batching and reshape, an ensemble upstream's steps and tensor maps, and sets (non-empty)
+   every parameter its backend or ``model.py`` reads without a fallback
    (``gpt_model_path``, ``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``, ...);
 3. every ensemble step names a model in the repository, maps tensors that exist with matching data types, feeds
    every required input, and the ensemble's outputs are produced;
@@ -113,12 +114,39 @@ def _tensor_view(t, is_input: bool) -> dict[str, Any]:
                          "reshape": [int(d) for d in t.reshape.shape] if t.HasField("reshape") else None}
     if is_input:
         v["optional"] = bool(t.optional)
+        v["allow_ragged_batch"] = bool(t.allow_ragged_batch)
     return v
+
+
+def _steps(cfg) -> list[dict[str, Any]]:
+    return [{"model_name": s.model_name, "input_map": dict(s.input_map), "output_map": dict(s.output_map)}
+            for s in cfg.ensemble_scheduling.step]
+
+
+def _step_differences(rel: str, got: list[dict[str, Any]], want: list[dict[str, Any]]) -> list[str]:
+    """The ensemble's steps against upstream's: the same models in order, each with upstream's tensor maps."""
+    if [s["model_name"] for s in got] != [s["model_name"] for s in want]:
+        return [f"{rel}: steps run {[s['model_name'] for s in got]}, upstream runs "
+                f"{[s['model_name'] for s in want]}"]
+    out = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        for kind in ("input_map", "output_map"):
+            have, need = g[kind], dict(w.get(kind) or {})
+            for key in sorted(need.keys() - have.keys()):
+                out.append(f"{rel}: step {i} ({g['model_name']}) lacks upstream's {kind} {key} -> {need[key]}")
+            for key in sorted(have.keys() - need.keys()):
+                out.append(f"{rel}: step {i} ({g['model_name']}) has {kind} {key} -> {have[key]}, which upstream "
+                           f"does not map")
+            for key in sorted(k for k in have.keys() & need.keys() if have[k] != need[k]):
+                out.append(f"{rel}: step {i} ({g['model_name']}) maps {kind} {key} -> {have[key]}, upstream "
+                           f"-> {need[key]}")
+    return out
 
 
 def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any]) -> list[str]:
     """Differences between one model's config and upstream's recorded interface for it: missing, extra or different
-    tensors, required parameters that are absent or empty."""
+    tensors (data type, dims, reshape, optional, ragged batching), another backend or platform, an ensemble's steps
+    other than upstream's, required parameters that are absent or empty."""
     rel = f"{name}/config.pbtxt"
     src = recorded.get("source") or {}
     where = f"{src.get('repo', 'upstream')} {src.get('path', '')} @ {str(src.get('commit', ''))[:10]}".strip()
@@ -142,14 +170,26 @@ def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any])
             if is_input and bool(w.get("optional")) != g["optional"]:
                 out.append(f"{rel}: input \"{tname}\" optional={str(g['optional']).lower()}, upstream has "
                            f"optional={str(bool(w.get('optional'))).lower()}")
+            if is_input and bool(w.get("allow_ragged_batch")) != g["allow_ragged_batch"]:
+                out.append(f"{rel}: input \"{tname}\" allow_ragged_batch={str(g['allow_ragged_batch']).lower()}, "
+                           f"upstream has allow_ragged_batch={str(bool(w.get('allow_ragged_batch'))).lower()}")
         for tname in got:
             if tname not in want:
                 out.append(f"{rel}: {kind[:-1]} \"{tname}\" is not in upstream's interface ({where}); remove it")
+    for key in ("backend", "platform"):
+        want_value = recorded.get(key)
+        if want_value is not None and not str(want_value).startswith("${") and getattr(cfg, key) != want_value:
+            out.append(f"{rel}: {key} \"{getattr(cfg, key)}\", upstream has \"{want_value}\"")
+    if recorded.get("steps") is not None:
+        out += _step_differences(rel, _steps(cfg), recorded["steps"])
     params = _params(cfg)
     for key in reads.get("required", []):
         if key not in params:
             out.append(f"{rel}: required parameter \"{key}\" is missing; the {cfg.backend or cfg.platform} model "
                        f"reads it unconditionally ({(reads.get('source') or {}).get('path', where)}); set it")
+        elif not params[key].strip() and key not in reads.get("empty_means_unset", []) and key != "gpt_model_path":
+            out.append(f"{rel}: required parameter \"{key}\" is empty; the {cfg.backend or cfg.platform} model "
+                       f"uses its value as given ({(reads.get('source') or {}).get('path', where)}); set it")
     if name == "tensorrt_llm" and "gpt_model_path" in params and not params["gpt_model_path"].strip() \
             and not params.get("encoder_model_path", "").strip():
         out.append(f"{rel}: gpt_model_path is empty (\"Both encoder and decoder model paths are empty\"); set it to "

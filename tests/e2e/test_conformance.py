@@ -1,8 +1,9 @@
 """Every layout the package stage writes, decoupled and not, against upstream's recorded interface
-(``pipeline/upstream``, read from NVIDIA's triton_backend config.pbtxt files): the same tensors with the same data
-type, dims, optional flag and reshape, upstream's ensemble steps, every parameter the backend reads without a
+(``pipeline/upstream``, read from NVIDIA's triton_backend config.pbtxt files), as the shipped lint
+(``pipeline.triton.lint``, which the package stage runs) reports it: the same tensors with the same data type, dims,
+optional flag, ragged batching and reshape, upstream's ensemble steps, every parameter the backend reads without a
 fallback filled, and the llmapi layout's batch size and transaction policy in model.yaml. Negative controls plant
-one difference each and must be caught."""
+one difference each; the shipped lint must name it."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import yaml
 
 from pipeline import config, upstream
 from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline.triton import lint
 from pipeline.upstream.pbtxt import parse_template
 
 CASES = {  # name: (overrides, layout); the engine/LLM-API repositories are for a GPU target, rendered here only
@@ -33,48 +35,18 @@ def render(tmp: Path, case: str, decoupled: bool, *extra: str) -> Path:
     if "runtime=trtllm_engine" in overrides:
         (eng / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {"max_batch_size": 8},
                                                      "pretrained_config": {"mapping": {"world_size": 1}}}))
+        (eng / "rank0.engine").write_bytes(b"stand-in")  # TensorRT-LLM cannot build one here
     render_repository(config.compose([*overrides, f"serve.decoupled={str(decoupled).lower()}", *extra]), repo)
+    model_py = repo / "tensorrt_llm" / "1" / "model.py"
+    if not model_py.is_file():  # the llmapi reference model.py is copied by the package stage; lint needs its presence
+        model_py.write_text("")
     return repo
 
 
-def _dtype_ok(recorded: str, got: str) -> bool:
-    return got == recorded or (recorded.startswith("${") and got.startswith("TYPE_") and got != "TYPE_INVALID")
-
-
-def differences(repo: Path, layout: str, line: str = "1.2.1") -> list[str]:
-    """Every way the repository's configs differ from the recorded upstream interface."""
-    out = []
-    recorded, reads = upstream.interface(line, layout), upstream.reads(line, layout)
-    for model, rec in recorded.items():
-        path = repo / model / "config.pbtxt"
-        if not path.is_file():
-            out.append(f"{model}: missing")
-            continue
-        got = parse_template(path.read_text())
-        for kind in ("inputs", "outputs"):
-            want = {t["name"]: t for t in rec[kind]}
-            have = {t["name"]: t for t in got[kind]}
-            out += [f"{model}: {kind[:-1]} {n} missing" for n in want if n not in have]
-            out += [f"{model}: {kind[:-1]} {n} not upstream" for n in have if n not in want]
-            for n in want.keys() & have.keys():
-                w, h = want[n], have[n]
-                if not _dtype_ok(w["data_type"], h["data_type"]):
-                    out.append(f"{model}: {n} data_type {h['data_type']} != {w['data_type']}")
-                for key in ("dims", "reshape", "optional", "allow_ragged_batch"):
-                    if w.get(key) != h.get(key):
-                        out.append(f"{model}: {n} {key} {h.get(key)} != {w.get(key)}")
-        if rec.get("steps") is not None and got.get("steps") != rec["steps"]:
-            out.append(f"{model}: ensemble steps differ from upstream's")
-        for key in reads.get(model, {}).get("required", []):
-            value = got["parameters"].get(key)
-            if value is None or "${" in value:
-                out.append(f"{model}: required parameter {key} unset")
-            elif key not in reads[model].get("empty_means_unset", []) and not value:
-                out.append(f"{model}: required parameter {key} empty")
-        for key in ("backend", "platform"):
-            if key in rec and not str(rec[key]).startswith("${") and got.get(key) != rec[key]:
-                out.append(f"{model}: {key} {got.get(key)} != {rec[key]}")
-    return out
+def differences(repo: Path, line: str = "1.2.1") -> list[str]:
+    """Every way the repository differs from the recorded upstream interface, as the package stage's lint reports it
+    (``pipeline.triton.lint``: the shipped check, never one written here)."""
+    return lint.lint(repo, trtllm_version=line)
 
 
 @pytest.mark.parametrize("decoupled", [True, False])
@@ -82,7 +54,8 @@ def differences(repo: Path, layout: str, line: str = "1.2.1") -> list[str]:
 def test_every_layout_conforms_to_the_recorded_upstream_interface(tmp_path, case, decoupled):
     repo = render(tmp_path, case, decoupled)
     layout = CASES[case][1]
-    assert differences(repo, layout) == []
+    assert lint.layout_of({p.parent.name: p.parent for p in repo.glob("*/config.pbtxt")}) == layout
+    assert differences(repo) == []
     if layout == "inflight_batcher_llm":
         for model in ("tensorrt_llm", "tensorrt_llm_bls"):
             got = parse_template((repo / model / "config.pbtxt").read_text())
@@ -111,34 +84,60 @@ def test_llmapi_instances_map_to_one_group_with_gpu_device_ids(tmp_path):
     assert got["parameters"]["gpu_device_ids"] == "0,1;2,3"
 
 
-@pytest.mark.parametrize("plant, expected", [
-    (('{ name: "exclude_input_in_output" data_type: TYPE_BOOL dims: [ 1 ] optional: true },\n', ""),
-     "ensemble: input exclude_input_in_output missing"),
-    (('{ name: "beam_width" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
-      '{ name: "beam_width" data_type: TYPE_INT64 dims: [ 1 ] optional: true }'),
-     "ensemble: beam_width data_type TYPE_INT64 != TYPE_INT32"),
-    (('{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] }',
-      '{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }'),
-     "ensemble: max_tokens optional True != False"),
-    (('output_map { key: "batch_index" value: "batch_index" }\n', ""), "ensemble: ensemble steps differ"),
+ENSEMBLE = "ensemble/config.pbtxt"
+TRTLLM = "tensorrt_llm/config.pbtxt"
+
+
+@pytest.mark.parametrize("model, plant, expected", [
+    ("ensemble", ('{ name: "exclude_input_in_output" data_type: TYPE_BOOL dims: [ 1 ] optional: true },\n', ""),
+     f'{ENSEMBLE}: upstream input "exclude_input_in_output" is missing'),
+    ("ensemble", ('{ name: "beam_width" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
+                  '{ name: "beam_width" data_type: TYPE_INT64 dims: [ 1 ] optional: true }'),
+     f'{ENSEMBLE}: input "beam_width" is TYPE_INT64, upstream has TYPE_INT32'),
+    ("ensemble", ('{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] }',
+                  '{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }'),
+     f'{ENSEMBLE}: input "max_tokens" optional=true, upstream has optional=false'),
+    ("ensemble", ('output_map { key: "batch_index" value: "batch_index" }\n', ""),
+     f"{ENSEMBLE}: step 1 (tensorrt_llm) lacks upstream's output_map batch_index -> batch_index"),
+    ("ensemble", ('input_map { key: "beam_width" value: "beam_width" }', 'input_map { key: "beam_width" value: '
+                  '"num_return_sequences" }'),
+     f"{ENSEMBLE}: step 1 (tensorrt_llm) maps input_map beam_width -> num_return_sequences, upstream -> beam_width"),
+    ("preprocessing", ('backend: "python"', 'backend: "pytorch"'),
+     'preprocessing/config.pbtxt: backend "pytorch", upstream has "python"'),
+    ("tensorrt_llm", (' allow_ragged_batch: true', ''),
+     f'{TRTLLM}: input "input_ids" allow_ragged_batch=false, upstream has allow_ragged_batch=true'),
 ])
-def test_a_planted_ensemble_difference_is_caught(tmp_path, plant, expected):
+def test_a_planted_difference_is_caught_by_the_shipped_lint(tmp_path, model, plant, expected):
     repo = render(tmp_path, "reference", True)
-    path = repo / "ensemble" / "config.pbtxt"
+    path = repo / model / "config.pbtxt"
     text = path.read_text()
     assert plant[0] in text
     path.write_text(text.replace(plant[0], plant[1], 1))
-    assert any(d.startswith(expected) for d in differences(repo, "inflight_batcher_llm")), \
-        differences(repo, "inflight_batcher_llm")
+    found = differences(repo)
+    assert any(f.startswith(expected) for f in found), found
 
 
-def test_a_missing_required_parameter_is_caught(tmp_path):
+@pytest.mark.parametrize("key", ["xgrammar_tokenizer_info_path", "tokenizer_dir", "guided_decoding_backend"])
+def test_a_missing_required_parameter_is_caught(tmp_path, key):
     repo = render(tmp_path, "engine", False)
     path = repo / "tensorrt_llm" / "config.pbtxt"
-    line = next(x for x in path.read_text().splitlines() if '"xgrammar_tokenizer_info_path"' in x)
+    line = next(x for x in path.read_text().splitlines() if f'"{key}"' in x)
     path.write_text(path.read_text().replace(line + "\n", ""))
-    assert differences(repo, "inflight_batcher_llm") == [
-        "tensorrt_llm: required parameter xgrammar_tokenizer_info_path unset"]
+    assert [f for f in differences(repo) if "required parameter" in f] == [
+        f'{TRTLLM}: required parameter "{key}" is missing; the tensorrtllm model reads it unconditionally '
+        f'(triton_backend/inflight_batcher_llm/src/model_instance_state.cc); set it']
+
+
+def test_an_empty_required_parameter_is_caught_unless_upstream_reads_empty_as_unset(tmp_path):
+    repo = render(tmp_path, "engine", False)
+    path = repo / "tensorrt_llm" / "config.pbtxt"
+    text = path.read_text()
+    assert 'key: "xgrammar_tokenizer_info_path" value: { string_value: "" }' in text  # upstream: empty means unset
+    old = f'key: "tokenizer_dir" value: {{ string_value: "/models/{ENGINE_REL}" }}'
+    assert old in text
+    path.write_text(text.replace(old, 'key: "tokenizer_dir" value: { string_value: "" }'))
+    found = differences(repo)
+    assert any(f.startswith(f'{TRTLLM}: required parameter "tokenizer_dir" is empty') for f in found), found
 
 
 def test_the_reshape_of_a_scalar_input_is_checked(tmp_path):
@@ -147,4 +146,4 @@ def test_the_reshape_of_a_scalar_input_is_checked(tmp_path):
     old = '{ name: "beam_width" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [  ] } optional: true }'
     assert old in path.read_text()
     path.write_text(path.read_text().replace(old, old.replace(" reshape: { shape: [  ] }", "")))
-    assert differences(repo, "inflight_batcher_llm") == ["tensorrt_llm: beam_width reshape None != []"]
+    assert differences(repo) == [f'{TRTLLM}: input "beam_width" reshape None, upstream has []']
