@@ -1,0 +1,164 @@
+"""The export proof's structure, layer and scale checks against exports that are slightly wrong, in the fast tier:
+synthetic FP8 and INT4-AWQ exports of tiny-qwen3's architecture in ModelOpt's format (``tests/helpers/exports.py``)
+with one layer's weight scale off by 10%, one layer left unquantized (declared excluded or not), a swapped KV scale,
+an activation scale off by 1%. Each is judged with the bounds the formats ship (``conf/quant/<format>.yaml``), so a
+bound loosened past its control fails here; the untouched export must pass. docs/mutation.md states the margins."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from pipeline import config
+from pipeline.quant import proof
+from tests.helpers import exports
+
+LAYER = "model.layers.0.mlp.down_proj"
+ATTN = "model.layers.1.self_attn"
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_ratio(fmt: str) -> float:
+    """The per-layer bound ``quant.eval.export_weight_ratio`` that ``quant=<fmt>`` ships."""
+    return float(config.compose(["model=tiny-qwen3", f"quant={fmt}"]).quant.eval.export_weight_ratio)
+
+
+@pytest.fixture(scope="module", params=["fp8", "int4_awq"])
+def export(request, tmp_path_factory) -> exports.Export:
+    return exports.write(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory) -> exports.Export:
+    return exports.write(tmp_path_factory.mktemp("fp8") / "ckpt", "fp8")
+
+
+def _structure(e: exports.Export, ckpt=None) -> proof.Proof:
+    return proof.check_structure(ckpt or e.dir, e.fmt, e.kv, e.group)
+
+
+def _layers(e: exports.Export, ckpt=None) -> proof.Proof:
+    return proof.check_layers(ckpt or e.dir, e.ref, shipped_ratio(e.fmt))
+
+
+def test_the_untouched_synthetic_export_passes_with_the_shipped_bounds(export):
+    s = _structure(export)
+    assert s.problems == [] and s.details["quantized_linears"] == 14 and s.details["kv_scales"] == 4
+    assert s.details["excluded_linears"] == 1  # lm_head
+    lay = _layers(export)
+    assert lay.problems == [] and lay.details["layers"] == 14 and lay.details["worst_ratio"] < 1e-3
+
+
+def _scaled(factor: float):
+    def edit(t, q):
+        t[f"{LAYER}.weight_scale"] = (t[f"{LAYER}.weight_scale"].float() * factor).to(t[f"{LAYER}.weight_scale"].dtype)
+    return edit
+
+
+def test_one_layers_weight_scale_off_by_10_percent_fails_the_layer_check_naming_it(export, tmp_path):
+    ckpt = export.tampered(tmp_path / "scaled", _scaled(1.1))
+    assert _structure(export, ckpt).problems == []  # the layout is right: only the numbers can tell
+    lay = _layers(export, ckpt)
+    mine = [p for p in lay.problems if p.startswith(f"{LAYER}: the exported weight differs from the fake-quant weight")]
+    assert len(lay.problems) == 1 and mine, lay.problems
+    assert "it is 1.1× the fake-quant weight (a wrong weight scale)" in mine[0]
+    assert lay.details["worst_layer"] == LAYER
+    # the margin the docs state: the control scores well above the shipped bound
+    assert lay.details["worst_ratio"] > 2 * shipped_ratio(export.fmt)
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.02])
+def test_smaller_or_lower_scale_errors_are_caught_on_fp8(fp8, tmp_path, factor):
+    """FP8's quantization error is about 3.5% of a weight, so its bound (0.25× that) resolves a scale off by 2%."""
+    lay = _layers(fp8, fp8.tampered(tmp_path / "scaled", _scaled(factor)))
+    assert [p.split(":")[0] for p in lay.problems] == [LAYER], lay.problems
+
+
+def _unquantize(e: exports.Export, exclude: bool):
+    def edit(t, q):
+        for part in ("weight_scale", "input_scale"):
+            t.pop(f"{LAYER}.{part}", None)
+        t[f"{LAYER}.weight"] = e.original[LAYER].clone()
+        if exclude:
+            q["exclude_modules"] = [*q["exclude_modules"], LAYER]
+    return edit
+
+
+def test_one_layer_left_unquantized_fails_structure_and_layers(export, tmp_path):
+    ckpt = export.tampered(tmp_path / "bf16", _unquantize(export, exclude=False))
+    s = _structure(export, ckpt)
+    assert any(p.startswith(f"{LAYER}: unquantized weights (BF16, no weight_scale), yet hf_quant_config.json does "
+                            f"not exclude it") for p in s.problems), s.problems
+    lay = _layers(export, ckpt)
+    assert any(p.startswith(f"{LAYER}: the exported weight differs") for p in lay.problems), lay.problems
+    assert lay.details["worst_ratio"] == pytest.approx(1.0, abs=0.1)  # its quantization error itself (sketched)
+
+
+def test_one_layer_left_unquantized_and_declared_excluded_fails_the_layer_check(export, tmp_path):
+    """The structure is then consistent (an excluded layer in bf16), so the layer check against the calibrated
+    model is what tells: that layer was quantized when calibrated."""
+    ckpt = export.tampered(tmp_path / "excluded", _unquantize(export, exclude=True))
+    assert _structure(export, ckpt).problems == []
+    lay = _layers(export, ckpt)
+    assert lay.problems and all(p.startswith(LAYER) for p in lay.problems), lay.problems  # and its input_scale
+    assert f"{LAYER}: the exported weight differs" in lay.problems[0]
+    assert lay.details["worst_ratio"] > 2 * shipped_ratio(export.fmt)
+
+
+def test_a_swapped_kv_scale_fails_naming_both(export, tmp_path):
+    k, v = f"{ATTN}.k_proj.k_scale", f"{ATTN}.v_proj.v_scale"
+
+    def swap(t, q):
+        t[k], t[v] = t[v].clone(), t[k].clone()
+
+    ckpt = export.tampered(tmp_path / "swapped", swap)
+    assert _structure(export, ckpt).problems == []  # both still positive fp32 scalars
+    problems = _layers(export, ckpt).problems
+    assert [p.split(":")[0] for p in problems] == [k, v], problems
+    assert all("a wrong or swapped KV-cache scale" in p for p in problems)
+
+
+def test_an_activation_scale_off_by_one_percent_fails_naming_it(fp8, tmp_path):
+    def off(t, q):
+        t[f"{LAYER}.input_scale"] = t[f"{LAYER}.input_scale"] * 1.01
+
+    problems = _layers(fp8, fp8.tampered(tmp_path / "act", off)).problems
+    assert len(problems) == 1 and problems[0].startswith(f"{LAYER}.input_scale: ") and \
+        "a wrong or swapped activation scale" in problems[0], problems
+    # within the recorded tolerance (1e-3 relative) an activation scale passes
+    near = fp8.tampered(tmp_path / "near", lambda t, q: t.__setitem__(f"{LAYER}.input_scale",
+                                                                       t[f"{LAYER}.input_scale"] * 1.0005))
+    assert _layers(fp8, near).problems == []
+
+
+def test_a_dropped_scale_fails_both_checks_naming_it(fp8, tmp_path):
+    ckpt = fp8.tampered(tmp_path / "dropped", lambda t, q: t.pop(f"{ATTN}.v_proj.v_scale"))
+    assert f"{ATTN}: v_proj.v_scale missing, but the KV cache is quantized (FP8) (dropped scale)" in \
+        _structure(fp8, ckpt).problems
+    assert any(p.startswith(f"{ATTN}.v_proj.v_scale: missing; the calibrated model has this KV-cache scale")
+               for p in _layers(fp8, ckpt).problems)
+
+
+def test_a_wrong_weight_dtype_or_scale_shape_fails_the_structure_check(fp8, tmp_path):
+    import torch
+
+    def as_int8(t, q):
+        t[f"{LAYER}.weight"] = t[f"{LAYER}.weight"].view(torch.int8)
+
+    s = _structure(fp8, fp8.tampered(tmp_path / "int8", as_int8)).problems
+    assert f"{LAYER}: weight is I8, FP8 stores F8_E4M3" in s, s
+
+    def per_channel(t, q):
+        t[f"{LAYER}.weight_scale"] = t[f"{LAYER}.weight_scale"].repeat(4)
+
+    s = _structure(fp8, fp8.tampered(tmp_path / "vec", per_channel)).problems
+    assert f"{LAYER}: weight_scale has shape [4], FP8 stores one per-tensor value" in s, s
+
+
+def test_the_recorded_algorithms_must_be_the_requested_ones(fp8, tmp_path):
+    def relabel(t, q):
+        q["quant_algo"], q["kv_cache_quant_algo"] = "NVFP4", None
+
+    s = _structure(fp8, fp8.tampered(tmp_path / "relabel", relabel)).problems
+    assert "hf_quant_config.json: quant_algo 'NVFP4', but quant.format=fp8 exports 'FP8'" in s
+    assert "hf_quant_config.json: kv_cache_quant_algo None, but quant.kv_cache=fp8 exports 'FP8'" in s
