@@ -1,8 +1,9 @@
 """What this machine has, and what ``target=auto`` / ``runtime=auto`` resolve to here.
 
 - ``target=auto``: the shipped target (``conf/target/*.yaml``) whose SM matches GPU 0 as NVML reports it: the one
-  with NVML's name for it, else the nearest in memory; ``cpu`` when NVML finds no NVIDIA GPU (no driver, or
-  ``nvidia-ml-py`` missing).
+  with NVML's name for it, else the nearest in memory; ``cpu`` when NVML finds no NVIDIA driver and the host has no
+  NVIDIA device files. Any other NVML failure (or a host with NVIDIA devices that NVML cannot read) is an error that
+  names it and the fix, never a silent ``cpu``.
 - ``runtime=auto``: on a GPU target, the TensorRT-LLM runtime the installed TensorRT-LLM supports (the engine backend
   before 1.2; the LLM API, PyTorch backend, from 1.2 on, the only one left after 1.2.x); ``reference`` on a CPU
   target or where TensorRT-LLM is not installed.
@@ -20,16 +21,48 @@ AUTO = "auto"
 LLMAPI_FROM = (1, 2)  # TensorRT-LLM's LLM API (PyTorch backend) serves ModelOpt checkpoints from 1.2.0
 
 
+# NVML's answers that mean "no NVIDIA driver on this host" (a CPU machine): anything else is an error to report
+NO_DRIVER = ("NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED")
+DEVICE_NODES = ("/dev/nvidia0", "/proc/driver/nvidia/version")
+
+
+def gpu_device_nodes() -> list[str]:
+    """The NVIDIA driver's device files present here: a GPU host has them whatever NVML says."""
+    import os
+
+    return [p for p in DEVICE_NODES if os.path.exists(p)]
+
+
+def _fix() -> str:
+    return ("name the target (target=h200, target=cpu, ...) instead of target=auto, or fix the driver "
+            "(nvidia-smi shows what NVML sees)")
+
+
 def local_gpu() -> dict | None:
-    """Name, SM, memory and count of the NVIDIA GPUs (GPU 0 describes them) via NVML, or None when there are none."""
+    """Name, SM, memory and count of the NVIDIA GPUs (GPU 0 describes them) via NVML, or None when this host has
+    none (NVML finds no driver and no NVIDIA device file exists).
+
+    Raises UserError when NVML fails in any other way (a driver/library mismatch, no permission, a GPU that cannot
+    be read), and when a host with NVIDIA device files cannot be read through NVML at all: ``target=auto`` is never
+    ``cpu`` on a GPU host because the GPU could not be read."""
+    from pipeline.errors import UserError
+
+    nodes = gpu_device_nodes()
     try:
         import pynvml
     except ImportError:
+        if nodes:
+            raise UserError(f"target=auto: this host has NVIDIA devices ({', '.join(nodes)}) but nvidia-ml-py "
+                            f"(pynvml) is not installed; pip install nvidia-ml-py, or {_fix()}") from None
         return None
+    no_driver = {getattr(pynvml, n) for n in NO_DRIVER if hasattr(pynvml, n)}
     try:
         pynvml.nvmlInit()
-    except Exception:
-        return None
+    except Exception as exc:  # pynvml.NVMLError and its per-code subclasses
+        if getattr(exc, "value", None) in no_driver and not nodes:
+            return None
+        where = f" although this host has NVIDIA devices ({', '.join(nodes)})" if nodes else ""
+        raise UserError(f"target=auto: NVML could not start{where}: {type(exc).__name__}: {exc}; {_fix()}") from exc
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
@@ -37,12 +70,13 @@ def local_gpu() -> dict | None:
         return {"name": name.decode() if isinstance(name, bytes) else name, "sm": major * 10 + minor,
                 "memory_gb": pynvml.nvmlDeviceGetMemoryInfo(h).total / 1e9,
                 "count": pynvml.nvmlDeviceGetCount()}
-    except Exception:
-        return None
+    except Exception as exc:
+        raise UserError(f"target=auto: NVML found a driver but could not read GPU 0: {type(exc).__name__}: {exc}; "
+                        f"{_fix()}") from exc
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the reading above is complete; a failed shutdown changes nothing
             pass
 
 

@@ -18,21 +18,70 @@ B200 = {"name": "NVIDIA B200", "sm": 100, "memory_gb": 191.5, "count": 8}  # nea
 T4 = {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0, "count": 1}
 
 
-def test_no_nvml_means_cpu(monkeypatch):
+@pytest.fixture
+def no_device_nodes(monkeypatch):
+    monkeypatch.setattr(hardware, "gpu_device_nodes", lambda: [])
+
+
+def test_no_nvml_means_cpu(monkeypatch, no_device_nodes):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     assert hardware.local_gpu() is None
     assert hardware.target_for(hardware.local_gpu(), config.shipped_targets()) == "cpu"
 
 
-def test_nvml_without_a_driver_means_cpu(monkeypatch):
-    def no_driver():
-        raise RuntimeError("NVML Shared Library Not Found")
+def _nvml(init=lambda: None, **calls):
+    import pynvml
 
-    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
-    assert hardware.local_gpu() is None
+    fake = types.SimpleNamespace(nvmlInit=init, nvmlShutdown=lambda: None, NVMLError=pynvml.NVMLError,
+                                 **{n: getattr(pynvml, n) for n in hardware.NO_DRIVER}, **calls)
+    return fake
 
 
-def test_nvml_reading_is_turned_into_sm_and_memory(monkeypatch):
+def _raise(code: int):
+    import pynvml
+
+    def fail(*_):
+        raise pynvml.NVMLError(code)
+    return fail
+
+
+def test_nvml_without_a_driver_means_cpu(monkeypatch, no_device_nodes):
+    import pynvml
+
+    for code in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED):
+        monkeypatch.setitem(sys.modules, "pynvml", _nvml(init=_raise(code)))
+        assert hardware.local_gpu() is None
+
+
+def test_an_nvml_failure_other_than_no_driver_is_reported_not_taken_for_cpu(monkeypatch, no_device_nodes):
+    import pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml(init=_raise(pynvml.NVML_ERROR_NO_PERMISSION)))
+    with pytest.raises(UserError, match=r"target=auto: NVML could not start: NVMLError_NoPermission: "
+                                        r"Insufficient Permissions; name the target \(target=h200"):
+        hardware.local_gpu()
+    # the driver starts, but GPU 0 cannot be read (a GPU fallen off the bus)
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml(nvmlDeviceGetHandleByIndex=_raise(pynvml.NVML_ERROR_GPU_IS_LOST)))
+    with pytest.raises(UserError, match=r"NVML found a driver but could not read GPU 0: NVMLError_GpuIsLost"):
+        hardware.local_gpu()
+    with pytest.raises(UserError, match="NVML found a driver but could not read GPU 0"):
+        hardware.resolve_overrides([], config.shipped_targets())  # target=auto: the same error, not "cpu"
+
+
+def test_a_host_with_nvidia_devices_is_never_taken_for_cpu(monkeypatch):
+    import pynvml
+
+    monkeypatch.setattr(hardware, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml(init=_raise(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)))
+    with pytest.raises(UserError, match=r"NVML could not start although this host has NVIDIA devices \(/dev/nvidia0\)"):
+        hardware.local_gpu()
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(UserError, match=r"has NVIDIA devices \(/dev/nvidia0\) but nvidia-ml-py \(pynvml\) is not "
+                                        r"installed"):
+        hardware.local_gpu()
+
+
+def test_nvml_reading_is_turned_into_sm_and_memory(monkeypatch, no_device_nodes):
     fake = types.SimpleNamespace(
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
         nvmlDeviceGetHandleByIndex=lambda i: "h0", nvmlDeviceGetCudaComputeCapability=lambda h: (10, 0),
