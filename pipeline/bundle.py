@@ -602,6 +602,8 @@ def _verify(where: str, *, container: str | None, public_key: str | None, certif
         if sha != f["sha256"]:
             bad.append(f"{f['path']} has sha256 {sha[:12]}…, the manifest says {f['sha256'][:12]}…")
     n = len(doc.get("files", []))
+    if n == 0:  # nothing compared is no pass
+        bad.append("bundle.json lists no files, so nothing was checked (a damaged or hand-made manifest)")
     out.append(("checksums", not bad, f"{n} files match their sha256" if not bad else "; ".join(bad[:5])))
     files, dirs = _tree(fs, root)
     out.append(tree_check(doc, files, dirs, local=_is_local(fs)))
