@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _provenance import source_state  # noqa: E402
 STAGES = ["fetch", "quantize", "build", "package", "bench", "publish"]
 GIB = 2**30
 
@@ -205,18 +207,11 @@ def gpu_info() -> dict:
 
 
 def commit() -> str | None:
-    """HEAD, with ``+dirty`` when the working tree differs from it. A copy of the tree without its git history
-    (a device machine's) says which commit it is in PIPELINE_COMMIT (e.g. ``abc1234`` or ``abc1234+dirty``)."""
-    if os.environ.get("PIPELINE_COMMIT"):
-        return os.environ["PIPELINE_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    """HEAD (the full sha) as the checkout's git sees it; in a copy without git metadata (a device machine's) the
+    commit its launcher claims in PIPELINE_COMMIT, which ``source_state()`` records as claimed beside the digest of
+    the files that ran (``python benchmarks/_provenance.py --match DIGEST`` confirms it)."""
+    state = source_state()
+    return state["commit"] or state.get("commit_claimed")
 
 
 def table(paths: list[Path]) -> str:
@@ -269,7 +264,7 @@ def main() -> None:
         return
     if not a.root or not a.out:
         ap.error("--root and --out are required")
-    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
            "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
            "gpu": gpu_info(), "until": a.until, "runs": []}
     failed = False

@@ -192,10 +192,17 @@ def part_awq(out: dict, layers: int = 2, sample_counts=(32, 64), seq: int = 512,
     out["awq"] = res
 
 
+def _source_state() -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _provenance import source_state
+
+    return source_state()
+
+
 def run(args) -> None:
     out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "modelopt": __import__("modelopt").__version__, "transformers": __import__("transformers").__version__,
-           "date": time.strftime("%Y-%m-%d")}
+           "date": time.strftime("%Y-%m-%d"), **_source_state()}
     parts = args.parts.split(",")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for name in parts:
@@ -209,13 +216,13 @@ def run(args) -> None:
 
 
 def record(paths: list[str]) -> None:
-    from rebuild_noop import commit, prepend
+    from rebuild_noop import prepend
 
     merged: dict = {}
     for p in paths:
         merged.update(json.loads(Path(p).read_text()))
     L = [f"\n## Quantization on {merged['gpu']} (`benchmarks/gpu_quant.py`)",
-         f"{merged['date']} · commit {commit()} · torch {merged['torch']}, ModelOpt {merged['modelopt']}, "
+         f"{merged['date']} · commit {str(merged.get('commit'))[:10]}{' (uncommitted changes)' if merged.get('dirty') else ''} · torch {merged['torch']}, ModelOpt {merged['modelopt']}, "
          f"transformers {merged['transformers']} · synthetic (seeded random) weights: costs and export fidelity "
          f"are the claims, not accuracy", ""]
     if "formats" in merged:

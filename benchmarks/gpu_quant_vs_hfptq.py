@@ -56,7 +56,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docfile import prepend  # noqa: E402
-from gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, commit, gpu_info, overrides  # noqa: E402
+from _provenance import source_state  # noqa: E402
+from gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, gpu_info, overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -568,7 +569,7 @@ def step_render(a, root: Path) -> dict[str, Any]:
     ours = json.loads((root / f"ours-{a.quant}.json").read_text())
     hf = json.loads((root / f"hfptq-{a.quant}.json").read_text())
     gpu = gpu_info()
-    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
            "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
            "gpu": gpu, "quant": a.quant, "prepare": prep, "ours": ours, "hfptq": hf,
            "compare": compare(prep, ours, hf, gpu)}

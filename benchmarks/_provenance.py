@@ -1,0 +1,96 @@
+"""What code a benchmark ran: the commit its checkout was at, whether the working tree differed from it, and a
+digest of the source files, written into every raw JSON under ``benchmarks/results/`` by the script itself.
+
+Where the script runs from a copy without git metadata (a GPU host given the files only), ``commit`` is None,
+``commit_claimed`` is what its launcher says in ``PIPELINE_COMMIT`` (if anything), and ``commit_note`` says so; ``source_sha256`` (the files the pipeline runs: ``pipeline/``, ``conf/``, ``benchmarks/*.py``,
+``pyproject.toml``) still identifies the code, and ``python benchmarks/_provenance.py --match DIGEST`` finds the
+commit whose files have that digest. A hand-written commit is never recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ("pipeline", "conf", "benchmarks", "pyproject.toml")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+
+
+def _is_source(rel: str) -> bool:
+    if "__pycache__" in rel or rel.startswith("benchmarks/results/"):
+        return False
+    return rel == "pyproject.toml" or rel.startswith(("pipeline/", "conf/")) or (
+        rel.startswith("benchmarks/") and rel.endswith(".py"))
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + hashlib.sha256(files[rel]).hexdigest().encode() + b"\n")
+    return h.hexdigest()
+
+
+def source_sha256(root: Path = REPO) -> str:
+    """The digest of the source files under ``root`` as they are on disk (tracked or not; git-ignored outputs such
+    as ``conf/local/*.yaml`` included where present, as they change what runs)."""
+    files = {}
+    for top in SOURCES:
+        p = root / top
+        for f in ([p] if p.is_file() else sorted(p.rglob("*")) if p.is_dir() else []):
+            rel = f.relative_to(root).as_posix()
+            if f.is_file() and _is_source(rel):
+                files[rel] = f.read_bytes()
+    return _digest(files)
+
+
+def commit_sha256(commit: str) -> str:
+    """The same digest over the files of ``commit`` (to match a run made from a copy without git metadata)."""
+    names = _git("ls-tree", "-r", "--name-only", commit).stdout.split("\n")
+    files = {}
+    for rel in filter(None, names):
+        if _is_source(rel):
+            files[rel] = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{rel}"], capture_output=True,
+                                        check=True).stdout
+    return _digest(files)
+
+
+def source_state() -> dict:
+    """``{"commit", "dirty", "commit_note", "source_sha256"}`` for this checkout, as the script sees it."""
+    import os
+
+    head = _git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        claimed = os.environ.get("PIPELINE_COMMIT") or None
+        return {"commit": None, "dirty": None, "commit_claimed": claimed, "source_sha256": source_sha256(),
+                "commit_note": "no git checkout here (a copy of the files)"
+                               + (f"; its launcher says {claimed} (PIPELINE_COMMIT)" if claimed else "")
+                               + ": `python benchmarks/_provenance.py --match DIGEST` finds the commit with these "
+                                 "files"}
+    status = _git("status", "--porcelain", "--untracked-files=normal", "--", *SOURCES).stdout
+    dirty = [line[3:] for line in status.splitlines() if _is_source(line[3:].strip())]
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty), "source_sha256": source_sha256(),
+            "commit_note": f"uncommitted changes in {', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''}"
+            if dirty else None}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--match":
+        for commit in _git("rev-list", "--max-count=200", "HEAD").stdout.split():
+            if commit_sha256(commit) == argv[1]:
+                print(commit)
+                return 0
+        print("no commit of the last 200 has these files (uncommitted code ran)", file=sys.stderr)
+        return 1
+    import json
+
+    print(json.dumps(source_state(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
