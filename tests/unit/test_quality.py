@@ -103,3 +103,44 @@ def test_the_report_shows_the_gate_verdict_and_the_unquantized_report_its_note()
     assert "Accuracy gate: **fail**" in md and "top-1 agreement" in md and "Export proof: **pass**" in md
     plain = quality.report("tiny-qwen3", {"format": "none", "kv_cache": "none", "note": "unquantized"})
     assert plain.endswith("\nunquantized\n") and "Accuracy gate" not in plain
+
+
+def test_a_measure_exactly_at_its_threshold_is_no_breach():
+    at = {"kl_mean": TH["kl_max"], "top1_agreement": TH["top1_min"], "ppl_ratio": TH["ppl_ratio_max"]}
+    assert quality.breaches(at, TH) == []
+
+
+def test_compare_reports_every_measure_and_the_ratio_of_the_perplexities():
+    base, test = _logits(1), _near(_logits(1), 0.5, 3)
+    m = quality.compare(base, test, ROWS)
+    assert set(m) == {"kl_mean", "kl_max", "top1_agreement", "ppl_ref", "ppl_test", "ppl_ratio", "tokens"}
+    assert m["kl_max"] >= m["kl_mean"] > 0
+    assert m["ppl_ratio"] == pytest.approx(m["ppl_test"] / m["ppl_ref"])
+    assert m["ppl_ref"] == pytest.approx(quality.compare(base, base, ROWS)["ppl_test"])
+
+
+def test_the_accuracy_section_is_the_recorded_schema_and_keeps_fifty_problems_with_their_count():
+    from pipeline.results import Accuracy
+
+    structure = Proof(problems=[f"problem {i}" for i in range(60)], details={"quantized_linears": 3})
+    a = _assess(lambda base, fq: fq.clone(), structure=structure)
+    Accuracy.model_validate(a)
+    assert a["gate_measures"].startswith("the exported checkpoint, reloaded as served") and \
+        a["gate_measures"].endswith("vs the unquantized model")
+    p = a["export_proof"]
+    assert len(p["problems"]) == 50 and p["problems"][-1] == "problem 49" and p["problem_count"] == 60
+    assert p["structure"] == {"quantized_linears": 3} and p["numbers"]["kl_frac"] == 0.5
+    assert p["calibrated_scales"] == {}
+
+
+@pytest.mark.parametrize("count, more", [(3, ""), (4, " (and 1 more, see accuracy.json)")])
+def test_the_failure_message_counts_what_it_leaves_out(count, more):
+    a = _assess(lambda base, fq: fq.clone(), structure=Proof(problems=[f"p{i}" for i in range(count)]))
+    assert quality.failure(a, "fp8", "fp8") == "export proof failed: p0; p1; p2" + more
+
+
+def test_every_gate_breach_is_named_in_the_failure():
+    a = _assess(lambda base, fq: fq.clone(), th={"kl_max": -1.0, "top1_min": 1.01, "ppl_ratio_max": 0.0})
+    msg = quality.failure(a, "fp8", "fp8")
+    assert msg.startswith("accuracy gate (fp8, KV fp8, deployed export vs unquantized): KL ")
+    assert msg.count("; ") == 2 and "top-1 agreement" in msg and "perplexity ratio" in msg
