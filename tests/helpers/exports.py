@@ -63,6 +63,11 @@ def quantize_fp8(w: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"weight": (w.float() / scale).to(torch.float8_e4m3fn), "weight_scale": scale.reshape(())}
 
 
+def quantize_int8_sq(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    scale = (w.float().abs().amax(1) / 127.0).clamp_min(1e-8)
+    return {"weight": torch.round(w.float() / scale[:, None]).clamp(-128, 127).to(torch.int8), "weight_scale": scale}
+
+
 def quantize_int4_awq(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
     out, inp = w.shape
     g = w.float().reshape(out, inp // group, group)
@@ -102,7 +107,9 @@ class Export:
 
 
 def write(out: Path, fmt: str = "fp8", kv: str = "fp8", group: int = 64, seed: int = 0) -> Export:
-    """Write a synthetic ``fmt`` export (``fp8`` or ``int4_awq``) with KV scales when ``kv`` is ``fp8``."""
+    """Write a synthetic ``fmt`` export (``fp8``, ``int8_sq`` or ``int4_awq``) with KV scales when ``kv`` is
+    ``fp8``. SmoothQuant layers carry a ``pre_quant_scale``; AWQ ones where ModelOpt keeps it (``o_proj``,
+    ``down_proj``: no preceding norm to fold it into)."""
     from pipeline.runtime.reference import dequantize_weight
     from safetensors.torch import save_file
 
@@ -119,15 +126,23 @@ def write(out: Path, fmt: str = "fp8", kv: str = "fp8", group: int = 64, seed: i
     for name, shape in _linears().items():
         w = (torch.randn(shape, generator=gen) / shape[1] ** 0.5).to(torch.bfloat16)
         e.original[name] = w
-        parts = quantize_fp8(w) if fmt == "fp8" else quantize_int4_awq(w, group)
-        if fmt == "fp8":
+        parts = {"fp8": quantize_fp8, "int8_sq": quantize_int8_sq}[fmt](w) if fmt != "int4_awq" else \
+            quantize_int4_awq(w, group)
+        pqs = None
+        if fmt == "int8_sq" or (fmt == "int4_awq" and name.endswith(("o_proj", "down_proj"))):
+            pqs = (torch.rand(shape[1], generator=gen) + 0.5).to(torch.bfloat16)
+            parts["pre_quant_scale"] = pqs
+        if fmt in ("fp8", "int8_sq"):
             in_scale = torch.tensor(float(torch.rand((), generator=gen)) * 0.01 + 0.001)
             parts["input_scale"] = in_scale.reshape(())
             e.ref.scales[name] = ("input", float(in_scale))
         for k, v in parts.items():
             tensors[f"{name}.{k}"] = v
         fq = dequantize_weight(algo, parts, e.group).to(torch.bfloat16).float()
-        e.ref.layers[name] = proof.LayerRef(proof._sketch(fq), float((fq - w.float()).norm()), torch.bfloat16)
+        err = fq - w.float()
+        if pqs is not None:  # what the layer computes with: the weight times the input's pre-quant scale
+            fq, err = fq * pqs.float().reshape(1, -1), err * pqs.float().reshape(1, -1)
+        e.ref.layers[name] = proof.LayerRef(proof._sketch(fq), float(err.norm()), torch.bfloat16)
     if kv == "fp8":
         for layer in range(CONFIG["num_hidden_layers"]):
             attn = f"model.layers.{layer}.self_attn"

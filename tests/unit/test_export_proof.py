@@ -1,5 +1,5 @@
 """The export proof's structure, layer and scale checks against exports that are slightly wrong, in the fast tier:
-synthetic FP8 and INT4-AWQ exports of tiny-qwen3's architecture in ModelOpt's format (``tests/helpers/exports.py``)
+synthetic FP8, INT8-SmoothQuant and INT4-AWQ exports of tiny-qwen3's architecture in ModelOpt's format (``tests/helpers/exports.py``)
 with one layer's weight scale off by 10%, one layer left unquantized (declared excluded or not), a swapped KV scale,
 an activation scale off by 1%. Each is judged with the bounds the formats ship (``conf/quant/<format>.yaml``), so a
 bound loosened past its control fails here; the untouched export must pass. docs/mutation.md states the margins."""
@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 
 import pytest
+
+import torch
 
 from pipeline import config
 from pipeline.quant import proof
@@ -23,7 +25,7 @@ def shipped_ratio(fmt: str) -> float:
     return float(config.compose(["model=tiny-qwen3", f"quant={fmt}"]).quant.eval.export_weight_ratio)
 
 
-@pytest.fixture(scope="module", params=["fp8", "int4_awq"])
+@pytest.fixture(scope="module", params=["fp8", "int8_sq", "int4_awq"])
 def export(request, tmp_path_factory) -> exports.Export:
     return exports.write(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
 
@@ -162,3 +164,69 @@ def test_the_recorded_algorithms_must_be_the_requested_ones(fp8, tmp_path):
     s = _structure(fp8, fp8.tampered(tmp_path / "relabel", relabel)).problems
     assert "hf_quant_config.json: quant_algo 'NVFP4', but quant.format=fp8 exports 'FP8'" in s
     assert "hf_quant_config.json: kv_cache_quant_algo None, but quant.kv_cache=fp8 exports 'FP8'" in s
+
+
+@pytest.fixture(scope="module")
+def awq(tmp_path_factory) -> exports.Export:
+    return exports.write(tmp_path_factory.mktemp("awq") / "ckpt", "int4_awq")
+
+
+def test_per_channel_and_per_group_scale_shapes_are_checked(export, tmp_path):
+    """A scale of the wrong granularity (one too few channels, groups of the wrong size) fails naming the expected
+    shape; so does a pre-quant scale of the wrong length."""
+    if export.fmt == "fp8":
+        pytest.skip("FP8's scales are per tensor (checked above)")
+    name = "model.layers.0.self_attn.o_proj"
+
+    def shrink(t, q):
+        t[f"{name}.weight_scale"] = t[f"{name}.weight_scale"][:-1].clone()
+        t[f"{name}.pre_quant_scale"] = t[f"{name}.pre_quant_scale"][:-1].clone()
+
+    s = _structure(export, export.tampered(tmp_path / "shrunk", shrink)).problems
+    out, inp = 128, 128
+    want = f"[{out}]" if export.fmt == "int8_sq" else f"[{out}, {inp // export.group}] for group_size {export.group}"
+    got = f"[{out - 1}]" if export.fmt == "int8_sq" else f"[{out - 1}, {inp // export.group}]"
+    assert f"{name}: weight_scale has shape {got}, expected {want}" + (" (wrong block size)" if export.group else "") \
+        in s, s
+    assert f"{name}: pre_quant_scale has shape [{inp - 1}], expected [{inp}]" in s, s
+
+
+def test_a_pre_quant_scale_that_differs_from_the_calibrated_one_fails_the_layer_check(awq, tmp_path):
+    name = "model.layers.1.mlp.down_proj"
+
+    def rescale(t, q):
+        t[f"{name}.pre_quant_scale"] = (t[f"{name}.pre_quant_scale"].float() * 1.2).to(torch.bfloat16)
+
+    lay = _layers(awq, awq.tampered(tmp_path / "pqs", rescale))
+    assert [p.split(":")[0] for p in lay.problems] == [name], lay.problems
+
+
+def test_an_awq_export_of_another_group_size_fails_on_every_scale_shape(awq):
+    s = proof.check_structure(awq.dir, "int4_awq", "fp8", 32).problems
+    assert "hf_quant_config.json: group_size 64, but int4_awq with quant.block_size=32 needs 32 (wrong block size)" in s
+    assert f"{LAYER}: weight_scale has shape [128, 4], expected [128, 8] for group_size 32 (wrong block size)" in s, s
+
+
+def test_the_numbers_rule_records_its_terms_and_accepts_an_export_exactly_at_the_limit():
+    n = proof.check_numbers({"kl_mean": 0.1}, {"kl_mean": 0.032}, kl_abs=0.002, kl_frac=0.3)
+    assert n.ok and n.details == {"kl": 0.032, "kl_max": pytest.approx(0.032), "kl_abs": 0.002, "kl_frac": 0.3,
+                                  "kl_quantization": 0.1}
+    assert not proof.check_numbers({"kl_mean": 0.1}, {"kl_mean": 0.0321}, kl_abs=0.002, kl_frac=0.3).ok
+
+
+def test_the_sketch_is_a_fixed_seeded_projection_that_keeps_norms():
+    """Seeded by the input size alone (the same after the cache is emptied, whatever torch's global seed), one
+    column set of SKETCH_COLS, scaled so that E‖A R‖² = ‖A‖²."""
+    proof._R_CACHE.clear()
+    torch.manual_seed(1)
+    first = proof.sketch_matrix(256).clone()
+    assert first.shape == (256, proof.SKETCH_COLS) and first.dtype == torch.float32
+    assert proof.sketch_matrix(256) is proof.sketch_matrix(256)  # cached
+    proof._R_CACHE.clear()
+    torch.manual_seed(2)
+    assert torch.equal(proof.sketch_matrix(256), first)
+    assert not torch.equal(proof.sketch_matrix(128), first[:128])  # another size, another projection
+    a = torch.randn(512, 256, generator=torch.Generator().manual_seed(3))
+    ratio = float(proof._sketch(a).norm() ** 2 / a.norm() ** 2)
+    assert 0.9 < ratio < 1.1, ratio
+    assert proof._sketch(a.to(torch.bfloat16)).dtype == torch.float32
