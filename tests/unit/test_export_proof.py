@@ -230,3 +230,35 @@ def test_the_sketch_is_a_fixed_seeded_projection_that_keeps_norms():
     ratio = float(proof._sketch(a).norm() ** 2 / a.norm() ** 2)
     assert 0.9 < ratio < 1.1, ratio
     assert proof._sketch(a.to(torch.bfloat16)).dtype == torch.float32
+
+
+def test_layers_missing_misshapen_or_unreadable_in_the_export_are_each_named(fp8, tmp_path):
+    """Every broken layer is reported (the check goes on after the first), each with what is wrong with it."""
+    gone, rows, cols, empty, unreadable = (f"model.layers.{i}.{p}" for i, p in (
+        (0, "self_attn.q_proj"), (0, "self_attn.k_proj"), (0, "mlp.gate_proj"), (1, "mlp.up_proj"),
+        (1, "self_attn.o_proj")))
+
+    def damage(t, q):
+        for p in ("weight", "weight_scale", "input_scale"):
+            t.pop(f"{gone}.{p}")
+        t[f"{rows}.weight"] = t[f"{rows}.weight"][:-1].clone()
+        t[f"{cols}.weight"] = t[f"{cols}.weight"][:, :1].clone()
+        t[f"{empty}.weight"] = t[f"{empty}.weight"][:, :0].clone()
+        t[f"{unreadable}.weight_scale"] = torch.ones(3)  # no per-tensor scale: the dequantizer cannot broadcast it
+
+    problems = _layers(fp8, fp8.tampered(tmp_path / "damaged", damage)).problems
+    text = "\n".join(problems)
+    assert f"{gone}: quantized in the calibrated model, missing from the export" in problems
+    assert f"{rows}: exported weight has shape [63, 128], calibrated 64 rows" in problems, text
+    assert f"{empty}: exported weight has shape [256, 0], calibrated 256 rows" in problems, text
+    assert any(p.startswith(f"{cols}: the exported weight differs from the fake-quant weight") for p in problems), text
+    assert any(p.startswith(f"{unreadable}: cannot dequantize the exported weight (RuntimeError: ") for p in problems), \
+        text
+
+
+def test_a_layer_quantized_only_in_the_export_is_named(fp8, tmp_path):
+    def quantize_lm_head(t, q):
+        t["lm_head.weight_scale"] = torch.tensor(0.01)
+
+    problems = _layers(fp8, fp8.tampered(tmp_path / "extra", quantize_lm_head)).problems
+    assert problems == ["lm_head: quantized in the export, not in the calibrated model"]
