@@ -1,0 +1,90 @@
+"""The bench's regression gate, measure by measure: its direction (a rise in a latency, a fall in throughput is
+the regression; the opposite is an improvement), its boundary (a change of exactly ``bench.gates.regression_pct``
+is allowed) and what it records per check. Planted levels stand in for a bench run (no server)."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from pipeline import config
+from pipeline.stages import bench
+
+PCT = 25.0
+
+
+def _level(conc: int = 1, *, tps: float = 100.0, ttft: float = 10.0, itl: float = 5.0, latency: float = 50.0,
+           requests: int = 4, errors: int = 0) -> dict:
+    def stat(p95):
+        return {"unit": "ms", "avg": p95, "p50": p95, "p95": p95, "p99": p95}
+
+    return {"concurrency": conc, "request_count": requests, "error_count": errors,
+            "errors": ["refused"] * errors, "time_to_first_token": stat(ttft), "inter_token_latency": stat(itl),
+            "request_latency": stat(latency), "output_token_throughput": {"avg": tps},
+            "request_throughput": {"avg": 1.0}}
+
+
+def _run(*levels: dict) -> dict:
+    return {"workloads": {"chat": {"levels": list(levels)}}}
+
+
+def _found(result: dict) -> dict:
+    rows = {w: [bench.summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()}
+    return {"status": "found", "source": "memory://b", "version": "v1", "detail": None, "bench": {"workloads": rows}}
+
+
+@functools.lru_cache(maxsize=None)
+def _cfg(*extra: str):
+    return config.compose(["target=cpu", "runtime=reference", "bench.gates.regression_on_cpu=true",
+                           f"bench.gates.regression_pct={PCT:g}", *extra])
+
+
+BASE = dict(tps=100.0, ttft=10.0, itl=5.0, latency=50.0)
+# measure -> (level field, its label in the gate, whether a rise is the regression)
+MEASURES = {"tps": ("output tokens/s", False), "ttft": ("TTFT p95", True), "itl": ("inter-token latency p95", True),
+            "latency": ("request latency p95", True)}
+
+
+@pytest.mark.parametrize("measure", list(MEASURES))
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_the_regression_direction_of_each_measure(measure, factor):
+    label, rise_is_worse = MEASURES[measure]
+    previous = _found(_run(_level(**BASE)))
+    g = bench.gates(_cfg(), _run(_level(**{**BASE, measure: BASE[measure] * factor})), previous)
+    worse = (factor > 1) == rise_is_worse
+    mine = [c for c in g["checks"] if c["check"] == f"regression: {label}"]
+    assert len(mine) == 1 and mine[0]["change_pct"] == pytest.approx(100 * (factor - 1))
+    assert mine[0]["pass"] is (not worse) and mine[0]["previous"] == BASE[measure]
+    assert all(c["pass"] for c in g["checks"] if c is not mine[0])  # the other measures did not move
+    if worse:
+        assert g["verdict"] == "fail" and len(g["regressions"]) == 1 and g["breaches"] == g["regressions"]
+        assert g["regressions"][0].startswith(f"chat at concurrency 1: {label} ")
+        assert f"({100 * (factor - 1):+.0f}%, allowed {PCT:g}%)" in g["regressions"][0]
+    else:  # an improvement
+        assert g["verdict"] == "pass" and g["regressions"] == []
+
+
+@pytest.mark.parametrize("measure", list(MEASURES))
+def test_a_change_of_exactly_the_allowed_percentage_passes_and_just_over_fails(measure):
+    label, rise_is_worse = MEASURES[measure]
+    sign = 1 if rise_is_worse else -1
+    previous = _found(_run(_level(**BASE)))
+    at = bench.gates(_cfg(), _run(_level(**{**BASE, measure: BASE[measure] * (1 + sign * PCT / 100)})), previous)
+    assert at["verdict"] == "pass", at["regressions"]
+    over = bench.gates(_cfg(), _run(_level(**{**BASE, measure: BASE[measure] * (1 + sign * (PCT + 1) / 100)})),
+                       previous)
+    assert over["verdict"] == "fail" and over["regressions"][0].startswith(f"chat at concurrency 1: {label} ")
+
+
+def test_regressions_are_compared_level_by_level():
+    previous = _found(_run(_level(1, **BASE), _level(8, **{**BASE, "tps": 400.0})))
+    g = bench.gates(_cfg(), _run(_level(1, **BASE), _level(8, **{**BASE, "tps": 200.0})), previous)
+    assert g["compared_with_previous_levels"] == 2
+    assert g["regressions"] == ["chat at concurrency 8: output tokens/s 200.0 vs 400.0 in the previous bundle "
+                                "(-50%, allowed 25%)"]
+
+
+def test_on_cpu_regressions_are_reported_not_gated_unless_asked():
+    cfg = config.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
+    g = bench.gates(cfg, _run(_level(**{**BASE, "ttft": 40.0})), _found(_run(_level(**BASE))))
+    assert g["regressions"] and g["breaches"] == [] and g["regressions_gated"] is False and g["verdict"] == "pass"
