@@ -7,6 +7,7 @@ one difference each; the shipped lint must name it."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,23 @@ CASES = {  # name: (overrides, layout); the engine/LLM-API repositories are for 
 }
 
 
+_RENDERED: dict[tuple, Path] = {}
+
+
 def render(tmp: Path, case: str, decoupled: bool, *extra: str) -> Path:
-    overrides, _ = CASES[case]
+    """A copy (under ``tmp``) of the repository the package stage renders for ``case``: rendered once per session
+    and settings (under the session's base temp, so a later session renders again), copied per test."""
+    key = (case, decoupled, extra)
+    src = _RENDERED.get(key)
+    if src is None or not src.is_dir():
+        src = _RENDERED[key] = _render(tmp.parent / f"rendered-{len(_RENDERED)}", case, decoupled, *extra)
     repo = tmp / f"{case}-{decoupled}"
+    shutil.copytree(src, repo)
+    return repo
+
+
+def _render(repo: Path, case: str, decoupled: bool, *extra: str) -> Path:
+    overrides, _ = CASES[case]
     eng = repo / ENGINE_REL
     eng.mkdir(parents=True)
     (eng / "tokenizer.json").write_text("{}")  # a stand-in: nothing loads it here
