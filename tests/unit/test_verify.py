@@ -5,11 +5,13 @@ nothing and must not pass."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
 
 from pipeline import bundle
+from pipeline.errors import UserError
 from tests.helpers.bundles import FILES, make_bundle, rewrite_manifest
 
 MODEL = "checkpoint/model.safetensors"
@@ -88,3 +90,129 @@ def test_a_manifest_that_lists_no_files_does_not_pass(local):
 def test_a_reference_bundle_needs_no_gpu_or_trtllm(local):
     got = checks(local)
     assert got["gpu"][0] is None and got["runtime"][0] is None
+
+
+# ------------------------------------------------------------------------------------ where verify finds the bundle
+def test_a_bundle_is_found_from_its_directory_its_bundle_json_or_a_published_latest(local, tmp_path):
+    assert checks(local / "bundle.json")["checksums"][0] is True
+    base = tmp_path / "published"
+    shutil.copytree(local, base / "v0123456789ab")
+    (base / "latest").write_text("v0123456789ab\n")
+    assert checks(base)["checksums"] == (True, f"{len(FILES)} files match their sha256")
+
+
+def test_a_latest_naming_an_unfinished_version_and_a_directory_without_a_bundle_are_refused(tmp_path):
+    base = tmp_path / "published"
+    (base / "v1").mkdir(parents=True)
+    (base / "latest").write_text("v1\n")
+    with pytest.raises(UserError, match=r"latest names v1, which has no bundle.json \(its upload has not finished\)"):
+        bundle.verify(str(base))
+    with pytest.raises(UserError, match="no bundle.json there"):
+        bundle.verify(str(base / "v1"))
+    (base / "v1" / "bundle.json").write_text("{not json")
+    with pytest.raises(UserError, match=r"bundle.json is not valid JSON \(damaged bundle\)"):
+        bundle.verify(str(base / "v1"))
+
+
+def test_a_manifest_off_the_schema_fails_the_manifest_check(local):
+    rewrite_manifest(local / "bundle.json", lambda doc: doc.pop("lineage"))
+    ok, msg = checks(local)["manifest"]
+    assert ok is False and msg.startswith("bundle.json does not match the schema: "), msg
+
+
+def test_an_unknown_container_is_refused_before_any_hashing(local):
+    with pytest.raises(UserError, match=r"--container nvcr.io/x:1: not a recorded serving image; recorded: "):
+        bundle.verify(str(local), container="nvcr.io/x:1")
+
+
+def test_a_required_signature_that_is_absent_fails(local):
+    got = {n: (ok, m) for n, ok, m in bundle.verify(str(local), require_signature=True)}
+    assert got["signature"] == (False, "bundle is not signed (no bundle.sig) and a signature is required")
+    assert checks(local)["signature"][0] is None  # not required: reported, not failed
+
+
+# ------------------------------------------------------------------------------------------------ GPU and runtime
+H200 = {"name": "NVIDIA H200", "sm": 90, "memory_gb": 150.0, "count": 1}
+
+
+def _gpu_bundle(local: Path, runtime: str = "trtllm_llmapi", versions: dict | None = None) -> Path:
+    def edit(doc):
+        doc["target"] = {"name": "h200", "device": "cuda", "sm": 90}
+        doc["runtime"] = {"name": runtime}
+        doc["runtime_versions"] = versions if versions is not None else {"tensorrt_llm": "1.2.1",
+                                                                         "tensorrt": "10.14.1.48"}
+    rewrite_manifest(local / "bundle.json", edit)
+    return local
+
+
+@pytest.mark.parametrize("gpu, expected", [
+    (None, (False, "bundle is for sm90 (h200); this machine has no GPU")),
+    (H200, (True, "bundle sm90 = local NVIDIA H200 (sm90)")),
+    ({**H200, "name": "NVIDIA B200", "sm": 100}, (False, "bundle sm90 ≠ local NVIDIA B200 (sm100)")),
+])
+def test_the_gpu_check_compares_the_bundles_sm_with_the_local_gpu(local, monkeypatch, gpu, expected):
+    from pipeline import hardware
+
+    monkeypatch.setattr(hardware, "local_gpu", lambda: gpu)
+    assert checks(_gpu_bundle(local))["gpu"] == expected
+    assert checks(local)["checksums"][0] is True  # the target edit went through bundle.json only
+
+
+@pytest.mark.parametrize("installed, expected", [
+    ((None, None), (False, "bundle needs TensorRT-LLM 1.2.1; none installed here (give --container TAG to check "
+                           "against a serving image)")),
+    (("1.2.1", "10.14.1.48"), (True, "bundle TensorRT-LLM 1.2.1/TensorRT 10.14.1.48; installed 1.2.1/10.14.1.48")),
+    (("1.2.1", "10.13.3.9"), (False, "bundle TensorRT-LLM 1.2.1/TensorRT 10.14.1.48; installed 1.2.1/10.13.3.9")),
+    (("1.1.0", "10.14.1.48"), (False, "bundle TensorRT-LLM 1.2.1/TensorRT 10.14.1.48; installed 1.1.0/10.14.1.48")),
+])
+def test_the_runtime_check_compares_the_installed_trtllm_and_tensorrt(local, monkeypatch, installed, expected):
+    from pipeline import hardware
+    from pipeline.runtime import trtllm
+
+    monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
+    monkeypatch.setattr(trtllm, "detect", lambda: trtllm.TrtllmInfo(*installed, True, None))
+    assert checks(_gpu_bundle(local))["runtime"] == expected
+
+
+def test_a_bundle_recording_no_tensorrt_version_checks_trtllm_alone(local, monkeypatch):
+    from pipeline import hardware
+    from pipeline.runtime import trtllm
+
+    monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
+    monkeypatch.setattr(trtllm, "detect", lambda: trtllm.TrtllmInfo("1.2.1", "10.0.0", True, None))
+    ok, msg = checks(_gpu_bundle(local, versions={"tensorrt_llm": "1.2.1"}))["runtime"]
+    assert ok is True and msg.startswith("bundle TensorRT-LLM 1.2.1/TensorRT None"), msg
+
+
+def test_a_container_check_without_recorded_versions_cannot_pass():
+    from pipeline import upstream
+
+    image = next(iter(upstream.container_pairs()))
+    want = upstream.container_pairs()[image]
+    name, ok, msg = bundle.container_check({"container": "nvcr.io/unknown:1"}, image)
+    assert name == "runtime" and ok is False and msg == (f"bundle records no TensorRT-LLM version; cannot check it against {image} "
+                                   f"(TensorRT-LLM {want['trtllm']})")
+    name, ok, msg = bundle.container_check({"tensorrt_llm": want["trtllm"]}, image)
+    assert name == "runtime" and ok is True and msg == (f"bundle TensorRT-LLM {want['trtllm']}/TensorRT ?; {image} has {want['trtllm']}/"
+                                  f"{want['tensorrt']}")
+
+
+# -------------------------------------------------------------------------- republish: which files need uploading
+def test_damaged_names_the_missing_resized_and_rehashed_files(local):
+    import json
+
+    import fsspec
+
+    files = json.loads((local / "bundle.json").read_text())["files"]
+    fs = fsspec.filesystem("file")
+    assert bundle._damaged(fs, str(local), files, local_dest=True) == []
+    assert bundle._damaged(fs, str(local), files, local_dest=False) == []
+    (local / CONFIG).unlink()
+    data = bytearray((local / MODEL).read_bytes())
+    data[5] ^= 1  # same size, new modification time: hashed again
+    (local / MODEL).write_bytes(bytes(data))
+    bench = local / "reports" / "bench.json"
+    bench.write_bytes(bench.read_bytes() + b" ")
+    for local_dest in (True, False):
+        got = [f["path"] for f in bundle._damaged(fs, str(local), files, local_dest=local_dest)]
+        assert got == [CONFIG, MODEL, "reports/bench.json"], (local_dest, got)
