@@ -76,7 +76,7 @@ MODULES: dict[str, dict] = {
     "bench-gates": {
         "path": "pipeline/stages/bench.py",
         "functions": ["x_gates", "x__bench_rows_ok", "x__read_baseline", "x_baseline_line", "x_bench_result"],
-        "tests": ["tests/unit/test_bench.py"],
+        "tests": ["tests/unit/test_bench_gates.py", "tests/unit/test_bench.py"],
     },
     "verify": {
         "path": "pipeline/bundle.py",
@@ -87,7 +87,7 @@ MODULES: dict[str, dict] = {
     "publish-gates": {
         "path": "pipeline/stages/publish.py",
         "functions": ["x_bench_verdict", "x_gates_passed"],
-        "tests": ["tests/unit/test_bundle.py"],
+        "tests": ["tests/unit/test_publish_gates.py", "tests/unit/test_bundle.py"],
     },
 }
 
@@ -149,7 +149,31 @@ def _load_equivalent() -> dict[str, dict]:
     return yaml.safe_load(EQUIVALENT.read_text()) or {}
 
 
-def run_module(key: str, work_root: Path, *, nice: int, timeout: float) -> dict:
+def _generate(work: Path, env: dict[str, str], stem: str, patterns: list[str], nice: int, timeout: float,
+              key: str) -> list[str]:
+    """Every mutant name in scope: mutmut writes them all when it starts (``mutants/<path>.meta``); a run of one
+    unknown name generates them and stops."""
+    import fnmatch
+
+    subprocess.run(["nice", "-n", str(nice), *_mutmut(), "run", "--max-children", "1", f"{stem}.x_no_such_function"],
+                   cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    meta = work / "mutants" / f"{stem.replace('.', '/')}.py.meta"
+    if not meta.is_file():
+        raise SystemExit(f"[{key}] mutmut generated no mutants (no {meta})")
+    names = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+
+
+def _sample(names: list[str], n: int) -> list[str]:
+    """``n`` names evenly spaced over the sorted list (every function keeps its share; the same names for the same
+    code)."""
+    if n <= 0 or n >= len(names):
+        return names
+    step = len(names) / n
+    return [names[int(i * step)] for i in range(n)]
+
+
+def run_module(key: str, work_root: Path, *, nice: int, timeout: float, sample: int = 0) -> dict:
     import fnmatch
 
     module = MODULES[key]
@@ -165,7 +189,14 @@ def run_module(key: str, work_root: Path, *, nice: int, timeout: float) -> dict:
                 "MKL_NUM_THREADS": "1"})
     stem = module["path"][:-3].replace("/", ".")
     patterns = [f"{stem}.{f}__mutmut_*" for f in module["functions"]]
-    cmd = ["nice", "-n", str(nice), *_mutmut(), "run", "--max-children", "1", *patterns]
+    selected = patterns
+    population = None
+    if sample:
+        everyone = _generate(work, env, stem, patterns, nice, timeout, key)
+        population = len(everyone)
+        selected = _sample(everyone, sample)
+        patterns = selected  # the score is over the sample
+    cmd = ["nice", "-n", str(nice), *_mutmut(), "run", "--max-children", "1", *selected]
     started = time.monotonic()
     print(f"[{key}] mutmut run on {module['path']} against {', '.join(module['tests'])}", flush=True)
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
@@ -202,7 +233,7 @@ def run_module(key: str, work_root: Path, *, nice: int, timeout: float) -> dict:
     print(f"[{key}] {len(outcome['killed'])}/{scored} killed ({n_eq} equivalent survivors left out), "
           f"{wall:.0f} s", flush=True)
     return {"module": module["path"], "functions": module["functions"], "tests": module["tests"],
-            "mutants": len(in_scope), "killed": len(outcome["killed"]), "survived": len(outcome["survived"]),
+            "mutants": len(in_scope), "sampled_from": population, "killed": len(outcome["killed"]), "survived": len(outcome["survived"]),
             "no_tests": len(outcome["no_tests"]), "other": outcome["other"], "equivalent": n_eq,
             "score": round(score, 4) if score is not None else None, "meets_target": score is not None and
             score >= TARGET, "wall_s": round(wall, 1), "mutmut_exit": proc.returncode,
@@ -229,7 +260,8 @@ def render(doc: dict) -> None:
              " tests | wall |", "|---|---|---|---|---|---|---|---|---|"]
     for key, r in doc["modules"].items():
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "n/a"
-        lines.append(f"| {key} (`{r['module']}`) | {r['mutants']} | {r['killed']} | {r['survived']} "
+        scope = f"{r['mutants']}" + (f" (sample of {r['sampled_from']})" if r.get("sampled_from") else "")
+        lines.append(f"| {key} (`{r['module']}`) | {scope} | {r['killed']} | {r['survived']} "
                      f"({r['equivalent']}) | {r['no_tests']} | {score} | {'met' if r['meets_target'] else 'NOT met'} "
                      f"| {', '.join(f'`{t}`' for t in r['tests'])} | {r['wall_s']:.0f} s |")
     lines += ["", "Survivors (equivalent ones with the reason; the others are gaps):", ""]
@@ -248,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="scratch directory (default: a new temporary one, removed after)")
     ap.add_argument("--nice", type=int, default=15)
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per module")
+    ap.add_argument("--sample", type=int, default=0, metavar="N",
+                    help="run N mutants per module, evenly spaced over those in scope (0: all)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args(argv)
@@ -266,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         work_root = args.work or Path(tempfile.mkdtemp(prefix="mutation-"))
         keys = args.modules or list(MODULES)
         info = commit_info()
-        for key in keys:
-            doc["modules"][key] = {**run_module(key, work_root, nice=args.nice, timeout=args.timeout), **info}
-        doc.update(info, date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                   machine=f"{platform.node()} ({os.cpu_count()} cores, {platform.python_version()})",
-                   mutmut=metadata.version("mutmut"), target=TARGET)
-        doc["modules"] = {k: doc["modules"][k] for k in MODULES if k in doc["modules"]}
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        for key in keys:  # the raw JSON is written after each module: a long run keeps what it measured
+            doc["modules"][key] = {**run_module(key, work_root, nice=args.nice, timeout=args.timeout,
+                                                sample=args.sample), **info}
+            doc.update(info, date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       machine=f"{platform.node()} ({os.cpu_count()} cores, {platform.python_version()})",
+                       mutmut=metadata.version("mutmut"), target=TARGET)
+            doc["modules"] = {k: doc["modules"][k] for k in MODULES if k in doc["modules"]}
+            RESULTS.parent.mkdir(parents=True, exist_ok=True)
+            RESULTS.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         if args.work is None:
             shutil.rmtree(work_root, ignore_errors=True)
     render(doc)
