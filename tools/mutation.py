@@ -43,7 +43,9 @@ MODULES: dict[str, dict] = {
     "proof": {
         "path": "pipeline/quant/proof.py",
         "functions": ["x_check_structure", "x_check_layers", "x_scale_problems", "x_check_numbers", "x_quant_config",
-                      "x_architecture", "x__expected_shape", "x_sketch_matrix", "x__sketch", "xǁCheckpointǁ*"],
+                      "x_architecture", "x__expected_shape", "x_sketch_matrix", "x__sketch", "xǁCheckpointǁ*",
+                      "x_calibrated_scales", "x_quantized_linears", "x__pre_quant_scale", "x_record", "x_resketch",
+                      "xǁReferenceǁto_json"],
         "tests": ["tests/unit/test_export_proof.py", "tests/unit/test_quant_checks.py"],
     },
     "quality": {

@@ -262,3 +262,83 @@ def test_a_layer_quantized_only_in_the_export_is_named(fp8, tmp_path):
 
     problems = _layers(fp8, fp8.tampered(tmp_path / "extra", quantize_lm_head)).problems
     assert problems == ["lm_head: quantized in the export, not in the calibrated model"]
+
+
+# --------------------------------------------------------------- what the proof records of the calibrated model
+class _Quantizer(torch.nn.Module):
+    """What the proof reads of a ModelOpt TensorQuantizer: ``is_enabled``, ``amax``, ``num_bits`` and, for a weight
+    quantizer, the fake-quant call (here: rounding to a grid of 1/8)."""
+
+    def __init__(self, amax=None, num_bits=(4, 3), enabled=True, pre_quant_scale=None):
+        super().__init__()
+        self.is_enabled, self.num_bits = enabled, num_bits
+        self.amax = None if amax is None else torch.tensor(amax)
+        self._pre_quant_scale = pre_quant_scale
+
+    def forward(self, w):
+        return torch.round(w.float() * 8) / 8
+
+
+class _Linear(torch.nn.Linear):
+    def __init__(self, n, *, weight_q=True, input_amax=None, num_bits=(4, 3), pqs=None):
+        super().__init__(n, n, bias=False)
+        self.weight_quantizer = _Quantizer(enabled=weight_q)
+        self.input_quantizer = _Quantizer(input_amax, num_bits, pre_quant_scale=pqs)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, k_amax, v_amax, num_bits=(4, 3)):
+        super().__init__()
+        self.k_bmm_quantizer = _Quantizer(k_amax, num_bits)
+        self.v_bmm_quantizer = _Quantizer(v_amax, num_bits, enabled=v_amax is not None)
+
+
+def _calibrated() -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    m.fp8 = _Linear(32, input_amax=[44.8, 22.4])  # per-channel amax: the largest counts
+    m.int8 = _Linear(32, input_amax=12.7, num_bits=8)
+    m.nvfp4 = _Linear(32, input_amax=268.8, num_bits=(2, 1))
+    m.odd = _Linear(32, input_amax=1.0, num_bits=5)  # no static scale for that format
+    m.off = _Linear(32, weight_q=False)
+    m.awq = _Linear(32, pqs=torch.full((32,), 2.0))
+    m.attn = _Attention(4.48, None, num_bits=(2, 1))  # NVFP4 KV: a per-tensor scale of amax / 448 too
+    return m.to(torch.bfloat16).requires_grad_(False)
+
+
+def test_the_calibrated_scales_are_amax_over_the_formats_bound():
+    scales = proof.calibrated_scales(_calibrated())
+    assert set(scales) == {"fp8", "int8", "nvfp4", "attn.k"}
+    assert scales["fp8"] == ("input", pytest.approx(0.1)) and scales["int8"] == ("input", pytest.approx(0.1))
+    assert scales["nvfp4"] == ("input", pytest.approx(0.1)) and scales["attn.k"] == ("kv", pytest.approx(0.01))
+
+
+def test_the_record_sketches_each_enabled_weight_quantizer_with_its_error():
+    model = _calibrated()
+    ref = proof.record(model)
+    assert set(ref.layers) == {"fp8", "int8", "nvfp4", "odd", "awq"}  # "off" is not quantized
+    assert [n for n, _ in proof.quantized_linears(model)] == ["fp8", "int8", "nvfp4", "odd", "awq"]
+    for name, layer in ref.layers.items():
+        w = getattr(model, name).weight
+        fq = (torch.round(w.float() * 8) / 8).to(torch.bfloat16).float()
+        scale = 2.0 if name == "awq" else 1.0
+        assert layer.dtype == torch.bfloat16
+        assert layer.quant_error == pytest.approx(float((fq - w.float()).norm()) * scale, rel=1e-5)
+        assert torch.allclose(layer.sketch, proof._sketch(fq * scale))
+    assert ref.scales == proof.calibrated_scales(model)
+    assert ref.to_json()["layers"]["awq"] == {"quant_error": ref.layers["awq"].quant_error}
+    assert ref.to_json()["scales"]["attn.k"] == {"kind": "kv", "value": ref.scales["attn.k"][1]}
+
+
+def test_resketch_follows_the_rounded_weights_and_keeps_the_original_error():
+    model = _calibrated()
+    ref = proof.record(model)
+    errors = {n: layer.quant_error for n, layer in ref.layers.items()}
+    with torch.no_grad():
+        model.fp8.weight.mul_(2)
+    proof.resketch(model, ref)
+    fq = (torch.round(model.fp8.weight.float() * 8) / 8).to(torch.bfloat16).float()
+    assert torch.allclose(ref.layers["fp8"].sketch, proof._sketch(fq))
+    awq = (torch.round(model.awq.weight.float() * 8) / 8).to(torch.bfloat16).float() * 2.0
+    assert torch.allclose(ref.layers["awq"].sketch, proof._sketch(awq))
+    assert {n: layer.quant_error for n, layer in ref.layers.items()} == errors
