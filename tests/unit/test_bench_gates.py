@@ -88,3 +88,66 @@ def test_on_cpu_regressions_are_reported_not_gated_unless_asked():
     cfg = config.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
     g = bench.gates(cfg, _run(_level(**{**BASE, "ttft": 40.0})), _found(_run(_level(**BASE))))
     assert g["regressions"] and g["breaches"] == [] and g["regressions_gated"] is False and g["verdict"] == "pass"
+
+
+def test_each_absolute_limit_records_its_check_and_names_the_breach_with_its_size():
+    cfg = _cfg("bench.gates.ttft_p95_ms=50", "bench.gates.itl_p95_ms=4", "bench.gates.request_latency_p95_ms=100",
+               "bench.gates.min_output_tokens_per_s=200", "bench.gates.max_error_rate=0.2")
+    g = bench.gates(cfg, _run(_level(8, **{**BASE, "ttft": 80.0}, requests=4, errors=1)), {"status": "none"})
+    by = {c["check"]: c for c in g["checks"]}
+    where = "chat at concurrency 8"
+    assert by["error rate"] == {"check": "error rate", "where": where, "value": 0.25, "limit": 0.2, "pass": False}
+    assert by["TTFT p95"] == {"check": "TTFT p95", "where": where, "value": 80.0, "limit": 50.0, "pass": False}
+    assert by["inter-token latency p95"] == {"check": "inter-token latency p95", "where": where, "value": 5.0,
+                                             "limit": 4.0, "pass": False}
+    assert by["request latency p95"]["pass"] is True and by["request latency p95"]["value"] == 50.0
+    assert by["output tokens/s"] == {"check": "output tokens/s", "where": where, "value": 100.0, "limit": 200.0,
+                                     "pass": False}
+    assert g["breaches"] == [f"{where}: error rate 25.0% > 20.0% (['refused'])",
+                             f"{where}: TTFT p95 80.0 ms > 50.0 ms (+60%)",
+                             f"{where}: inter-token latency p95 5.0 ms > 4.0 ms (+25%)",
+                             f"{where}: output 100.0 tokens/s < 200.0 (-50%)"]
+    assert g["verdict"] == "fail"
+
+
+def test_a_level_without_a_measured_limit_is_a_breach_not_a_pass():
+    level = _level()
+    level["time_to_first_token"]["p95"] = None
+    g = bench.gates(_cfg("bench.gates.ttft_p95_ms=50"), _run(level), {"status": "none"})
+    assert g["breaches"] == ["chat at concurrency 1: TTFT p95 not measured (limit 50.0 ms)"] and g["verdict"] == "fail"
+
+
+def test_only_a_found_baseline_is_compared():
+    previous = _found(_run(_level(**BASE)))
+    for status in ("corrupt", "unreachable", "none", "disabled"):
+        g = bench.gates(_cfg(), _run(_level(**{**BASE, "tps": 10.0})), {**previous, "status": status})
+        assert g["regressions"] == [] and g["compared_with_previous_levels"] == 0, status
+
+
+def test_the_regression_checks_record_the_change_to_two_decimals():
+    g = bench.gates(_cfg(), _run(_level(**{**BASE, "tps": 100.0 * 2 / 3})), _found(_run(_level(**BASE))))
+    c = next(c for c in g["checks"] if c["check"] == "regression: output tokens/s")
+    assert c == {"check": "regression: output tokens/s", "where": "chat at concurrency 1", "value": 100.0 * 2 / 3,
+                 "previous": 100.0, "change_pct": -33.33, "limit": PCT, "pass": False}
+
+
+def test_regressions_are_gated_on_gpu_targets_without_being_asked():
+    cfg = config.compose(["model=qwen32b", "quant=fp8", "target=h100", f"bench.gates.regression_pct={PCT:g}"])
+    g = bench.gates(cfg, _run(_level(**{**BASE, "ttft": 40.0})), _found(_run(_level(**BASE))))
+    assert g["regressions_gated"] is True and g["verdict"] == "fail" and g["breaches"] == g["regressions"]
+
+
+@pytest.mark.parametrize("baseline, line", [
+    ({"status": "found", "version": "v9", "source": "s3://b/p/v9"}, "Regression baseline: v9 (1 levels compared)."),
+    ({"status": "found", "version": None, "source": "bundles/x"}, "Regression baseline: bundles/x (1 levels compared)."),
+    ({"status": "none"}, "Regression baseline: none (no bundle published yet); nothing compared."),
+    ({"status": "disabled"}, "Regression baseline: not compared (bench.gates.regression_pct is null)."),
+    ({"status": "unreachable", "detail": "refused"}, "Regression baseline: **unreachable**: refused; nothing compared."),
+    ({"status": "corrupt", "detail": "not JSON"}, "Regression baseline: **unreadable**: not JSON; nothing compared."),
+])
+def test_the_baseline_line_says_what_was_compared(baseline, line):
+    assert bench.baseline_line({"baseline": baseline, "compared_with_previous_levels": 1,
+                                "regressions_gated": True}) == line
+    if baseline["status"] == "found":  # an older record without the count compared nothing
+        assert "(0 levels compared" in bench.baseline_line({"baseline": baseline, "regressions_gated": True})
+
