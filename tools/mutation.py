@@ -68,12 +68,13 @@ MODULES: dict[str, dict] = {
         "path": "pipeline/upstream/refresh.py",
         "functions": ["x_find_layout_dir", "x_parse_checkout", "x__by_name", "x__norm", "x_diff_model",
                       "x_verify_checkout"],
-        "tests": ["tests/unit/test_upstream.py"],
+        "tests": ["tests/unit/test_record_comparison.py", "tests/unit/test_upstream.py"],
     },
     "upstream-parse": {
         "path": "pipeline/upstream/pbtxt.py",
         "functions": ["x_*"],
-        "tests": ["tests/unit/test_upstream.py", "tests/e2e/test_conformance.py"],
+        "tests": ["tests/unit/test_record_comparison.py", "tests/unit/test_upstream.py",
+                  "tests/e2e/test_conformance.py"],
     },
     "bench-gates": {
         "path": "pipeline/stages/bench.py",
