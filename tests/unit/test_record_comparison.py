@@ -126,3 +126,11 @@ def test_verify_checkout_names_missing_models_and_differences_and_skips_extra_on
     assert refresh.verify_checkout(root, "1.2.1") == [
         "L/m: max_batch_size recorded 8, upstream 4",
         "L/z: recorded, but the checkout has no L/z/config.pbtxt"]
+
+
+def test_a_templates_placeholders_are_listed_once_in_order():
+    from pipeline.upstream.pbtxt import placeholders
+
+    assert placeholders('max_batch_size: ${mbs}\nparameters { key: "${k}" }\n${mbs} ${other_1}') == \
+        ["mbs", "k", "other_1"]
+    assert placeholders("no placeholder, $notone {x}") == []
