@@ -152,15 +152,22 @@ def _load_equivalent() -> dict[str, dict]:
     return yaml.safe_load(EQUIVALENT.read_text()) or {}
 
 
-def _generate(work: Path, env: dict[str, str], stem: str, patterns: list[str], nice: int, timeout: float,
+def mutant_stem(path: str) -> str:
+    """The dotted prefix of mutmut's mutant names for a module file (a package's ``__init__`` is the package)."""
+    stem = path[:-3].replace("/", ".")
+    return stem[: -len(".__init__")] if stem.endswith(".__init__") else stem
+
+
+def _generate(work: Path, env: dict[str, str], path: str, patterns: list[str], nice: int, timeout: float,
               key: str) -> list[str]:
     """Every mutant name in scope: mutmut writes them all when it starts (``mutants/<path>.meta``); a run of one
     unknown name generates them and stops."""
     import fnmatch
 
-    subprocess.run(["nice", "-n", str(nice), *_mutmut(), "run", "--max-children", "1", f"{stem}.x_no_such_function"],
+    subprocess.run(["nice", "-n", str(nice), *_mutmut(), "run", "--max-children", "1",
+                    f"{mutant_stem(path)}.x_no_such_function"],
                    cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-    meta = work / "mutants" / f"{stem.replace('.', '/')}.py.meta"
+    meta = work / "mutants" / f"{path}.meta"
     if not meta.is_file():
         raise SystemExit(f"[{key}] mutmut generated no mutants (no {meta})")
     names = json.loads(meta.read_text())["exit_code_by_key"]
@@ -190,14 +197,16 @@ def run_module(key: str, work_root: Path, *, nice: int, timeout: float, sample: 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
     env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1"})
-    stem = module["path"][:-3].replace("/", ".")
+    stem = mutant_stem(module["path"])
     patterns = [f"{stem}.{f}__mutmut_*" for f in module["functions"]]
     selected = patterns
     population = None
     if sample:
-        everyone = _generate(work, env, stem, patterns, nice, timeout, key)
+        everyone = _generate(work, env, module["path"], patterns, nice, timeout, key)
         population = len(everyone)
         selected = _sample(everyone, sample)
+        if not selected:
+            raise SystemExit(f"[{key}] no mutant matches {module['functions']} in {module['path']}")
         patterns = selected  # the score is over the sample
     cmd = ["nice", "-n", str(nice), *_mutmut(), "run", "--max-children", "1", *selected]
     started = time.monotonic()

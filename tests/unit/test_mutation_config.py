@@ -49,7 +49,7 @@ def test_every_module_function_and_test_in_scope_exists(key):
 
 
 def test_equivalent_survivors_name_a_module_in_scope_and_a_reason():
-    stems = {m["path"][:-3].replace("/", "."): key for key, m in TOOL.MODULES.items()}
+    stems = {TOOL.mutant_stem(m["path"]): key for key, m in TOOL.MODULES.items()}
     for name, entry in TOOL._load_equivalent().items():
         stem = name.rsplit(".", 1)[0]
         assert stem in stems, f"{name}: not a module tools/mutation.py mutates"
