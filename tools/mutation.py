@@ -62,7 +62,8 @@ MODULES: dict[str, dict] = {
     "upstream": {
         "path": "pipeline/upstream/__init__.py",
         "functions": ["x_*"],
-        "tests": ["tests/unit/test_upstream.py", "tests/unit/test_lint.py", "tests/e2e/test_conformance.py"],
+        "tests": ["tests/unit/test_upstream_lookup.py", "tests/unit/test_upstream.py", "tests/unit/test_lint.py",
+                  "tests/e2e/test_conformance.py"],
     },
     "upstream-verify": {
         "path": "pipeline/upstream/refresh.py",
