@@ -4,6 +4,9 @@
     python tools/mutation.py proof lint           # some of them (names from MODULES)
     python tools/mutation.py --list               # the modules, their functions in scope and their tests
     python tools/mutation.py --render             # only re-render docs/mutation.md from the JSON
+    python tools/mutation.py --sample 80          # 80 mutants per module, evenly spaced (a quick estimate)
+
+Needs the ``mutation`` extra (``pip install -e '.[mutation]'``: mutmut 3).
 
 Each module is mutated in a scratch copy of the working tree (``--work``, default a temporary directory), with a
 ``setup.cfg [mutmut]`` written there: ``only_mutate`` is that one file, the tests are the fast test files that
