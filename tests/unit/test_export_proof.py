@@ -342,3 +342,118 @@ def test_resketch_follows_the_rounded_weights_and_keeps_the_original_error():
     awq = (torch.round(model.awq.weight.float() * 8) / 8).to(torch.bfloat16).float() * 2.0
     assert torch.allclose(ref.layers["awq"].sketch, proof._sketch(awq))
     assert {n: layer.quant_error for n, layer in ref.layers.items()} == errors
+
+
+# ------------------------------------------------------------------------------ the structure check, rule by rule
+def _rewrite_config(ckpt, **changes):
+    import json
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(changes)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+
+
+def test_a_missing_lm_head_is_fine_only_when_the_embeddings_are_tied(fp8, tmp_path):
+    ckpt = fp8.tampered(tmp_path / "no-head", lambda t, q: t.pop("lm_head.weight"))
+    assert _structure(fp8, ckpt).problems == ["lm_head: no weight in the export"]
+    _rewrite_config(ckpt, tie_word_embeddings=True)
+    assert _structure(fp8, ckpt).problems == []
+    # the export's own quantization_config in config.json is no obstacle to reading the architecture
+    _rewrite_config(ckpt, quantization_config={"quant_method": "modelopt", "quant_algo": "FP8"})
+    linears, attention, tied = proof.architecture(ckpt)
+    assert tied is True and "lm_head" in linears and len(attention) == 2
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda t, q: q["exclude_modules"].append(LAYER), f"{LAYER}: carries weight_scale, but hf_quant_config.json "
+                                                       f"excludes it from quantization"),
+    (lambda t, q: t.__setitem__("lm_head.weight", t["lm_head.weight"].to(torch.int8)),
+     "lm_head: excluded layer stored as I8, not a float dtype"),
+    (lambda t, q: t.__setitem__(f"{LAYER}.weight", t[f"{LAYER}.weight"].reshape(1, 128, 256)),
+     f"{LAYER}: weight has shape [1, 128, 256], not 2-D"),
+    (lambda t, q: t.__setitem__(f"{LAYER}.weight_scale", torch.tensor(0.0)),
+     f"{LAYER}: weight_scale is 0.0, not a positive finite scale"),
+    (lambda t, q: t.__setitem__(f"{LAYER}.input_scale", torch.tensor(float("nan"))),
+     f"{LAYER}: input_scale is nan, not a positive finite scale"),
+    (lambda t, q: t.__setitem__(f"{LAYER}.weight_scale", torch.tensor(1.0, dtype=torch.bfloat16)),
+     f"{LAYER}: weight_scale is BF16, FP8 stores F32"),
+    (lambda t, q: t.__setitem__(f"{LAYER}.weight_scale_2", torch.tensor(1.0)),
+     f"{LAYER}: weight_scale_2 is not part of the FP8 layout"),
+    (lambda t, q: t.pop(f"{LAYER}.weight"), f"{LAYER}: no weight in the export"),
+    (lambda t, q: t.__setitem__(f"{ATTN}.k_proj.k_scale", torch.tensor([0.1, 0.2])),
+     f"{ATTN}: k_scale is F32 [2], ModelOpt stores one fp32 value"),
+    (lambda t, q: t.__setitem__(f"{ATTN}.k_proj.k_scale", torch.tensor(-1.0)),
+     f"{ATTN}: k_scale is -1.0, not a positive finite scale"),
+])
+def test_each_structure_rule_names_its_fault(fp8, tmp_path, edit, expected):
+    problems = _structure(fp8, fp8.tampered(tmp_path / "t", edit)).problems
+    assert expected in problems, problems
+
+
+def test_kv_scales_without_a_quantized_kv_cache_and_none_where_one_is_requested(fp8, tmp_path):
+    s = proof.check_structure(fp8.dir, "fp8", "none").problems
+    assert f"{ATTN}: k_proj.k_scale present, but quant.kv_cache=none" in s
+    assert "hf_quant_config.json: kv_cache_quant_algo 'FP8', but quant.kv_cache=none exports None" in s
+
+    def no_kv(t, q):
+        for k in [k for k in t if k.endswith(("k_scale", "v_scale"))]:
+            del t[k]
+    s = _structure(fp8, fp8.tampered(tmp_path / "nokv", no_kv)).problems
+    assert "nothing was quantized in the KV cache: no k_scale/v_scale in the export (FP8 requested)" in s
+
+
+def test_the_group_size_each_format_needs(awq, fp8):
+    s = proof.check_structure(awq.dir, "w4a8_awq", "fp8").problems  # W4A8's default group is 128
+    assert "hf_quant_config.json: group_size 64, but w4a8_awq with quant.block_size=128 needs 128 (wrong block size)" \
+        in s, s
+    s = proof.check_structure(fp8.dir, "nvfp4", "fp8").problems
+    assert "hf_quant_config.json: group_size None, but nvfp4 with NVFP4 blocks of 16 needs 16 (wrong block size)" in s
+    assert proof.check_structure(awq.dir, "int4_awq", "fp8", 64).problems == []
+
+
+def test_an_export_without_hf_quant_config_is_not_quantized(fp8, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "plain"
+    shutil.copytree(fp8.dir, ckpt)
+    (ckpt / "hf_quant_config.json").unlink()
+    assert proof.check_structure(ckpt, "none", "none").problems == [
+        "nothing was quantized: the export has no hf_quant_config.json, so it is not a ModelOpt quantized checkpoint "
+        "(no weight quantization, KV None requested)"]
+
+
+def test_the_bytes_per_parameter_bound_and_the_recorded_details(fp8, monkeypatch):
+    import dataclasses
+
+    d = _structure(fp8).details
+    assert d["quant_algo"] == "FP8" and d["kv_cache_quant_algo"] == "FP8" and d["exclude_modules"] == ["lm_head"]
+    assert d["excluded_linears"] == 1 and d["quantized_linears"] == 14
+    assert 1.0 < d["quantized_bytes_per_param"] < 1.001 and d["fraction_of_bf16"] == pytest.approx(0.5, abs=1e-3)
+    assert d["fraction_of_bf16"] == round(d["fraction_of_bf16"], 4) and d["fraction_of_bf16"] != 0.5
+    monkeypatch.setitem(proof.LAYOUTS, "FP8", dataclasses.replace(proof.LAYOUTS["FP8"], bf16_fraction_max=0.45))
+    s = _structure(fp8).problems
+    assert s == ["quantized linears take 1.000 bytes per parameter, 0.50× bf16; FP8 must stay under 0.45× bf16"], s
+
+
+def test_the_checkpoint_counts_bytes_by_dtype(fp8):
+    t = proof.Checkpoint(fp8.dir)
+    assert t.nbytes(f"{LAYER}.weight") == 128 * 256 and t.nbytes(f"{LAYER}.weight_scale") == 4
+    assert t.nbytes("model.norm.weight") == 128 * 2
+    assert f"{LAYER}.weight" in t and "nope" not in t and len(t.keys()) > 50
+
+
+def test_the_layer_details_and_a_zero_fake_quant_weight(fp8):
+    import copy
+
+    lay = _layers(fp8)
+    assert lay.details["activation_scales"] == 14 and lay.details["kv_scales"] == 4
+    assert lay.details["mean_ratio"] == round(lay.details["mean_ratio"], 5) and lay.details["max_ratio"] == 0.25
+    empty = proof.check_layers(fp8.dir, proof.Reference(), 0.25)
+    assert empty.details["layers"] == 0 and empty.details["mean_ratio"] is None
+    assert empty.details["worst_layer"] is None and empty.details["worst_ratio"] is None
+    assert empty.problems == [f"{n}: quantized in the export, not in the calibrated model"
+                              for n in sorted(fp8.ref.layers)]
+    ref = copy.deepcopy(fp8.ref)
+    ref.layers[LAYER].sketch = torch.zeros_like(ref.layers[LAYER].sketch)  # no direction to compare a scale with
+    mine = [p for p in proof.check_layers(fp8.dir, ref, 0.25).problems if p.startswith(LAYER)]
+    assert len(mine) == 1 and "the quantization error (max 0.25)" in mine[0] and "wrong weight scale" not in mine[0]
