@@ -149,11 +149,13 @@ class BenchVerdict(StageResult):
     """The bench gate's verdict: the bench stage's result (``bench.json`` ``gates`` without the per-check list), and
     what the bundle records of it (``bundle.json`` ``gates.bench_detail``)."""
 
-    verdict: Literal["pass", "fail", "no-baseline"] = Field(
+    verdict: Literal["pass", "fail", "no-baseline", "incomplete"] = Field(
         description="fail: a limit or gated regression breached; no-baseline: the regression baseline could not be "
-                    "read")
+                    "read or shares no level with the run (nothing compared); incomplete: no level measured, or a "
+                    "gated regression measure missing (see missing)")
     breaches: list[str] = Field(description="every absolute limit or gated regression breached")
     regressions: list[str] = Field(description="regressions against the previous published bundle, gated or not")
+    missing: list[str] = Field(default_factory=list, description="measures that could not be compared")
     regressions_gated: bool = Field(description="whether the regressions fail the gate (CPU targets only report)")
     compared_with_previous_levels: int = Field(0, description="concurrency levels compared with the baseline")
     baseline: Optional[Baseline] = Field(None, description="the bundle the regressions were measured against")
@@ -189,10 +191,11 @@ class EvalResult(StageResult):
 # ------------------------------------------------------------------------------------------------------- publish
 class Gates(BaseModel):  # bundle.json's gates (its schema, docs/bundle.schema.json, is generated from this)
     model_config = ConfigDict(extra="forbid")
-    accuracy: str = Field(description="pass | warn | fail | n/a")
-    export_check: str
-    bench: Literal["pass", "fail", "no-baseline"] = Field(
-        description="the bench stage's verdict; no-baseline: the regression baseline could not be read")
+    accuracy: str = Field(description="pass | warn | fail | missing | n/a (n/a: an unquantized bundle only)")
+    export_check: str = Field(description="pass | fail | missing | n/a (n/a: an unquantized bundle only)")
+    bench: Literal["pass", "fail", "no-baseline", "incomplete"] = Field(
+        description="the bench stage's verdict; no-baseline: the regression baseline could not be read or shares no "
+                    "level with the run; incomplete: a measure is missing")
     bench_detail: BenchVerdict
     eval: Literal["pass", "fail", "inconclusive", "n/a"] = Field(
         "n/a", description="the task gate (evaluate): inconclusive fails only under eval.strict; n/a: no tasks")

@@ -58,8 +58,8 @@ MODULES: dict[str, dict] = {
     },
     "lint": {
         "path": "pipeline/triton/lint.py",
-        "functions": ["x_conformance", "x__tensor_view", "x__tensors", "x__dtype", "x__params", "x_layout_of",
-                      "x_check_ensemble", "x_lint"],
+        "functions": ["x_conformance", "x__tensor_view", "x__steps", "x__step_differences", "x__tensors",
+                      "x__dtype", "x__params", "x_check_ensemble", "x_lint"],
         "tests": ["tests/unit/test_lint_ensemble.py", "tests/unit/test_lint.py", "tests/e2e/test_conformance.py"],
     },
     "upstream": {
@@ -81,8 +81,13 @@ MODULES: dict[str, dict] = {
                   "tests/e2e/test_conformance.py"],
     },
     "bench-gates": {
-        "path": "pipeline/stages/bench.py",
-        "functions": ["x_gates", "x__bench_rows_ok", "x__read_baseline", "x_baseline_line", "x_bench_result"],
+        "path": "pipeline/stages/bench/gates.py",
+        "functions": ["x_gates", "x__bench_rows_ok", "x__read_baseline", "x_baseline_line", "x_summary_row"],
+        "tests": ["tests/unit/test_bench_gates.py", "tests/unit/test_bench.py"],
+    },
+    "bench-result": {
+        "path": "pipeline/stages/bench/stage.py",
+        "functions": ["x_bench_result", "x_choose_entry"],
         "tests": ["tests/unit/test_bench_gates.py", "tests/unit/test_bench.py"],
     },
     "verify": {
@@ -93,7 +98,7 @@ MODULES: dict[str, dict] = {
     },
     "publish-gates": {
         "path": "pipeline/stages/publish.py",
-        "functions": ["x_bench_verdict", "x_gates_passed"],
+        "functions": ["x_bench_verdict", "x_gates_passed", "x_gate_verdicts", "x_unquantized"],
         "tests": ["tests/unit/test_publish_gates.py", "tests/unit/test_bundle.py"],
     },
 }

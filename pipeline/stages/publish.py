@@ -19,9 +19,11 @@ Layout::
 
 ``eval`` holds the task gate per task (baseline and quantized scores, the difference and its interval, items, verdict,
 lm-eval's version and the task files' digests); ``gates.eval`` its verdict (``inconclusive`` moves ``latest`` unless
-``eval.strict``, which fails the evaluate stage on it). ``gates.bench`` is the bench stage's own verdict (``pass``, or ``no-baseline`` when the regression baseline could not
-be read), with its breaches and reported regressions in ``gates.bench_detail``; publish fails when bench.json lacks
-them rather than assume a pass.
+``eval.strict``, which fails the evaluate stage on it). ``gates.bench`` is the bench stage's own verdict (``pass``; ``no-baseline`` when the regression baseline could not
+be read or shares no concurrency level with the run; ``incomplete`` when a measure is missing), with its breaches and
+reported regressions in ``gates.bench_detail``. ``gates.accuracy`` and ``gates.export_check`` are the quantize
+stage's; ``n/a`` only for an unquantized bundle, ``missing`` where a quantized one has no accuracy section. Only
+``pass`` (and that ``n/a``) moves ``latest``.
 """
 from __future__ import annotations
 
@@ -89,10 +91,28 @@ def _served_by(path, libraries: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**server, "libraries": libraries or {}} if isinstance(server, dict) else None
 
 
-def gates_passed(gates: dict[str, Any]) -> bool:
-    """Whether ``latest`` may move: every gate verdict passed or does not apply (``no-baseline`` does not pass)."""
+def unquantized(quant: dict[str, Any] | None) -> bool:
+    """An unquantized bundle (``quant.format=none``, ``quant.kv_cache=none``): no accuracy gate or export proof
+    applies to it."""
+    return bool(quant) and quant.get("format") == "none" and quant.get("kv_cache") == "none"
+
+
+def gate_verdicts(quant: dict[str, Any], accuracy) -> dict[str, str]:
+    """``accuracy`` and ``export_check`` of bundle.json's gates from the quantize result's accuracy section: ``n/a``
+    only for an unquantized bundle; a quantized one without it is ``missing``, which does not pass."""
+    if accuracy is not None:
+        return {"accuracy": accuracy.gate, "export_check": accuracy.export_check}
+    none = "n/a" if unquantized(quant) else "missing"
+    return {"accuracy": none, "export_check": none}
+
+
+def gates_passed(gates: dict[str, Any], quant: dict[str, Any] | None = None) -> bool:
+    """Whether ``latest`` may move: every gate verdict passed (``no-baseline``, ``incomplete``, ``missing`` and
+    ``warn`` do not); ``n/a`` counts only for the accuracy gate and export proof of an unquantized bundle (``quant``,
+    bundle.json's)."""
+    allowed = {"accuracy": ("pass", "n/a"), "export_check": ("pass", "n/a")} if unquantized(quant) else {}
     # an inconclusive task gate reaches a bundle only without eval.strict (with it, evaluate fails)
-    return all(gates.get(k) in ("pass", "n/a") for k in GATE_NAMES) and \
+    return all(gates.get(k) in allowed.get(k, ("pass",)) for k in GATE_NAMES) and \
         gates.get("eval", "n/a") in ("pass", "n/a", "inconclusive")
 
 
@@ -123,8 +143,9 @@ def run(ctx: Context) -> PublishResult:
     acc = q.accuracy
     bench_gate = bench_verdict(bench)
     ev = ctx.result("evaluate") if "evaluate" in ctx.inputs else None
-    gates = {"accuracy": acc.gate if acc else "n/a", "export_check": acc.export_check if acc else "n/a",
-             "bench": bench_gate["verdict"], "bench_detail": bench_gate, "eval": ev.verdict if ev else "n/a"}
+    quant = {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value}
+    gates = {**gate_verdicts(quant, acc), "bench": bench_gate["verdict"], "bench_detail": bench_gate,
+             "eval": ev.verdict if ev else "n/a"}
     manifest = BundleManifest.model_validate({
         "schema": SCHEMA, "version": f"v{ctx.fingerprint[:12]}",
         "model": {"name": cfg.model.name, "source": cfg.model.source, "revision": fetched.resolved_sha},
@@ -162,7 +183,7 @@ def upload(local, dest: str, *, lock_dir=None, config_differs: list[str] | None 
     too, ``False`` never. Not part of the cached stage: the destination is no property of the bundle, and its
     version must not depend on it."""
     doc = json.loads((local / "bundle.json").read_text())
-    passed = gates_passed(doc["gates"])
+    passed = gates_passed(doc["gates"], doc.get("quant"))
     move = passed and move_latest is not False and (move_latest is True or not config_differs)
     why = None
     if not move:

@@ -151,3 +151,52 @@ def test_the_baseline_line_says_what_was_compared(baseline, line):
     if baseline["status"] == "found":  # an older record without the count compared nothing
         assert "(0 levels compared" in bench.baseline_line({"baseline": baseline, "regressions_gated": True})
 
+
+
+# ------------------------------------------------------------------------- nothing compared is no pass
+def test_a_gated_baseline_sharing_no_level_with_the_run_is_no_baseline_not_pass():
+    previous = _found(_run(_level(4, **BASE)))
+    g = bench.gates(_cfg(), _run(_level(1, **{**BASE, "tps": 1.0})), previous)
+    assert g["compared_with_previous_levels"] == 0 and g["regressions"] == []
+    assert g["verdict"] == "no-baseline"
+    assert bench.baseline_line(g) == ("Regression baseline: v1 (0 levels compared): it shares no workload and "
+                                      "concurrency level with this run; nothing compared.")
+    # another workload's rows are no baseline either
+    other = {**previous, "bench": {"workloads": {"rag": previous["bench"]["workloads"]["chat"]}}}
+    assert bench.gates(_cfg(), _run(_level(4, **BASE)), other)["verdict"] == "no-baseline"
+    # reported only (CPU without regression_on_cpu): the verdict does not hang on it, the line still says so
+    cpu = config.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
+    g = bench.gates(cpu, _run(_level(1, **BASE)), previous)
+    assert g["verdict"] == "pass" and "nothing compared" in bench.baseline_line(g)
+
+
+def test_a_regression_measure_missing_on_either_side_makes_the_verdict_incomplete():
+    level = _level(**BASE)
+    level["time_to_first_token"]["p95"] = None  # no absolute TTFT limit: only the regression reads it
+    g = bench.gates(_cfg(), _run(level), _found(_run(_level(**BASE))))
+    assert g["verdict"] == "incomplete" and g["missing"] == ["chat at concurrency 1: TTFT p95 not measured in this run"]
+    assert g["compared_with_previous_levels"] == 1
+    assert bench.baseline_line(g).endswith("Not compared: chat at concurrency 1: TTFT p95 not measured in this run.")
+    previous = _found(_run(_level(**{**BASE, "tps": 0.0})))
+    g = bench.gates(_cfg(), _run(_level(**BASE)), previous)
+    assert g["verdict"] == "incomplete" and g["missing"] == ["chat at concurrency 1: output tokens/s is 0.0 in the "
+                                                             "baseline"]
+    # a breach still fails first
+    g = bench.gates(_cfg("bench.gates.max_error_rate=0"), _run(_level(**BASE, errors=1)), previous)
+    assert g["verdict"] == "fail"
+
+
+def test_a_run_that_measured_no_level_is_incomplete_even_without_a_baseline():
+    g = bench.gates(_cfg(), {"workloads": {"chat": {"levels": []}}}, {"status": "none"})
+    assert g["verdict"] == "incomplete" and g["missing"] == ["no level was measured"] and g["checks"] == []
+    assert bench.gates(_cfg(), {"workloads": {}}, {"status": "disabled"})["verdict"] == "incomplete"
+
+
+def test_the_typed_result_counts_the_answers_that_passed():
+    r = {**_run(_level(**BASE)), "model": "ensemble", "layout": "inflight_batcher_llm",
+         "answers": [{"pass": True}, {"pass": False}, {"pass": True}]}
+    r["gates"] = bench.gates(_cfg(), r, {"status": "none"})
+    res = bench.bench_result(r)
+    assert (res.answers_passed, res.answers) == (2, 3)
+    assert res.gates.verdict == "pass" and res.gates.missing == []
+    assert res.workloads["chat"][0].concurrency == 1

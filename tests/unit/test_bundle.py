@@ -39,8 +39,8 @@ def test_the_bench_verdict_and_its_regressions_are_read_from_the_bench_result(tm
 
 @pytest.mark.parametrize("gates, expected", [
     (None, "(gates: Field required)"),
-    ({**GATES, "verdict": None}, "(gates.verdict: Input should be 'pass', 'fail' or 'no-baseline')"),
-    ({**GATES, "verdict": "ok"}, "(gates.verdict: Input should be 'pass', 'fail' or 'no-baseline')"),
+    ({**GATES, "verdict": None}, "(gates.verdict: Input should be 'pass', 'fail', 'no-baseline' or 'incomplete')"),
+    ({**GATES, "verdict": "ok"}, "(gates.verdict: Input should be 'pass', 'fail', 'no-baseline' or 'incomplete')"),
     ({k: v for k, v in GATES.items() if k != "regressions"}, "(gates.regressions: Field required)"),
 ])
 def test_a_bench_result_without_a_verdict_fails_publish_instead_of_passing(tmp_path, gates, expected):

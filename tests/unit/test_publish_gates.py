@@ -1,54 +1,52 @@
-"""The publish gates: the bench verdict as bench.json records it (nothing assumed where a field is missing) and
-whether ``latest`` may move."""
+"""The publish gates: bundle.json's verdicts and whether ``latest`` may move. Only ``pass`` moves it; ``n/a`` only for
+the accuracy gate and export proof of an unquantized bundle; a quantized bundle without an accuracy section is
+``missing``, never passed."""
 from __future__ import annotations
 
-import json
+from types import SimpleNamespace
 
 import pytest
 
-from pipeline.errors import StageFailed
+from pipeline.results import BenchResult
 from pipeline.stages import publish
 
-GATES = {"verdict": "pass", "breaches": [], "regressions": [], "regressions_gated": False,
-         "compared_with_previous_levels": 2, "baseline": {"status": "found", "version": "v1"}}
+QUANTIZED = {"format": "fp8", "kv_cache": "fp8"}
+UNQUANTIZED = {"format": "none", "kv_cache": "none"}
+PASS = {"accuracy": "pass", "export_check": "pass", "bench": "pass"}
 
 
-def _bench(tmp_path, gates=None, raw: str | None = None):
-    path = tmp_path / "bench.json"
-    path.write_text(raw if raw is not None else json.dumps({"gates": gates}))
-    return path
+def test_the_bench_verdict_is_the_bench_results_gate_as_given():
+    gates = {"verdict": "incomplete", "breaches": [], "regressions": ["TTFT +40%"], "missing": ["chat: TTFT p95"],
+             "regressions_gated": True, "compared_with_previous_levels": 1,
+             "baseline": {"status": "found", "source": "s3://b", "version": "v7", "detail": None}}
+    res = BenchResult(model="ensemble", layout="inflight_batcher_llm", workloads={}, answers_passed=1, answers=1,
+                      gates=gates)
+    assert publish.bench_verdict(res) == gates
 
 
-def test_an_unreadable_bench_json_fails_publish_naming_the_file(tmp_path):
-    path = _bench(tmp_path, raw="{not json")
-    with pytest.raises(StageFailed, match=rf"{path}: cannot read the bench gate \(.*\); re-run bench"):
-        publish.bench_verdict(path)
-    with pytest.raises(StageFailed, match="cannot read the bench gate"):
-        publish.bench_verdict(tmp_path / "absent.json")
-
-
-def test_the_recorded_gate_is_kept_as_recorded(tmp_path):
-    g = {**GATES, "breaches": [1.5], "regressions": ["TTFT +40%"], "baseline": {"status": "found", "version": "v7"}}
-    got = publish.bench_verdict(_bench(tmp_path, g))
-    assert got == {"verdict": "pass", "breaches": ["1.5"], "regressions": ["TTFT +40%"], "regressions_gated": False,
-                   "compared_with_previous_levels": 2, "baseline": {"status": "found", "version": "v7"}}
-
-
-def test_fields_older_bench_json_lacks_take_the_strict_reading(tmp_path):
-    """Without ``regressions_gated`` the regressions count as gated; without a count, nothing was compared."""
-    g = {k: v for k, v in GATES.items() if k not in ("regressions_gated", "compared_with_previous_levels",
-                                                      "baseline")}
-    got = publish.bench_verdict(_bench(tmp_path, g))
-    assert got["regressions_gated"] is True and got["compared_with_previous_levels"] == 0 and got["baseline"] is None
-
-
-@pytest.mark.parametrize("gates, passed", [
-    ({"accuracy": "pass", "export_check": "pass", "bench": "pass"}, True),
-    ({"accuracy": "warn", "export_check": "pass", "bench": "pass"}, False),
-    ({"accuracy": "pass", "export_check": "fail", "bench": "pass"}, False),
-    ({"accuracy": "pass", "export_check": "pass", "bench": "no-baseline"}, False),
-    ({"accuracy": "pass", "export_check": "pass"}, False),
-    ({"accuracy": "N/A", "export_check": "pass", "bench": "pass"}, False),
+@pytest.mark.parametrize("quant, accuracy, expected", [
+    (QUANTIZED, SimpleNamespace(gate="warn", export_check="pass"), {"accuracy": "warn", "export_check": "pass"}),
+    (QUANTIZED, None, {"accuracy": "missing", "export_check": "missing"}),
+    ({"format": "none", "kv_cache": "fp8"}, None, {"accuracy": "missing", "export_check": "missing"}),
+    (UNQUANTIZED, None, {"accuracy": "n/a", "export_check": "n/a"}),
 ])
-def test_latest_moves_only_when_every_gate_passed(gates, passed):
-    assert publish.gates_passed(gates) is passed
+def test_a_missing_accuracy_section_is_missing_unless_nothing_was_quantized(quant, accuracy, expected):
+    assert publish.gate_verdicts(quant, accuracy) == expected
+
+
+@pytest.mark.parametrize("gates, quant, passed", [
+    (PASS, QUANTIZED, True),
+    (PASS, None, True),
+    ({**PASS, "accuracy": "warn"}, QUANTIZED, False),
+    ({**PASS, "export_check": "fail"}, QUANTIZED, False),
+    ({**PASS, "bench": "no-baseline"}, QUANTIZED, False),
+    ({**PASS, "bench": "incomplete"}, QUANTIZED, False),
+    ({**PASS, "accuracy": "missing", "export_check": "missing"}, QUANTIZED, False),
+    ({**PASS, "accuracy": "n/a", "export_check": "n/a"}, QUANTIZED, False),  # written by an older publish
+    ({**PASS, "accuracy": "n/a", "export_check": "n/a"}, None, False),
+    ({**PASS, "accuracy": "n/a", "export_check": "n/a"}, UNQUANTIZED, True),
+    ({**PASS, "bench": "n/a"}, UNQUANTIZED, False),  # the bench always applies
+    ({"accuracy": "pass", "export_check": "pass"}, QUANTIZED, False),
+])
+def test_latest_moves_only_when_every_gate_passed(gates, quant, passed):
+    assert publish.gates_passed(gates, quant) is passed

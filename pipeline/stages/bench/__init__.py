@@ -24,8 +24,9 @@ Gates (``bench.json["gates"]``): absolute limits (``bench.gates``) and the regre
 the same model/quant/target/runtime (output tokens/s, and the p95 of TTFT, inter-token and request latency, each
 within ``bench.gates.regression_pct``). The verdict is ``fail`` on a breach (the stage fails, naming the number and
 by how much), ``no-baseline`` when the regression gate applies but the previous bundle cannot be read (an
-unreachable ``publish.dest``, a corrupt ``bundle.json``), else ``pass``. Only "nothing published yet" is an empty
-baseline.
+unreachable ``publish.dest``, a corrupt ``bundle.json``) or shares no concurrency level with the run (nothing
+compared), ``incomplete`` when no level was measured or a gated regression measure is missing on either side, else
+``pass``. Only "nothing published yet" is an empty baseline.
 """
 from pipeline.stages.bench.aiperf import AIPERF_SCHEMA_VERSION, aiperf_export
 from pipeline.stages.bench.gates import (GATE_FIELDS, REGRESSION_METRICS, baseline_line, gates, previous_bench,

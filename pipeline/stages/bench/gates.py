@@ -80,8 +80,10 @@ REGRESSION_METRICS = (("output_tokens_per_s", "output tokens/s", False), ("ttft_
 
 def gates(cfg, result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
     """Every check with its value, limit and outcome (``checks``), the breaches that fail the stage, the
-    regressions against ``baseline`` (:func:`previous_bench`), and the verdict: ``fail``, ``no-baseline`` or
-    ``pass``."""
+    regressions against ``baseline`` (:func:`previous_bench`), and the verdict: ``fail`` (a breach),
+    ``incomplete`` (no level measured, or a gated regression measure missing on either side: ``missing`` names it),
+    ``no-baseline`` (the regression gate applies but the baseline could not be read, or shares no concurrency level
+    with this run, so nothing was compared) or ``pass``."""
     g = cfg.bench.gates
     checks: list[dict[str, Any]] = []
     breaches: list[str] = []
@@ -115,7 +117,7 @@ def gates(cfg, result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, An
                 if not ok:
                     breaches.append(f"{where}: output {tps:.1f} tokens/s < {g.min_output_tokens_per_s} "
                                     f"(-{100 * (1 - tps / g.min_output_tokens_per_s):.0f}%)")
-    compared, regressions = 0, []
+    compared, regressions, missing = 0, [], []
     previous = baseline.get("bench") if baseline.get("status") == "found" else None
     if previous and g.regression_pct is not None:
         for wname, rows in (previous.get("workloads") or {}).items():
@@ -128,7 +130,9 @@ def gates(cfg, result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, An
                 where = f"{wname} at concurrency {old['concurrency']}"
                 for key, label, worse_if_higher in REGRESSION_METRICS:
                     o, n = old.get(key), new.get(key)
-                    if not o or n is None:
+                    if not o or n is None:  # nothing to compare it with: said, never taken for a pass
+                        missing.append(f"{where}: {label} " + ("not measured in this run" if n is None else
+                                                               f"is {o!r} in the baseline"))
                         continue
                     change = 100 * (n / o - 1)
                     ok = not ((change > g.regression_pct) if worse_if_higher else (-change > g.regression_pct))
@@ -141,9 +145,23 @@ def gates(cfg, result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, An
     if gated:
         breaches += regressions
     unreadable = baseline.get("status") in ("unreachable", "corrupt")
-    verdict = "fail" if breaches else "no-baseline" if gated and unreadable else "pass"
+    measured = any(w.get("levels") for w in result["workloads"].values())
+    if not measured:
+        missing.insert(0, "no level was measured")
+    elif gated and baseline.get("status") == "found" and compared == 0:
+        unreadable = True  # a baseline that shares no workload and concurrency level with this run compares nothing
+    if breaches:
+        verdict = "fail"
+    elif not measured:
+        verdict = "incomplete"
+    elif gated and unreadable:
+        verdict = "no-baseline"
+    elif gated and missing:
+        verdict = "incomplete"
+    else:
+        verdict = "pass"
     return {"verdict": verdict, "checks": checks, "breaches": breaches, "regressions": regressions,
-            "regressions_gated": gated, "compared_with_previous_levels": compared,
+            "missing": missing, "regressions_gated": gated, "compared_with_previous_levels": compared,
             "baseline": {k: baseline.get(k) for k in ("status", "source", "version", "detail")}}
 
 
@@ -153,8 +171,13 @@ def baseline_line(g: dict[str, Any]) -> str:
     st = b.get("status")
     if st == "found":
         levels = g.get("compared_with_previous_levels", 0)
-        return (f"Regression baseline: {b.get('version') or b.get('source')} ({levels} levels compared"
+        line = (f"Regression baseline: {b.get('version') or b.get('source')} ({levels} levels compared"
                 f"{'' if g.get('regressions_gated') else '; reported only'}).")
+        if not levels:
+            line = line[:-1] + ": it shares no workload and concurrency level with this run; nothing compared."
+        if g.get("missing"):
+            line += " Not compared: " + "; ".join(g["missing"]) + "."
+        return line
     if st == "none":
         return "Regression baseline: none (no bundle published yet); nothing compared."
     if st == "disabled":

@@ -133,7 +133,7 @@ def bench_result(result: dict[str, Any]) -> BenchResult:
     return BenchResult(
         model=result["model"], layout=result["layout"],
         workloads={w: [summary_row(lv) for lv in r["levels"]] for w, r in result["workloads"].items()},
-        answers_passed=len(result["answers"]), answers=len(result["answers"]),
+        answers_passed=sum(1 for a in result["answers"] if a["pass"]), answers=len(result["answers"]),
         gates={k: result["gates"][k] for k in GATE_FIELDS})
 
 
