@@ -3,7 +3,7 @@ the shipped bound and to what real exports score.
 
     python benchmarks/export_proof_controls.py
 
-On the synthetic FP8 and INT4-AWQ exports of ``tests/helpers/exports.py`` (the ones the fast tier's controls use,
+On the synthetic FP8, INT8-SmoothQuant and INT4-AWQ exports of ``tests/helpers/exports.py`` (the ones the fast tier's controls use,
 ``tests/unit/test_export_proof.py``) it plants each fault and records the layer check's worst ratio
 (‖export − fake-quant‖ / ‖original − fake-quant‖, through the proof's sketch): one layer's weight scale off by
 1%, 2%, 10% and −10%, one layer left unquantized. The pass side comes from the real ModelOpt exports recorded by
@@ -28,7 +28,7 @@ RESULTS = REPO / "benchmarks" / "results" / "export_proof_controls.json"
 BOUNDS = REPO / "benchmarks" / "results" / "export_proof_bounds.json"
 DOC = REPO / "docs" / "mutation.md"
 LAYER = "model.layers.0.mlp.down_proj"
-FORMATS = ("fp8", "int4_awq")
+FORMATS = ("fp8", "int8_sq", "int4_awq")
 SCALES = (1.01, 1.02, 1.1, 0.9)
 
 
