@@ -45,6 +45,10 @@ def test_a_missing_accuracy_section_is_missing_unless_nothing_was_quantized(quan
     ({**PASS, "accuracy": "n/a", "export_check": "n/a"}, QUANTIZED, False),  # written by an older publish
     ({**PASS, "accuracy": "n/a", "export_check": "n/a"}, None, False),
     ({**PASS, "accuracy": "n/a", "export_check": "n/a"}, UNQUANTIZED, True),
+    (PASS, UNQUANTIZED, True),
+    ({**PASS, "accuracy": "n/a"}, UNQUANTIZED, True),
+    ({**PASS, "export_check": "n/a"}, UNQUANTIZED, True),
+    ({**PASS, "export_check": "warn"}, UNQUANTIZED, False),
     ({**PASS, "bench": "n/a"}, UNQUANTIZED, False),  # the bench always applies
     ({"accuracy": "pass", "export_check": "pass"}, QUANTIZED, False),
 ])

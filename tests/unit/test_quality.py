@@ -144,3 +144,4 @@ def test_every_gate_breach_is_named_in_the_failure():
     msg = quality.failure(a, "fp8", "fp8")
     assert msg.startswith("accuracy gate (fp8, KV fp8, deployed export vs unquantized): KL ")
     assert msg.count("; ") == 2 and "top-1 agreement" in msg and "perplexity ratio" in msg
+    assert msg.split(": ", 1)[1].split(" (quant.gate")[0] == "; ".join(a["breaches"])
