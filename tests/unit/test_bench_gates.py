@@ -200,3 +200,81 @@ def test_the_typed_result_counts_the_answers_that_passed():
     assert (res.answers_passed, res.answers) == (2, 3)
     assert res.gates.verdict == "pass" and res.gates.missing == []
     assert res.workloads["chat"][0].concurrency == 1
+
+
+# ------------------------------------------------------------------------- the baseline record, the entry point
+def _gates_module():
+    import importlib
+
+    return importlib.import_module("pipeline.stages.bench.gates")
+
+
+def test_a_baseline_is_read_with_where_it_came_from_or_refused_as_corrupt():
+    import json
+
+    read = _gates_module()._read_baseline
+    bad = read(b"{not json", "s3://b/p/v1", "v1")
+    assert {k: bad[k] for k in ("status", "source", "version")} == {"status": "corrupt", "source": "s3://b/p/v1",
+                                                                     "version": "v1"}
+    assert bad["detail"].startswith("bundle.json is not JSON (Expecting property name")
+    rows = {"status": "corrupt", "source": "w", "version": None,
+            "detail": "bundle.json has no bench results with per-level rows"}
+    assert read(b"[1]", "w", None) == rows
+    for bench in ({}, {"workloads": []}, {"workloads": {"chat": "x"}}, {"workloads": {"chat": [{"tps": 1}]}},
+                  {"workloads": {"chat": [1]}}):
+        assert read(json.dumps({"bench": bench}).encode(), "w", None) == rows, bench
+    good = {"workloads": {"chat": [{"concurrency": 1}]}}
+    assert read(json.dumps({"bench": good}).encode(), "w", "v2") == {"status": "found", "source": "w", "version": "v2",
+                                                                      "detail": None, "bench": good}
+
+
+def test_the_error_rate_is_of_the_requests_sent_and_names_the_first_error():
+    level = _level(requests=1, errors=1)
+    level["errors"] = ["refused", "timeout"]
+    g = bench.gates(_cfg(), _run(level), {"status": "none"})
+    assert g["breaches"] == ["chat at concurrency 1: error rate 100.0% > 0.0% (['refused'])"]
+
+
+def test_a_measure_exactly_at_its_absolute_limit_passes():
+    cfg = _cfg("bench.gates.ttft_p95_ms=10", "bench.gates.min_output_tokens_per_s=100")
+    g = bench.gates(cfg, _run(_level(**BASE)), {"status": "none"})
+    assert g["verdict"] == "pass" and all(c["pass"] for c in g["checks"])
+    g = bench.gates(cfg, _run(_level(**{**BASE, "tps": 80.0})), {"status": "none"})
+    assert g["breaches"] == ["chat at concurrency 1: output 80.0 tokens/s < 100.0 (-20%)"]
+
+
+def test_every_limit_level_and_measure_is_checked_not_only_the_first():
+    cfg = _cfg("bench.gates.itl_p95_ms=4")  # no TTFT limit before it
+    g = bench.gates(cfg, _run(_level(**BASE)), {"status": "none"})
+    assert [c["check"] for c in g["checks"]] == ["error rate", "inter-token latency p95"]
+    # a previous level this run lacks does not stop the comparison of the next one
+    previous = _found(_run(_level(4, **BASE), _level(1, **BASE)))
+    g = bench.gates(_cfg(), _run(_level(1, **{**BASE, "latency": 100.0})), previous)
+    assert g["compared_with_previous_levels"] == 1 and len(g["regressions"]) == 1
+    # a measure missing from the baseline does not stop the others' comparison
+    old = _found(_run(_level(**BASE)))
+    old["bench"]["workloads"]["chat"][0]["output_tokens_per_s"] = None
+    g = bench.gates(_cfg(), _run(_level(**{**BASE, "latency": 100.0})), old)
+    assert [c["check"] for c in g["checks"] if c["check"].startswith("regression")] == [
+        "regression: TTFT p95", "regression: inter-token latency p95", "regression: request latency p95"]
+    assert g["verdict"] == "fail" and g["missing"] == ["chat at concurrency 1: output tokens/s is None in the baseline"]
+
+
+def test_the_baseline_line_lists_every_measure_not_compared():
+    g = {"baseline": {"status": "found", "version": "v1"}, "compared_with_previous_levels": 2, "regressions_gated": True,
+         "missing": ["a: TTFT p95 not measured in this run", "b: output tokens/s is 0 in the baseline"]}
+    assert bench.baseline_line(g) == ("Regression baseline: v1 (2 levels compared). Not compared: a: TTFT p95 not "
+                                      "measured in this run; b: output tokens/s is 0 in the baseline.")
+
+
+def test_a_layout_the_bench_cannot_drive_names_the_ones_it_can():
+    from pipeline.errors import UserError
+
+    from pipeline.triton import layouts
+
+    with pytest.raises(UserError) as err:
+        bench.choose_entry("auto", "reference-ensemble")
+    assert str(err.value).endswith(f"(it drives: {', '.join(layouts.ENTRY_POINTS)})")
+    with pytest.raises(UserError) as err:
+        bench.choose_entry("x", "inflight_batcher_llm", ["ensemble", "tensorrt_llm_bls"])
+    assert str(err.value).endswith("(it has: ensemble, tensorrt_llm_bls); set bench.model=auto")
