@@ -153,6 +153,9 @@ def _changed_line(diff: str) -> str:
     return plus[0] if plus else ""
 
 
+EQUIVALENTS: dict[str, dict] | None = None  # read once per run (main), so an edit during a run cannot break it
+
+
 def _load_equivalent() -> dict[str, dict]:
     if not EQUIVALENT.is_file():
         return {}
@@ -230,7 +233,7 @@ def run_module(key: str, work_root: Path, *, nice: int, timeout: float, sample: 
     codes = json.loads(meta.read_text())["exit_code_by_key"]
     in_scope = {n: c for n, c in codes.items()
                 if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
-    equivalent = _load_equivalent()
+    equivalent = EQUIVALENTS if EQUIVALENTS is not None else _load_equivalent()
     outcome = {"killed": [], "survived": [], "no_tests": [], "other": []}
     survivors = []
     for name, code in sorted(in_scope.items()):
@@ -314,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown module {', '.join(unknown)}; choose from {', '.join(MODULES)}", file=sys.stderr)
         return 2
+    global EQUIVALENTS
+    EQUIVALENTS = _load_equivalent()
     doc = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"modules": {}}
     if not args.render:
         from importlib import metadata
