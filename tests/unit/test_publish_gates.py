@@ -54,3 +54,12 @@ def test_a_missing_accuracy_section_is_missing_unless_nothing_was_quantized(quan
 ])
 def test_latest_moves_only_when_every_gate_passed(gates, quant, passed):
     assert publish.gates_passed(gates, quant) is passed
+
+
+@pytest.mark.parametrize("verdict, passed", [("pass", True), ("inconclusive", True), ("n/a", True), ("fail", False),
+                                             ("INCONCLUSIVE", False), (None, True)])
+def test_the_task_gate_blocks_latest_only_when_it_failed(verdict, passed):
+    """An inconclusive task evaluation reaches a bundle only without eval.strict (with it, evaluate fails); no
+    evaluate stage is n/a."""
+    gates = dict(PASS) if verdict is None else {**PASS, "eval": verdict}
+    assert publish.gates_passed(gates, QUANTIZED) is passed
