@@ -216,3 +216,115 @@ def test_damaged_names_the_missing_resized_and_rehashed_files(local):
     for local_dest in (True, False):
         got = [f["path"] for f in bundle._damaged(fs, str(local), files, local_dest=local_dest)]
         assert got == [CONFIG, MODEL, "reports/bench.json"], (local_dest, got)
+
+
+# ------------------------------------------------------------------------------------------- messages, exactly
+def test_a_reference_cpu_bundle_says_why_no_gpu_or_trtllm_is_checked(local):
+    got = checks(local)
+    assert got["gpu"] == (None, "target cpu needs no GPU")
+    assert got["runtime"] == (None, "reference runtime: no TensorRT-LLM needed")
+
+
+def test_a_gpu_bundle_is_checked_against_the_given_container(local, monkeypatch):
+    from pipeline import hardware, upstream
+
+    monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
+    image = next(iter(upstream.container_pairs()))
+    want = {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48"}
+    got = {n: (ok, m) for n, ok, m in bundle.verify(str(_gpu_bundle(local, versions=want)), container=image)}
+    _, ok, msg = bundle.container_check(want, image)
+    assert got["runtime"] == (ok, msg)
+
+
+def test_a_manifest_missing_its_sections_is_reported_not_crashed_on(local):
+    def strip(doc):
+        for key in ("target", "runtime", "runtime_versions", "files"):
+            doc.pop(key)
+    rewrite_manifest(local / "bundle.json", strip)
+    got = checks(local)
+    assert got["manifest"][0] is False and got["gpu"] == (None, "target None needs no GPU")
+    assert got["checksums"] == (False, "bundle.json lists no files, so nothing was checked (a damaged or hand-made "
+                                       "manifest)")
+
+
+def test_the_schema_failure_quotes_the_first_line_of_the_validation_error(local):
+    import json
+
+    rewrite_manifest(local / "bundle.json", lambda doc: doc.pop("lineage"))
+    try:
+        bundle.BundleManifest.model_validate(json.loads((local / "bundle.json").read_text()))
+    except Exception as exc:  # noqa: BLE001 - the message verify quotes
+        first = str(exc).splitlines()[0]
+    assert checks(local)["manifest"] == (False, f"bundle.json does not match the schema: {first}")
+
+
+def test_every_damaged_file_is_named_with_both_digests(local):
+    (local / CONFIG).unlink()
+    _flip(local / MODEL, 0)
+    ok, msg = checks(local)["checksums"]
+    want = next(f for f in _files(local) if f["path"] == MODEL)["sha256"]
+    got = hashlib.sha256((local / MODEL).read_bytes()).hexdigest()
+    assert ok is False and msg == (f"{CONFIG} is missing; {MODEL} has sha256 {got[:12]}…, the manifest says "
+                                   f"{want[:12]}…")
+
+
+def _files(local: Path) -> list[dict]:
+    import json
+
+    return json.loads((local / "bundle.json").read_text())["files"]
+
+
+def test_a_bundle_directory_with_a_stray_latest_is_verified_as_itself(local):
+    (local / "latest").write_text("v-other\n")
+    assert bundle.verify(str(local))  # its own bundle.json, not the version latest names
+
+
+def test_an_unknown_container_names_every_recorded_one(local):
+    from pipeline import upstream
+
+    with pytest.raises(UserError) as err:
+        bundle.verify(str(local), container="nvcr.io/x:1")
+    assert str(err.value).endswith("recorded: " + ", ".join(upstream.container_pairs()))
+    with pytest.raises(UserError) as err:
+        bundle.container_check({}, "nvcr.io/x:1")
+    assert str(err.value).endswith("recorded: " + ", ".join(upstream.container_pairs()))
+
+
+def test_a_container_check_names_each_version_that_differs():
+    from pipeline import upstream
+
+    image, pair = next(iter(upstream.container_pairs().items()))
+    _, ok, msg = bundle.container_check({"tensorrt_llm": "0.1.0", "tensorrt": "1.0"}, image)
+    assert ok is False and msg.startswith(f"TensorRT-LLM 0.1.0 ≠ {pair['trtllm']}; TensorRT 1.0 ≠ {pair['tensorrt']} (")
+
+
+@pytest.mark.parametrize("a, b, same", [("10.13.3", "10.13.3.9", True), ("10.13", "10.13.3.9", True),
+                                        ("10.13.4", "10.13.3.9", False), ("10", "10.1", False),
+                                        (None, "10.13", False), ("10.13", None, False), (None, None, False)])
+def test_versions_compare_on_the_components_both_give(a, b, same):
+    assert bundle._same_version(a, b) is same
+
+
+def test_an_unchanged_local_file_is_trusted_by_size_and_time(local):
+    """Locally, uploads keep each file's modification time: a file of the listed size and time is not hashed again
+    (what makes a republish of a large bundle cheap); elsewhere every file is hashed."""
+    import os
+
+    import fsspec
+
+    files = _files(local)
+    path = local / MODEL
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[7] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fs = fsspec.filesystem("file")
+    assert bundle._damaged(fs, str(local), files, local_dest=True) == []
+    assert [f["path"] for f in bundle._damaged(fs, str(local), files, local_dest=False)] == [MODEL]
+
+
+def test_an_unreadable_destination_is_one_line_naming_it():
+    with pytest.raises(UserError) as err:
+        bundle.verify("nosuchproto://bucket/x")
+    assert "nosuchproto://bucket/x" in str(err.value) and "\n" not in str(err.value)
