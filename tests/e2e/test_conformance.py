@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,8 @@ def render(tmp: Path, case: str, decoupled: bool, *extra: str) -> Path:
     key = (case, decoupled, extra)
     src = _RENDERED.get(key)
     if src is None or not src.is_dir():
-        src = _RENDERED[key] = _render(tmp.parent / f"rendered-{len(_RENDERED)}", case, decoupled, *extra)
+        where = Path(tempfile.mkdtemp(prefix="rendered-", dir=tmp.parent))  # unique, also across sessions
+        src = _RENDERED[key] = _render(where / "repo", case, decoupled, *extra)
     repo = tmp / f"{case}-{decoupled}"
     shutil.copytree(src, repo)
     return repo
