@@ -457,3 +457,34 @@ def test_the_layer_details_and_a_zero_fake_quant_weight(fp8):
     ref.layers[LAYER].sketch = torch.zeros_like(ref.layers[LAYER].sketch)  # no direction to compare a scale with
     mine = [p for p in proof.check_layers(fp8.dir, ref, 0.25).problems if p.startswith(LAYER)]
     assert len(mine) == 1 and "the quantization error (max 0.25)" in mine[0] and "wrong weight scale" not in mine[0]
+
+
+def test_every_faulty_layer_is_named_not_only_the_first(fp8, tmp_path):
+    """One fault per layer, in the architecture's order: the check goes on after each."""
+    p0, p1 = "model.layers.0", "model.layers.1"
+
+    def faults(t, q):
+        t.pop(f"{p0}.self_attn.q_proj.weight")
+        q["exclude_modules"] = [*q["exclude_modules"], f"{p0}.self_attn.k_proj"]
+        for part in ("weight_scale", "input_scale"):
+            t.pop(f"{p0}.self_attn.v_proj.{part}")
+        t[f"{p0}.self_attn.v_proj.weight"] = fp8.original[f"{p0}.self_attn.v_proj"].clone()
+        t[f"{p0}.self_attn.o_proj.weight"] = t[f"{p0}.self_attn.o_proj.weight"].view(torch.int8)
+        t[f"{p0}.mlp.gate_proj.weight"] = t[f"{p0}.mlp.gate_proj.weight"].reshape(1, 256, 128)
+        t.pop(f"{p0}.mlp.up_proj.input_scale")
+        t[f"{p0}.mlp.down_proj.weight_scale"] = t[f"{p0}.mlp.down_proj.weight_scale"].repeat(2)
+        t[f"{p1}.self_attn.q_proj.input_scale"] = torch.tensor(-1.0)
+        t[f"{p1}.self_attn.k_proj.weight_scale"] = t[f"{p1}.self_attn.k_proj.weight_scale"].to(torch.float16)
+
+    s = _structure(fp8, fp8.tampered(tmp_path / "faults", faults)).problems
+    expected = [f"{p0}.self_attn.q_proj: no weight in the export",
+                f"{p0}.self_attn.k_proj: carries weight_scale, but hf_quant_config.json excludes it",
+                f"{p0}.self_attn.v_proj: unquantized weights (BF16, no weight_scale)",
+                f"{p0}.self_attn.o_proj: weight is I8, FP8 stores F8_E4M3",
+                f"{p0}.mlp.gate_proj: weight has shape [1, 256, 128], not 2-D",
+                f"{p0}.mlp.up_proj: input_scale missing (FP8 stores weight_scale, input_scale; dropped scale)",
+                f"{p0}.mlp.down_proj: weight_scale has shape [2], FP8 stores one per-tensor value",
+                f"{p1}.self_attn.q_proj: input_scale is -1.0, not a positive finite scale",
+                f"{p1}.self_attn.k_proj: weight_scale is F16, FP8 stores F32"]
+    for want in expected:
+        assert any(p.startswith(want) for p in s), (want, s)
