@@ -140,10 +140,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expecte
 
 
 def test_a_malformed_config_pbtxt_given_to_lint(tmp_path):
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.pbtxt").write_text('name: "m"\nmax_batch_size: {{ oops')
+    repo = tmp_path / "repo"  # a loadable tree (version directory, nothing else), so the parse error is the one
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text('name: "m"\nmax_batch_size: {{ oops')
     root = tmp_path / "cwd"
-    _refused_cleanly(run_cli("lint", str(tmp_path), root=root), root,
+    _refused_cleanly(run_cli("lint", str(repo), root=root), root,
                      "m/config.pbtxt: not a valid Triton model config")
 
 

@@ -180,7 +180,7 @@ def test_bench_gates_and_baseline_read_only_declared_keys(tmp_path):
     ctx = SimpleNamespace(cfg=view, stage=bench.STAGE, paths={"bundles": tmp_path / "bundles"})
     baseline = bench.previous_bench(ctx)
     assert baseline["status"] == "none" and baseline["source"] == str(tmp_path / "published")
-    assert bench.gates(view, {"workloads": {}}, baseline)["verdict"] == "pass"
+    assert bench.gates(view, {"workloads": {}}, baseline)["verdict"] == "incomplete"  # nothing measured is never a pass
 
 
 def test_the_registry_holds_the_stage_names_config_checks():
