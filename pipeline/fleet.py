@@ -5,6 +5,7 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import compose_many, resolved_paths
@@ -145,22 +146,33 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
     referenced |= published_references(str(cfg.publish.dest))
     cutoff = time.time() - max_age_days * 86400
     removed, kept, freed = [], 0, 0
+    outputs: list[tuple[Path, str, list[str]]] = []  # (manifest, fingerprint, the names of its inputs' directories)
     for root in (paths["store"], paths["engines"], paths["triton_repo"]):
         for manifest in root.glob("*/manifest.json"):
-            out = manifest.parent
             try:
-                fp = json.loads(manifest.read_text()).get("fingerprint")
+                doc = json.loads(manifest.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if fp in referenced or manifest.stat().st_mtime > cutoff:
-                kept += 1
-                continue
-            size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-            if not dry_run:
-                shutil.rmtree(out, ignore_errors=True)
-                (out.parent / f"{out.name}.lock").unlink(missing_ok=True)
-            removed.append(str(out))
-            freed += size
+            outputs.append((manifest, doc.get("fingerprint"), [Path(v).name for v in (doc.get("inputs") or {}).values()]))
+    # an input of a referenced output is referenced too (the task baseline behind `evaluate`, say): the closure
+    by_name = {m.parent.name: (fp, ins) for m, fp, ins in outputs}
+    todo = [name for name, (fp, _) in by_name.items() if fp in referenced]
+    while todo:
+        for dep in by_name.get(todo.pop(), (None, []))[1]:
+            if dep in by_name and by_name[dep][0] not in referenced:
+                referenced.add(by_name[dep][0])
+                todo.append(dep)
+    for manifest, fp, _ in outputs:
+        out = manifest.parent
+        if fp in referenced or manifest.stat().st_mtime > cutoff:
+            kept += 1
+            continue
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        if not dry_run:
+            shutil.rmtree(out, ignore_errors=True)
+            (out.parent / f"{out.name}.lock").unlink(missing_ok=True)
+        removed.append(str(out))
+        freed += size
     from pipeline import store
 
     for out in store.orphans([paths[k] for k in ("store", "engines", "triton_repo", "bundles")], paths["store"] / "locks"):

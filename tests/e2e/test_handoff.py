@@ -173,7 +173,7 @@ def test_rebuild_plan_step_outputs_only_include_and_summarises_the_excluded(tmp_
     lines = out.read_text().splitlines()
     assert lines[0] == "matrix<<EOF" and lines[-1] == "EOF"
     matrix = json.loads("\n".join(lines[1:-1]))
-    assert list(matrix) == ["include"] and len(matrix["include"]) == 12  # 18 combinations, 6 impossible
+    assert list(matrix) == ["include"] and len(matrix["include"]) == 10  # 18 combinations, 6 impossible, 2 int4_awq engines TRT-LLM refuses
     assert all(e["overrides"][-1] == f"publish.dest={tmp_path / 'published'}" for e in matrix["include"])
     assert "- model=qwen32b quant=nvfp4 target=h100 runtime=trtllm_llmapi: nvfp4 needs Blackwell" in summary.read_text()
     assert "excluded model=qwen32b quant=int4_awq target=b200" in proc.stderr
@@ -216,7 +216,7 @@ def test_matrix_outdated_defers_gpu_entries_to_their_runner(tmp_path):
 def test_outdated_lists_changed_entries_only(tiny_build, tmp_path):
     root = tmp_path / "o"
     shutil.copytree(tiny_build, root)
-    bench = [a for a in TINY if a.startswith("bench.")]
+    bench = [a for a in TINY if a.startswith(("bench.", "eval."))]
     proc = run_cli("outdated", "smoke", "--json", *bench, root=root)
     stale = {e["quant"]: e["why"] for e in json.loads(proc.stdout)}
     assert set(stale) == {"none"} and stale["none"] == ["never published"]  # fp8 was published by tiny_build
@@ -247,7 +247,7 @@ def test_interrupted_local_upload_is_absent_until_the_next_publish_completes_it(
     fs = fsspec.filesystem("file")
     assert bundle.complete_versions(fs, str(version.parent)) == {}
     assert bundle.current_version(fs, str(version.parent)) is None
-    bench = [a for a in TINY if a.startswith("bench.")]
+    bench = [a for a in TINY if a.startswith(("bench.", "eval."))]
     stale = json.loads(run_cli("outdated", "smoke", "--json", *bench, root=root).stdout)
     assert {e["quant"]: e["why"] for e in stale}["fp8"] == ["never published"]
     proc = run_cli("verify", str(version), root=root)

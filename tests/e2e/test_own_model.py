@@ -25,7 +25,7 @@ def own_ckpt(tiny_build, tmp_path):
 
 
 def test_build_of_a_local_checkpoint_runs_end_to_end_offline(own_ckpt, tmp_path):
-    bench = [a for a in TINY if a.startswith("bench.")]
+    bench = [a for a in TINY if a.startswith(("bench.", "eval."))]
     root = tmp_path / "root"
     proc = run_cli("build", f"model.source={own_ckpt}", "model.name=acme-chat", "quant.gate=warn",
                    "quant.calib.dataset=builtin", *bench, root=root)  # cli_env: HF_HUB_OFFLINE=1
