@@ -33,7 +33,8 @@ def _serve_and_ask(where: Path | str, tmp: Path) -> dict:
     gone."""
     tmpdir = tmp / f"tmp-{uuid.uuid4().hex[:6]}"
     tmpdir.mkdir(parents=True)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(where), f"paths.root={tmp / 'root'}"],
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(where), "serve.openai.port=0",
+                             f"paths.root={tmp / 'root'}"],
                             cwd=tmp, env=cli_env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     try:
@@ -124,7 +125,7 @@ def test_a_bundle_without_its_version_directory_fails_with_the_servers_reason(ti
     copy = tmp_path / "bundle"
     _copy_files_only(_local_bundle(tiny_build), copy)
     shutil.rmtree(copy / "triton_repo/ensemble/1")
-    proc = run_cli("serve", str(copy), root=tmp_path / "root", env=cli_env(tmp_path))
+    proc = run_cli("serve", str(copy), "serve.openai.port=0", root=tmp_path / "root", env=cli_env(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "model 'ensemble': at least one version must be available" in err[0], proc.stderr
