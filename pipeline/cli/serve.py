@@ -49,25 +49,6 @@ def serve_target(where: str) -> Path:
     return p
 
 
-def staged(repo: Path, work: Path) -> Path:
-    """``repo`` as Triton can load it: a model directory without a version directory (an ensemble's empty ``1/``,
-    which a bundle's file list does not keep) gets one in a linked copy under ``work``; else ``repo`` itself."""
-    models = [d for d in sorted(repo.iterdir()) if (d / "config.pbtxt").is_file()]
-    if all(any(c.is_dir() and c.name.isdigit() for c in d.iterdir()) for d in models):
-        return repo
-    out = work / "repo"
-    for d in models:
-        (out / d.name).mkdir(parents=True)
-        for child in d.iterdir():
-            (out / d.name / child.name).symlink_to(child.resolve())
-        if not any(c.is_dir() and c.name.isdigit() for c in d.iterdir()):
-            (out / d.name / "1").mkdir()
-    for child in repo.iterdir():  # files beside the models (a bundle's repository has none that Triton reads)
-        if not (out / child.name).exists():
-            (out / child.name).symlink_to(child.resolve())
-    return out
-
-
 def cmd_serve(args: list[str]) -> int:
     """Serve until SIGINT/SIGTERM; everything started here is stopped on every exit path (the Triton server runs
     under a supervisor that also outlives nothing after a kill -9 of this process)."""
@@ -101,8 +82,9 @@ def cmd_serve(args: list[str]) -> int:
     # background job starts with it ignored
     work = Path(tempfile.mkdtemp(prefix="pipeline-serve-"))
     try:
-        triton_repo = staged(repo, work) if cfg.serve.launcher.value != "external" else repo
-        with server.launched(cfg.serve, triton_repo, work) as s:
+        # served as it is: a repository Triton cannot load (a model without its version directory) fails with the
+        # server's own reason rather than being patched here
+        with server.launched(cfg.serve, repo, work) as s:
             ready = _ready_models(s)
             print(f"serving {repo} ({layout} layout; entry points: {', '.join(layouts.get(layout).entry_points)})")
             if front is not None:
@@ -134,7 +116,7 @@ def cmd_serve(args: list[str]) -> int:
             signal.signal(sig, handler)
         if front is not None:
             sock.close()
-        shutil.rmtree(work, ignore_errors=True)  # the staged links, backends copy and server logs: nothing left in /tmp
+        shutil.rmtree(work, ignore_errors=True)  # the backends copy and server logs: nothing left in /tmp
 
 
 def _ready_models(s) -> list[str]:

@@ -81,7 +81,7 @@ def test_the_published_bundle_serves_from_latest_and_from_a_synced_copy(tiny_bui
     assert doc["served_by"]["name"] == served["server"]["name"] == "triton"
     assert doc["served_by"]["version"] == served["server"]["version"]
     assert doc["served_by"]["launcher"] == "local" and doc["served_by"]["binary"].endswith("tritonserver")
-    assert set(doc["recipe"]) == {"fetch", "quantize", "build", "package", "bench", "publish"}
+    assert set(doc["recipe"]) == {"fetch", "quantize", "build", "package", "bench", "evaluate", "publish"}
     assert doc["recipe"]["package"]["serve"]["torch_threads"] == 1
     moved = tmp_path / "elsewhere" / "bundle"
     _copy_files_only(Path(out["url"]), moved)
