@@ -107,8 +107,9 @@ def test_rerun_is_a_noop_and_a_quant_change_reruns_only_downstream(tiny_build, t
     plan = run_cli("plan", "--json", *TINY, "quant.calib.num_samples=8", root=root)
     doc = json.loads(plan.stdout)
     cached = {s["stage"]: s["cached"] for s in doc["stages"]}
+    # the task baseline serves the unquantized checkpoint: a calibration change leaves it cached
     assert cached == {"fetch": True, "quantize": False, "build": False, "package": False, "bench": False,
-                      "publish": False}
+                      "eval_baseline": True, "evaluate": False, "publish": False}
 
     proc = run_cli("build", *TINY, "quant.calib.num_samples=8", "until=quantize", root=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
