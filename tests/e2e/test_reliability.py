@@ -493,7 +493,7 @@ def _partial_outputs(root: Path) -> list[str]:
     for base in (root / ".store", root / "engines", root / "triton_repo", root / "bundles"):
         for d in base.glob("*-*-*"):
             if d.is_dir() and not d.name.startswith(".") and d.name.split("-")[-2] in (
-                    "fetch", "quantize", "build", "package", "bench", "publish"):
+                    "fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate", "publish"):
                 m = d / "manifest.json"
                 if not m.is_file():
                     bad.append(str(d))
