@@ -300,7 +300,7 @@ def test_kill_9_at_seeded_random_points_leaves_nothing_partial(tmp_path):
     kills = []
     for stage in STAGE_NAMES:
         if stage == "publish":  # the stages before it complete first, so each publish kill waits for its upload only
-            done = subprocess.run(cmd + ["until=bench"], cwd=root, env=cli_env(root), capture_output=True, text=True,
+            done = subprocess.run(cmd + ["until=evaluate"], cwd=root, env=cli_env(root), capture_output=True, text=True,
                                   timeout=900)
             assert done.returncode == 0, done.stderr[-2000:]
         for _ in range(5):
