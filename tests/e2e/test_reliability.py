@@ -330,7 +330,8 @@ def test_kill_9_at_seeded_random_points_leaves_nothing_partial(tmp_path):
     proc = subprocess.run(cmd, cwd=root, env=cli_env(root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {r["stage"]: r["fingerprint"] for r in report(root)["stages"]} == reference
-    stable = {k: v for k, v in ref_sums.items() if not k.startswith(("bench", "publish"))}
+    stable = {k: v for k, v in ref_sums.items()  # run records (timings, logs) vary like bench's
+              if not k.startswith(("bench", "publish", "eval_baseline", "evaluate"))}
     assert {k: v for k, v in _checksums(root).items() if k in stable} == stable
     assert sum(k["running"] == k["stage"] for k in kills) >= 0.5 * len(kills)  # most kills landed inside the stage
     assert [k["running"] for k in kills if k["stage"] == "publish"] == ["publish"] * 5  # every one inside the upload
