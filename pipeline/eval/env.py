@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from pipeline import overlays
 
 NUMPY = "numpy>=2,<2.4"
 
@@ -46,21 +47,10 @@ def pythonpath() -> list[str]:
 
 def create(root: Path | None = None, find_links: str | None = None) -> Path:
     """Make the overlay at ``root`` (default :func:`path`), replacing one that is there."""
-    from pipeline.errors import UserError
-
     root = root or path()
-    tmp = root.with_name(root.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    index = ["--no-index", "--find-links", find_links] if find_links else []
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", *index,
-                        "--target", str(tmp), NUMPY], capture_output=True, text=True)
-    if r.returncode:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise UserError(f"could not install {NUMPY} for the evaluation overlay: {tail}")
-    shutil.rmtree(tmp / "bin", ignore_errors=True)  # numpy's f2py script: not used, and not on PATH
-    shutil.rmtree(root, ignore_errors=True)
-    tmp.rename(root)
+    with overlays.replacing(root) as tmp:
+        overlays.pip_target(NUMPY, tmp, find_links=find_links, purpose="the evaluation overlay")
+        shutil.rmtree(tmp / "bin", ignore_errors=True)  # numpy's f2py script: not used, and not on PATH
     return root
 
 

@@ -218,7 +218,7 @@ STAGE = Stage(
     env_check=lambda cfg: sign_problems(cfg.publish.sign, environment=True),
     reads=("publish.link", "publish.sign", "model.name", "model.source", "target", "runtime", "build",
            "quant.format", "quant.kv_cache"),
-    inputs=("fetch", "quantize", "build", "package", "bench", "evaluate"),
+    inputs=("fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate"),
     libs=("fsspec", "pydantic"),
     root="bundles",
     label=lambda cfg: ArtifactKey.of(cfg).label,

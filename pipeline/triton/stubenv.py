@@ -23,6 +23,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from pipeline import overlays
+
 NUMPY = "numpy>=1.24,<2"
 
 
@@ -42,29 +44,18 @@ def bin_dir(root: Path | None = None) -> Path:
 
 def create(root: Path | None = None, find_links: str | None = None) -> Path:
     """Make the environment at ``root`` (default :func:`path`), replacing one that is there. -> its root."""
-    from pipeline.errors import UserError
-
     root = root or path()
-    tmp = root.with_name(root.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True)
-    target = site_packages(tmp)
-    index = ["--no-index", "--find-links", find_links] if find_links else []
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", *index,
-                        "--target", str(target), NUMPY], capture_output=True, text=True)
-    if r.returncode:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise UserError(f"could not install {NUMPY} for the bundled server's python stub: {tail}")
-    parents = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
-    # after the stub env's own site-packages (numpy<2 wins); addsitedir also runs the parents' .pth files
-    (target / "_parent_env.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in parents))
-    # a .pth line, not sitecustomize: a distribution's own sitecustomize (Debian's, in the standard library) wins
-    shutil.copy2(Path(__file__).with_name("stub_sitecustomize.py"), target / "_stub_numpy_names.py")
-    (target / "_stub_numpy_names.pth").write_text("import _stub_numpy_names\n")
-    shutil.rmtree(root, ignore_errors=True)
-    tmp.rename(root)
+    with overlays.replacing(root) as tmp:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True)
+        target = site_packages(tmp)
+        overlays.pip_target(NUMPY, target, find_links=find_links, purpose="the bundled server's python stub")
+        parents = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+        # after the stub env's own site-packages (numpy<2 wins); addsitedir also runs the parents' .pth files
+        (target / "_parent_env.pth").write_text(
+            "".join(f"import site; site.addsitedir({p!r})\n" for p in parents))
+        # a .pth line, not sitecustomize: a distribution's own sitecustomize (Debian's, in the standard library) wins
+        shutil.copy2(Path(__file__).with_name("stub_sitecustomize.py"), target / "_stub_numpy_names.py")
+        (target / "_stub_numpy_names.pth").write_text("import _stub_numpy_names\n")
     return root
 
 

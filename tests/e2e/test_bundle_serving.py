@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -19,6 +16,7 @@ import pytest
 from pipeline import bundle
 from pipeline.identity import ArtifactKey
 from tests.conftest import cli_env, run_cli
+from tests.helpers.serving import Serve
 
 pytestmark = pytest.mark.slow
 
@@ -33,28 +31,14 @@ def _serve_and_ask(where: Path | str, tmp: Path) -> dict:
     gone."""
     tmpdir = tmp / f"tmp-{uuid.uuid4().hex[:6]}"
     tmpdir.mkdir(parents=True)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(where), "serve.openai.port=0",
-                             f"paths.root={tmp / 'root'}"],
-                            cwd=tmp, env=cli_env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.startswith("stop with"):
-                break
-        assert lines and lines[-1].startswith("stop with"), (lines, proc.stderr.read())
-        http = next(x.split()[1] for x in lines if x.startswith("HTTP"))
+    with Serve(where, "serve.openai.port=0", f"paths.root={tmp / 'root'}", cwd=tmp, env=cli_env(tmpdir)) as s:
         body = json.dumps({"text_input": "The capital of France is", "max_tokens": 4}).encode()
-        req = urllib.request.Request(f"{http}/v2/models/ensemble/generate", data=body, method="POST")
+        req = urllib.request.Request(f"{s.http}/v2/models/ensemble/generate", data=body, method="POST")
         with urllib.request.urlopen(req, timeout=120) as r:
             answer = json.loads(r.read())
-        with urllib.request.urlopen(f"{http}/v2", timeout=10) as r:
+        with urllib.request.urlopen(f"{s.http}/v2", timeout=10) as r:
             meta = json.loads(r.read())
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert s.stop() == 0
     assert list(tmpdir.glob("pipeline-serve-*")) == [], "serve left its work directory"
     assert isinstance(answer.get("text_output"), str)
     return {"text": answer["text_output"], "server": meta}
@@ -81,7 +65,7 @@ def test_the_published_bundle_serves_from_latest_and_from_a_synced_copy(tiny_bui
     assert doc["served_by"]["name"] == served["server"]["name"] == "triton"
     assert doc["served_by"]["version"] == served["server"]["version"]
     assert doc["served_by"]["launcher"] == "local" and doc["served_by"]["binary"].endswith("tritonserver")
-    assert set(doc["recipe"]) == {"fetch", "quantize", "build", "package", "bench", "evaluate", "publish"}
+    assert set(doc["recipe"]) == {"fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate", "publish"}
     assert doc["recipe"]["package"]["serve"]["torch_threads"] == 1
     moved = tmp_path / "elsewhere" / "bundle"
     _copy_files_only(Path(out["url"]), moved)

@@ -77,7 +77,7 @@ def test_bundle_lists_every_file_with_its_sha256(tiny_build):
                 "reports/quantize.md", "manifests/quantize.json"):
         assert rel in listed
         assert hashlib.sha256((bundle / rel).read_bytes()).hexdigest() == listed[rel]["sha256"]
-    assert set(doc["lineage"]) == {"fetch", "quantize", "build", "package", "bench", "evaluate"}
+    assert set(doc["lineage"]) == {"fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate"}
     assert doc["quant"]["quant_algo"] == "FP8"
 
 

@@ -99,51 +99,34 @@ def test_serve_stands_up_a_packaged_repository_until_interrupted(tiny_build, tmp
     """The CLI prints the addresses and the ready models; the server answers; SIGINT stops it and every process it
     started."""
     import json
-    import signal
-    import subprocess
-    import sys
     import urllib.request
 
     import psutil
 
-    from tests.conftest import cli_env
+    from tests.helpers.serving import Serve
 
     repo = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(repo), "serve.openai.port=0"], cwd=tmp_path,
-                            env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.startswith("stop with"):
-                break
-        assert lines and lines[-1].startswith("stop with"), (lines, proc.stderr.read())
-        http = next(x.split()[1] for x in lines if x.startswith("HTTP"))
-        grpc = next(x.split()[1] for x in lines if x.startswith("gRPC"))
+    with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
+        lines = s.lines
         ready = next(x for x in lines if x.startswith("ready")).split(" ", 1)[1].split(", ")
         assert set(ready) == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
         assert "entry points: ensemble, tensorrt_llm_bls" in lines[0]
-        with urllib.request.urlopen(f"{http}/v2/models/ensemble/ready", timeout=10) as r:
+        with urllib.request.urlopen(f"{s.http}/v2/models/ensemble/ready", timeout=10) as r:
             assert r.status == 200
-        assert grpc.startswith("127.0.0.1:")
-        openai_url = next(x.split()[1] for x in lines if x.startswith("OpenAI"))
-        assert openai_url.startswith("http://127.0.0.1:") and openai_url.endswith("/v1")
-        with urllib.request.urlopen(f"{openai_url}/models", timeout=10) as r:
+        assert s.grpc.startswith("127.0.0.1:")
+        assert s.url.startswith("http://127.0.0.1:") and s.url.endswith("/v1")
+        with urllib.request.urlopen(f"{s.url}/models", timeout=10) as r:
             assert [m["id"] for m in json.loads(r.read())["data"]] == ["tiny-qwen3"]
-        started = psutil.Process(proc.pid).children(recursive=True)
+        started = psutil.Process(s.proc.pid).children(recursive=True)
         assert any(p.name() == "tritonserver" for p in started)
         body = json.dumps({"text_input": "The capital of France is", "max_tokens": 4, "stream": True}).encode()
-        req = urllib.request.Request(f"{http}/v2/models/ensemble/generate_stream", data=body, method="POST")
+        req = urllib.request.Request(f"{s.http}/v2/models/ensemble/generate_stream", data=body, method="POST")
         with urllib.request.urlopen(req, timeout=120) as r:
             assert b"text_output" in r.read()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-        assert "stopped" in proc.stdout.read()
+        assert s.stop() == 0
+        assert "stopped" in s.proc.stdout.read()
         gone, alive = psutil.wait_procs(started, timeout=30)
         assert alive == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_serve_of_a_non_repository_is_one_line(tmp_path):
