@@ -362,6 +362,204 @@ def test_end_to_end_test_llmapi_streaming(llmapi):
     assert len(texts) > 1 and "".join(texts)
 
 
+# ------------------------------------------------- the llmapi model's inputs and outputs, as upstream answers them
+# Upstream: TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py @ 044a90d209 (``_create_response``,
+# ``handle_stop_request``, ``cancellation_loop``) and helpers.py ``get_sampling_params_from_request``; the LLM API
+# behind it: tensorrt_llm/sampling_params.py, tensorrt_llm/executor/result.py ``_handle_sequence``.
+def _llmapi_ask(llmapi, request_id="1", **extra):
+    """One request with ``extra`` inputs as ``--test-llmapi`` sends them (1-D tensors): a gRPC stream to the decoupled
+    model, a unary gRPC infer to the other. -> every response (or error)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    decoupled, s, _ = llmapi
+    prompt, max_tokens = extra.pop("prompt", PROMPT), extra.pop("max_tokens", 8)
+    if max_tokens is None:  # left to the model's default
+        inputs = _inputs(grpcclient, text_input=np.array([prompt], dtype=object), **extra)
+    else:
+        inputs = _llmapi_inputs(grpcclient, prompt=prompt, max_tokens=max_tokens, **extra)
+    if decoupled:
+        got: queue.Queue = queue.Queue()
+        client = _grpc(s)
+        client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), got))
+        client.async_stream_infer("tensorrt_llm", inputs, request_id=request_id)
+        client.stop_stream()
+        return [got.get() for _ in range(got.qsize())]
+    try:
+        return [_grpc(s).infer("tensorrt_llm", inputs, request_id=request_id)]
+    except InferenceServerException as exc:
+        return [exc]
+
+
+def _one(llmapi, **extra):
+    items = _llmapi_ask(llmapi, **extra)
+    assert _errors(items) == [] and len(items) == 1, items
+    return items[0]
+
+
+def _tokenizer(repo):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(repo / ENGINE_REL)
+
+
+def test_llmapi_sampling_defaults_and_greedy_rule(llmapi):
+    """helpers.py passes only the sampling inputs a request carries to ``SamplingParams`` (max_tokens defaults to 32
+    there), and ``SamplingParams.params_imply_greedy_decoding`` decodes greedily when none of temperature, top_k,
+    top_p is given, or top_k is 1, top_p 0 or temperature 0; anything else samples (an unset temperature is 1)."""
+    tok = _tokenizer(llmapi[2])
+    excl = {"sampling_param_exclude_input_from_output": np.array([True])}
+    default = _text(_one(llmapi, max_tokens=None, **excl))  # no sampling_param_max_tokens: 32 tokens
+    assert default == _text(_one(llmapi, max_tokens=32, **excl)) != _text(_one(llmapi, max_tokens=31, **excl))
+    assert len(tok.encode(default, add_special_tokens=False)) >= 30
+    temp1, top_k50 = np.array([1.0], np.float32), np.array([50], np.int32)
+    for greedy in ({"sampling_param_top_k": np.array([1], np.int32), "sampling_param_temperature": temp1},
+                   {"sampling_param_top_p": np.array([0.0], np.float32), "sampling_param_temperature": temp1},
+                   {"sampling_param_temperature": np.array([0.0], np.float32), "sampling_param_top_k": top_k50}):
+        assert _text(_one(llmapi, max_tokens=32, **excl, **greedy)) == default, greedy
+    # top_k alone is not greedy: it samples at temperature 1 (the control: some seed gives another text)
+    sampled = {_text(_one(llmapi, max_tokens=32, **excl, sampling_param_top_k=np.array([50], np.int32),
+                          sampling_param_seed=np.array([seed], np.uint64))) for seed in (1, 2, 3)}
+    assert sampled - {default}
+    bad = _llmapi_ask(llmapi, sampling_param_top_p=np.array([1.5], np.float32))
+    assert _errors(bad) and "top_p" in _errors(bad)[0]
+
+
+def test_llmapi_seed_reproduces_a_sampled_text(llmapi):
+    """``sampling_param_seed`` goes to ``SamplingParams.seed``: the same seed and inputs sample the same text, another
+    seed another one."""
+    def text(seed):
+        return _text(_one(llmapi, max_tokens=16, sampling_param_temperature=np.array([1.0], np.float32),
+                          sampling_param_seed=np.array([seed], np.uint64)))
+
+    a = text(11)
+    assert a == text(11)
+    assert {text(12), text(13)} - {a}
+
+
+def test_llmapi_exclude_input_from_output(llmapi):
+    """Upstream's helpers.py defaults ``sampling_param_exclude_input_from_output`` to False (the LLM API's own default
+    is True): one response holds the prompt and the generated text (TensorRT-LLM llmRequest.h ``createResult``
+    returns the prompt's tokens unless excluded); with it true only the generated text. Streamed responses never
+    carry the prompt (only tokens not yet sent are returned when streaming)."""
+    with_prompt = _text(_one(llmapi))
+    without = _text(_one(llmapi, sampling_param_exclude_input_from_output=np.array([True])))
+    assert with_prompt == PROMPT + without and without
+    if llmapi[0]:
+        items = _llmapi_ask(llmapi, streaming=np.array([True]))
+        texts = [_text(r) for r in items]
+        assert _errors(items) == [] and len(texts) > 1 and texts[-1] == without
+        assert not any(t.startswith(PROMPT) for t in texts)
+
+
+def test_llmapi_finish_and_stop_reasons(llmapi):
+    """``return_finish_reason`` / ``return_stop_reason`` / ``return_cumulative_logprob`` add ``str()`` of the
+    ``CompletionOutput`` fields (model.py ``_create_response``) as STRING tensors: ``length`` at max_tokens with stop
+    reason ``None``; a ``sampling_param_stop`` string ends generation with finish reason ``stop``, stop reason the
+    string, and the string cut from the text (result.py ``_handle_sequence``: the output's token ids ending with the
+    stop word's ids, encoded without special tokens by ``SamplingParams._setup``). ``cumulative_logprob`` is ``None``:
+    upstream never asks the LLM API for log probs."""
+    flags = {k: np.array([True]) for k in ("return_finish_reason", "return_stop_reason", "return_cumulative_logprob",
+                                           "sampling_param_exclude_input_from_output")}
+    r = _one(llmapi, max_tokens=12, **flags)
+    for name in ("finish_reason", "stop_reason", "cumulative_logprob"):
+        assert r.as_numpy(name).dtype == object
+    assert r.as_numpy("finish_reason").tolist() == [b"length"]
+    assert r.as_numpy("stop_reason").tolist() == [b"None"]
+    assert r.as_numpy("cumulative_logprob").tolist() == [b"None"]
+    full = _text(r)
+    tok = _tokenizer(llmapi[2])
+    ids = tok.encode(full, add_special_tokens=False)
+    k = next(k for k in range(2, len(ids)) if ids[k] not in ids[:k] and tok.decode([ids[k]]).strip()
+             and tok.encode(tok.decode([ids[k]]), add_special_tokens=False) == [ids[k]])
+    stop = tok.decode([ids[k]])
+    s = _one(llmapi, max_tokens=12, sampling_param_stop=np.array([stop.encode()], dtype=object), **flags)
+    assert s.as_numpy("finish_reason").tolist() == [b"stop"]
+    assert s.as_numpy("stop_reason").tolist() == [stop.encode()]
+    assert _text(s) == tok.decode(ids[:k]) and full.startswith(_text(s) + stop)
+    if llmapi[0]:  # streamed: every response but the last has no reason yet
+        items = _llmapi_ask(llmapi, max_tokens=6, streaming=np.array([True]), **flags)
+        reasons = [r.as_numpy("finish_reason").tolist() for r in items]
+        assert reasons[:-1] == [[b"None"]] * (len(items) - 1) and reasons[-1] == [b"length"]
+
+
+PERF = ("kv_cache_reused_block", "kv_cache_missed_block", "kv_cache_alloc_new_blocks", "kv_cache_alloc_total_blocks",
+        "kv_cache_hit_rate", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+        "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+
+
+def test_llmapi_perf_metrics(llmapi):
+    """``sampling_param_return_perf_metrics`` makes the LLM API fill ``request_perf_metrics``, which model.py's
+    ``_create_response`` sends as the KV-cache, timing and speculative-decoding outputs, each as a tensor of the
+    text_output's STRING type (TensorRT-LLM PR 5554 shows them as "76735247746000", "0.0"); without the flag none is
+    sent. Times: arrival <= first scheduled <= first token <= last token; a new prompt reuses no block and misses
+    its blocks; no speculative decoding, so no draft tokens."""
+    plain = _one(llmapi)
+    assert all(plain.as_numpy(n) is None for n in PERF)
+    r = _one(llmapi, max_tokens=8, sampling_param_return_perf_metrics=np.array([True]))
+    got = {}
+    for n in PERF:
+        a = r.as_numpy(n)
+        assert a is not None and a.dtype == object and a.shape == (1,), n
+        got[n] = float(a[0])
+    assert 0 < got["arrival_time_ns"] <= got["first_scheduled_time_ns"] <= got["first_token_time_ns"]
+    assert got["first_token_time_ns"] < got["last_token_time_ns"]
+    assert got["kv_cache_reused_block"] == 0 and got["kv_cache_hit_rate"] == 0.0
+    assert got["kv_cache_missed_block"] >= 1 and got["kv_cache_alloc_total_blocks"] >= got["kv_cache_missed_block"]
+    assert got["kv_cache_alloc_new_blocks"] == got["kv_cache_alloc_total_blocks"]
+    assert got["acceptance_rate"] == 0 and got["total_accepted_draft_tokens"] == got["total_draft_tokens"] == 0
+
+
+def test_llmapi_stop_cancels_the_request_by_id(llmapi):
+    """``stop`` true with a request's id (model.py ``handle_stop_request``) aborts the running request of that id and
+    answers the stop request itself with a CANCELLED error "Request cancelled by client"; a stop request without an
+    id fails. The aborted streaming request ends with the LLM API's last output: its text so far, finish reason
+    ``cancelled``. (A non-streaming request so cancelled gets no response at all from upstream, whose client then
+    waits forever; the reference ends it with the CANCELLED error instead.)"""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    decoupled, s, _ = llmapi
+    long = dict(max_tokens=1500, return_finish_reason=np.array([True]))
+    stop = _inputs(grpcclient, text_input=np.array([""], dtype=object), stop=np.array([True]))
+    no_id = _errors(_llmapi_ask(llmapi, request_id="", prompt="", stop=np.array([True])))
+    assert no_id and "A request id must be provided" in no_id[0]
+    client = _grpc(s)
+    got: queue.Queue = queue.Queue()
+    if decoupled:
+        client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), got))
+        client.async_stream_infer("tensorrt_llm", _llmapi_inputs(grpcclient, **long, streaming=np.array([True])),
+                                  request_id="cancel-me")
+        first = got.get(timeout=120)
+        assert not isinstance(first, InferenceServerException), first
+        client.async_stream_infer("tensorrt_llm", stop, request_id="cancel-me")
+        client.stop_stream()  # returns once the server has ended both requests
+        items = [first] + [got.get() for _ in range(got.qsize())]
+        errors = _errors(items)
+        assert len(errors) == 1 and "Request cancelled by client" in errors[0]
+        results = [r for r in items if not isinstance(r, InferenceServerException)]
+        assert results[-1].as_numpy("finish_reason").tolist() == [b"cancelled"]
+        assert all(r.get_response().id == "cancel-me" for r in results)
+        assert len(results) < 1500
+    else:
+        client.async_infer("tensorrt_llm", _llmapi_inputs(grpcclient, **long), request_id="cancel-me",
+                           callback=partial(lambda q, result, error: q.put(error or result), got))
+        import time
+
+        time.sleep(1.0)
+        with pytest.raises(InferenceServerException, match="Request cancelled by client"):
+            client.infer("tensorrt_llm", stop, request_id="cancel-me")
+        ended = got.get(timeout=60)
+        assert isinstance(ended, InferenceServerException) and "cancelled" in str(ended).lower()
+    # a stop for an id nothing runs under is answered the same way
+    if decoupled:
+        items = _stream(client, "tensorrt_llm", stop)
+        assert len(items) == 1 and "Request cancelled by client" in _errors(items)[0]
+    else:
+        with pytest.raises(InferenceServerException, match="Request cancelled by client"):
+            client.infer("tensorrt_llm", stop, request_id="nothing-runs")
+
+
 def test_temperature_alone_decodes_greedily(ifb):
     """TensorRT-LLM reads top-k 0 with top-p 0 (their defaults) as greedy decoding whatever the temperature
     (TensorRT-LLM cpp/tensorrt_llm/kernels/samplingTopKKernels.h ``regularizeTopKTopP``): the request of

@@ -1,21 +1,44 @@
 """TensorRT-LLM's ``llmapi`` layout ``tensorrt_llm`` model computed by the reference runtime.
 
-Same ``config.pbtxt`` and ``1/model.yaml`` as TensorRT-LLM's LLM-API model gets (TensorRT-LLM
-triton_backend/all_models/llmapi/tensorrt_llm/1/model.py): ``auto_complete_config`` takes ``max_batch_size`` and the
-transaction policy from model.yaml's ``triton_config``; the model reads the inputs and outputs the config declares.
+Same ``config.pbtxt`` and ``1/model.yaml`` as TensorRT-LLM's LLM-API model gets, and the same answers to the same
+requests as that model (TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py @ 044a90d209, the
+commit the 1.2.1 record cites, and its ``helpers.py``) gives with the LLM API (``tensorrt_llm/sampling_params.py``,
+``tensorrt_llm/executor/result.py``) behind it. ``auto_complete_config`` takes ``max_batch_size`` and the transaction
+policy from model.yaml's ``triton_config``.
 
 - Requests: ``text_input`` holds one prompt (a 1-D tensor, as upstream's ``llmapi_client.py`` sends; a leading batch
-  dimension of 1 is accepted too). ``streaming`` (decoupled only) sends one response per generated token, each with
-  the text generated so far, as the LLM API's ``RequestOutput.outputs[0].text`` is; otherwise one response.
-- ``sampling_param_*``: ``max_tokens`` (default 32, the LLM API's), ``temperature``, ``top_k``, ``top_p``,
-  ``frequency_penalty``, ``presence_penalty``, ``seed``, ``stop`` (strings: generation stops when the text contains
-  one, which is cut from the output), ``exclude_input_from_output`` (default false, as upstream's model: the prompt
-  leads the text), ``return_perf_metrics``; ``best_of`` above 1 is refused.
-- ``return_finish_reason`` / ``return_stop_reason`` / ``return_cumulative_logprob`` add ``finish_reason``
-  (``stop`` / ``length`` / ``cancelled``), ``stop_reason`` (the stop string, or the end token id; ``None`` otherwise)
-  and ``cumulative_logprob`` as strings, as upstream does.
-- ``stop`` with the request id of running requests cancels them (answered with a CANCELLED error), and a client
-  cancellation is honoured.
+  dimension of 1 is accepted too). ``streaming`` (decoupled only; otherwise the request fails with upstream's
+  "Streaming is only supported in decoupled mode.") sends one response per generated token.
+- Text: a streamed response carries the text generated so far, never the prompt (TensorRT-LLM's ``LlmRequest``
+  returns only tokens not yet sent when streaming, whatever ``exclude_input_from_output`` says); a single response
+  is the decoded prompt and generated tokens together unless ``sampling_param_exclude_input_from_output`` is true
+  (upstream's model defaults it to false, unlike the LLM API). Special tokens are skipped, as the LLM API does.
+- ``sampling_param_*`` as upstream hands them to ``SamplingParams``: ``max_tokens`` (default 32, the LLM API's),
+  ``temperature``/``top_k``/``top_p`` validated as ``SamplingParams._validate`` does (top_p in [0, 1], top_k and
+  temperature not negative) and decoded greedily exactly when ``params_imply_greedy_decoding`` says so (none of the
+  three given, or top_k 1, top_p 0, temperature 0); otherwise sampled with an unset temperature 1, top_k unset (no
+  truncation) and top_p unset (1). ``frequency_penalty``, ``presence_penalty``, ``seed`` (the same seed and inputs
+  give the same text). ``stop`` strings become token sequences (encoded without special tokens, as
+  ``SamplingParams._setup`` does); generation ends when the output ends with one, and it is cut from the output
+  (``include_stop_str_in_output`` is false). ``best_of`` above 1 is refused (the reference decodes one sequence).
+- ``return_finish_reason`` / ``return_stop_reason`` / ``return_cumulative_logprob`` add ``str()`` of
+  ``CompletionOutput.finish_reason`` (``stop`` for an end token or a stop string, ``length``, ``cancelled``; ``None``
+  before the end), ``stop_reason`` (the stop string; ``None`` for an end token, as ``result.py`` leaves it) and
+  ``cumulative_logprob``, which is ``None``: upstream's model never asks the LLM API for log probs, so the LLM API
+  never fills it. Each is a STRING tensor, as upstream sends them whatever the config declares.
+- ``sampling_param_return_perf_metrics``: every response adds the request's perf metrics as upstream does, as STRING
+  tensors of their decimal values: ``kv_cache_reused_block`` 0 and ``kv_cache_hit_rate`` 0.0 (the reference reuses
+  no blocks), ``kv_cache_missed_block`` the prompt's blocks, ``kv_cache_alloc_new_blocks`` /
+  ``kv_cache_alloc_total_blocks`` the blocks the sequence holds (``kv_cache_config.tokens_per_block`` of model.yaml,
+  the LLM API's 32 without it); ``arrival_time_ns`` <= ``first_scheduled_time_ns`` <= ``first_token_time_ns`` <=
+  ``last_token_time_ns`` on the monotonic clock (TensorRT-LLM's are steady-clock times); ``acceptance_rate`` 0.0,
+  ``total_accepted_draft_tokens`` and ``total_draft_tokens`` 0 (no speculative decoding).
+- ``stop`` true with the request id of running requests cancels them, and the stop request itself is answered with
+  a CANCELLED error ("Request cancelled by client"), as upstream's ``handle_stop_request`` does (also when no request
+  has that id; without an id it fails). A cancelled streaming request ends with a final response holding its text
+  so far and finish reason ``cancelled``, as the LLM API's last output is. A cancelled non-streaming request gets the
+  CANCELLED error: upstream sends it nothing at all, which leaves the client waiting; the reference ends it. A client
+  cancellation gets the CANCELLED error, as upstream's cancellation loop sends.
 - Checkpoint: the ``engine_dir`` parameter (relative to the repository root); without it, model.yaml's ``model``
   (relative to model.yaml's folder unless absolute). ``dtype``, ``device``, ``torch_threads`` and ``max_seq_len``
   parameters, else model.yaml's ``dtype`` / ``max_seq_len``. The batching engine decodes up to model.yaml's
@@ -74,12 +97,13 @@ class _Job:
         self.request, self.sender, self.user_id = request, sender, user_id
         self.prompt_ids, self.prompt_text, self.params = prompt_ids, prompt_text, params
         self.arrival_ns = arrival_ns
+        self.wall_offset_ns = time.time_ns() - time.monotonic_ns()  # the engine stamps admission with time.time_ns()
         self.events = queue.Queue()
         self.handle = None
-        self.stopped = False   # by a stop request or a client cancellation
+        self.stopped = None   # "stop" (a stop request) or "client" (a client cancellation)
 
-    def cancel(self):
-        self.stopped = True
+    def cancel(self, by="client"):
+        self.stopped = self.stopped or by
         if self.handle is not None:
             self.handle.cancel()
 
@@ -134,6 +158,7 @@ class TritonPythonModel:
         self.batching = batching
         self.engine = batching.BatchEngine(self.model, max_batch_size=int(doc.get("max_batch_size") or 8),
                                            max_seq_len=int(max_seq) if max_seq else None)
+        self.tokens_per_block = int((doc.get("kv_cache_config") or {}).get("tokens_per_block") or 32)
         period = doc["triton_config"].get("cancellation_check_period_ms", 100)
         self.cancel_period_s = int(period) / 1000.0
         self.jobs = set()
@@ -143,7 +168,7 @@ class TritonPythonModel:
 
     # --- requests ----------------------------------------------------------------------------------------------
     def execute(self, requests):
-        now = time.time_ns()
+        now = time.monotonic_ns()
         for request in requests:
             sender = _Sender(request.get_response_sender())
             user_id = request.request_id()
@@ -175,23 +200,34 @@ class TritonPythonModel:
         streaming = bool(_value(request, "streaming", False))
         if streaming and not self.decoupled:
             raise RequestError("Streaming is only supported in decoupled mode.")
+        temperature = _value(request, "sampling_param_temperature")
+        top_k = _value(request, "sampling_param_top_k")
+        top_p = _value(request, "sampling_param_top_p")
+        if top_p is not None and not 0 <= top_p <= 1:
+            raise RequestError(f"require 0 <= top_p <= 1, got top_p={top_p}")
+        if top_k is not None and top_k < 0:
+            raise RequestError(f"require top_k >= 0, got top_k={top_k}")
+        if temperature is not None and temperature < 0:
+            raise RequestError(f"require temperature >= 0, got temperature={temperature}")
+        greedy = ((temperature is None and top_p is None and top_k is None) or top_k == 1 or top_p == 0.0
+                  or temperature == 0)
+        stops = [s for s in _strings(request, "sampling_param_stop") if s]
+        stop_ids = [self.tokenizer.encode(s, add_special_tokens=False) for s in stops]
         prompt_ids = self.tokenizer(texts[0])["input_ids"]
-        top_k = _value(request, "sampling_param_top_k", 0) or 0
-        top_p = _value(request, "sampling_param_top_p", 1.0)
         req = self.batching.GenerationRequest(
             input_ids=prompt_ids,
             max_new_tokens=int(_value(request, "sampling_param_max_tokens", 32)),
             end_ids=self.eos,
-            temperature=float(_value(request, "sampling_param_temperature", 0.0) or 0.0),
-            top_k=int(top_k),
-            top_p=float(top_p) if top_p and top_p > 0 else 1.0,
+            temperature=0.0 if greedy else float(1.0 if temperature is None else temperature),
+            top_k=int(top_k or 0),
+            top_p=1.0 if greedy or top_p is None else float(top_p),
             seed=int(_value(request, "sampling_param_seed", 0) or 0),
             presence_penalty=float(_value(request, "sampling_param_presence_penalty", 0.0) or 0.0),
             frequency_penalty=float(_value(request, "sampling_param_frequency_penalty", 0.0) or 0.0),
-            return_log_probs=bool(_value(request, "return_cumulative_logprob", False)),
+            stop_words=[ids for ids in stop_ids if ids],
         )
         params = {
-            "request": req, "streaming": streaming, "stop": [s for s in _strings(request, "sampling_param_stop") if s],
+            "request": req, "streaming": streaming, "stop": [(s, ids) for s, ids in zip(stops, stop_ids) if ids],
             "exclude": bool(_value(request, "sampling_param_exclude_input_from_output", False)),
             "perf": bool(_value(request, "sampling_param_return_perf_metrics", False)),
             "finish_reason": bool(_value(request, "return_finish_reason", False)),
@@ -207,7 +243,7 @@ class TritonPythonModel:
         with self.lock:
             for job in self.jobs:
                 if job.user_id == user_id:
-                    job.cancel()
+                    job.cancel("stop")
         self._cancelled(sender)
 
     @staticmethod
@@ -234,8 +270,8 @@ class TritonPythonModel:
     def _serve(self, job):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         p = job.params
-        tokens, cum = [], 0.0
-        first_ns = last_ns = 0
+        tokens = []
+        times = {"first": 0, "last": 0}
         try:
             while True:
                 ev = job.events.get()
@@ -243,39 +279,37 @@ class TritonPythonModel:
                     self._fail(job.sender, ev.error)
                     return
                 if ev.token is not None:
-                    now = time.time_ns()
-                    first_ns, last_ns = first_ns or now, now
-                    if ev.log_prob is not None:
-                        cum += ev.log_prob
-                    if not (ev.finish_reason == "end_id" and ev.token in job.params["request"].end_ids):
+                    now = time.monotonic_ns()
+                    times["first"], times["last"] = times["first"] or now, now
+                    if not (ev.finish_reason == self.batching.FINISH_END and ev.token in p["request"].end_ids):
                         tokens.append(ev.token)
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 reason, stop_reason = ev.finish_reason, None
-                if ev.finish_reason == "end_id":
-                    reason, stop_reason = "stop", ev.token
-                hit = next((s for s in p["stop"] if s in text), None)
-                cut_short = hit is not None and reason is None
-                if cut_short:
-                    job.handle.cancel()  # generation stops here; the stop string is cut from the text
-                    reason, stop_reason = "stop", hit
-                if hit is not None:
-                    text = text[:text.index(hit)]
-                if reason == "cancelled" and job.stopped:
+                if reason == self.batching.FINISH_END:
+                    reason = "stop"
+                elif reason == self.batching.FINISH_STOP:
+                    reason = "stop"
+                    for text, ids in p["stop"]:
+                        if tokens[-len(ids):] == ids:
+                            stop_reason, tokens = text, tokens[:-len(ids)]
+                            break
+                done = reason is not None
+                if reason == "cancelled" and (job.stopped == "client" or not p["streaming"]):
                     self._cancelled(job.sender)
                     return
-                done = reason is not None
-                if p["streaming"] and (ev.token is not None or done):
+                if p["streaming"]:
+                    text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                    if ev.token is None and not done:
+                        continue
                     if text.endswith("\ufffd") and not done:  # a multi-byte character still incomplete
                         continue
-                    job.sender.send(self._response(job, text, reason, stop_reason, cum, first_ns, last_ns),
-                                    flags=final if done else 0)
                 elif done:
-                    job.sender.send(self._response(job, text, reason, stop_reason, cum, first_ns, last_ns),
-                                    flags=final)
+                    ids = tokens if p["exclude"] else list(job.prompt_ids) + tokens
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                else:
+                    continue
+                job.sender.send(self._response(job, text, reason, stop_reason, len(tokens), times),
+                                flags=final if done else 0)
                 if done:
-                    if cut_short:
-                        while job.events.get().finish_reason is None:  # drain the engine's cancellation event
-                            pass
                     return
         except Exception as exc:
             job.cancel()
@@ -284,28 +318,34 @@ class TritonPythonModel:
             with self.lock:
                 self.jobs.discard(job)
 
-    def _response(self, job, text, reason, stop_reason, cum, first_ns, last_ns):
+    def _response(self, job, text, reason, stop_reason, generated, times):
         p = job.params
-        if not p["exclude"]:
-            text = job.prompt_text + text
+
+        def strings(*values):
+            return np.array([str(v).encode("utf-8") for v in values], dtype=object)
+
         out = {"text_output": np.array([text.encode("utf-8")], dtype=object)}
         if p["finish_reason"]:
-            out["finish_reason"] = np.array([str(reason).encode()], dtype=object)
+            out["finish_reason"] = strings(reason)
         if p["stop_reason"]:
-            out["stop_reason"] = np.array([str(stop_reason).encode()], dtype=object)
+            out["stop_reason"] = strings(stop_reason)
         if p["cum_logprob"]:
-            out["cumulative_logprob"] = np.array([str(cum).encode()], dtype=object)
+            out["cumulative_logprob"] = strings(None)
         if p["perf"]:
-            zeros = np.zeros(1, np.int32)
+            per = self.tokens_per_block
+            prompt_blocks = -(-len(job.prompt_ids) // per)
+            held = -(-(len(job.prompt_ids) + generated) // per)
+            scheduled = job.handle.admitted_ns - job.wall_offset_ns if job.handle.admitted_ns else 0
             out.update({
-                "kv_cache_reused_block": zeros, "kv_cache_missed_block": zeros, "kv_cache_alloc_new_blocks": zeros,
-                "kv_cache_alloc_total_blocks": zeros, "kv_cache_hit_rate": np.zeros(1, np.float32),
-                "arrival_time_ns": np.array([job.arrival_ns], np.int64),
-                "first_scheduled_time_ns": np.array([job.handle.admitted_ns], np.int64),
-                "first_token_time_ns": np.array([first_ns], np.int64),
-                "last_token_time_ns": np.array([last_ns], np.int64),
-                "acceptance_rate": np.zeros(1, np.float32), "total_accepted_draft_tokens": zeros,
-                "total_draft_tokens": zeros,
+                "kv_cache_reused_block": strings(0), "kv_cache_missed_block": strings(prompt_blocks),
+                "kv_cache_alloc_new_blocks": strings(held), "kv_cache_alloc_total_blocks": strings(held),
+                "kv_cache_hit_rate": strings(0.0),
+                "arrival_time_ns": strings(job.arrival_ns),
+                "first_scheduled_time_ns": strings(scheduled),
+                "first_token_time_ns": strings(times["first"]),
+                "last_token_time_ns": strings(times["last"]),
+                "acceptance_rate": strings(0.0), "total_accepted_draft_tokens": strings(0),
+                "total_draft_tokens": strings(0),
             })
         tensors = [pb_utils.Tensor(k, v) for k, v in out.items() if k in self.outputs]
         return pb_utils.InferenceResponse(output_tensors=tensors)
