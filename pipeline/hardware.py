@@ -4,9 +4,12 @@
   with NVML's name for it, else the nearest in memory; ``cpu`` when NVML finds no NVIDIA driver and the host has no
   NVIDIA device files. Any other NVML failure (or a host with NVIDIA devices that NVML cannot read) is an error that
   names it and the fix, never a silent ``cpu``.
-- ``runtime=auto``: on a GPU target, the TensorRT-LLM runtime the installed TensorRT-LLM supports (the engine backend
-  before 1.2; the LLM API, PyTorch backend, from 1.2 on, the only one left after 1.2.x); ``reference`` on a CPU
-  target or where TensorRT-LLM is not installed.
+- ``runtime=auto``: on a GPU target, what the installed TensorRT-LLM carries, found in its package files without
+  importing it (``pipeline.runtime.trtllm.detect``): ``trtllm_llmapi`` wherever it has the LLM API on the PyTorch
+  backend, else ``trtllm_engine`` where it still has the TensorRT-engine backend; where its files cannot be read,
+  the recorded versions (``pipeline/upstream/runtimes.yaml``) decide from its version. ``reference`` on a CPU target
+  or where TensorRT-LLM is not installed (the printed reason says what the serving container's TensorRT-LLM would
+  get).
 
 Both are resolved before Hydra composes (the defaults are ``auto``), so every job, report and manifest holds the
 concrete names.
@@ -18,7 +21,6 @@ import sys
 from typing import Iterable
 
 AUTO = "auto"
-LLMAPI_FROM = (1, 2)  # TensorRT-LLM's LLM API (PyTorch backend) serves ModelOpt checkpoints from 1.2.0
 
 
 # NVML's answers that mean "no NVIDIA driver on this host" (a CPU machine): anything else is an error to report
@@ -104,33 +106,39 @@ def detect_target(targets: dict[str, dict]) -> str:
     return target_for(local_gpu(), targets)
 
 
-def trtllm_version() -> str | None:
-    """The installed TensorRT-LLM's version from its package metadata (importing it takes seconds), or None."""
-    from importlib import metadata
+def trtllm_probe():
+    """The installed TensorRT-LLM (``pipeline.runtime.trtllm.TrtllmInfo``: version and backends, read from its
+    package without importing it), or None when it is not installed."""
+    from pipeline.runtime import trtllm
 
-    for dist in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    info = trtllm.detect()
+    return None if info.version is None else info
 
 
-def _version_tuple(version: str) -> tuple[int, int]:
-    from packaging.version import InvalidVersion, Version
+def runtime_choice(target_device: str, info) -> tuple[str, str]:
+    """``runtime=auto`` for a target of ``target_device`` with TensorRT-LLM ``info`` installed (a ``TrtllmInfo``,
+    or None: not installed) -> (runtime, why)."""
+    from pipeline import upstream
 
-    try:
-        v = Version(version)
-    except InvalidVersion:
-        return (0, 0)
-    return (v.major, v.minor)
+    if target_device != "cuda":
+        return "reference", f"a {target_device} target"
+    if info is None:
+        line = upstream.DEFAULT_LINE
+        would = upstream.runtime_by_record(line)
+        return "reference", (f"TensorRT-LLM is not installed here; in the serving container's TensorRT-LLM {line} "
+                             f"it would be {would}, by pipeline/upstream/runtimes.yaml")
+    where = (f"TensorRT-LLM {info.version} at {info.location}" if info.location
+             else f"TensorRT-LLM {info.version}, its package files not found: by pipeline/upstream/runtimes.yaml")
+    if info.has_llm_api:
+        return "trtllm_llmapi", f"{where} has the LLM API on the PyTorch backend"
+    if info.has_engine_backend:
+        return "trtllm_engine", f"{where} has no LLM API on the PyTorch backend, but the TensorRT-engine backend"
+    return "reference", f"{where} has neither the LLM API's PyTorch backend nor the TensorRT-engine backend"
 
 
-def runtime_for(target_device: str, trtllm: str | None) -> str:
-    """``runtime=auto`` for a target of ``target_device`` with TensorRT-LLM ``trtllm`` installed (None: not)."""
-    if target_device != "cuda" or not trtllm:
-        return "reference"
-    return "trtllm_llmapi" if _version_tuple(trtllm) >= LLMAPI_FROM else "trtllm_engine"
+def runtime_for(target_device: str, info) -> str:
+    """``runtime=auto`` for a target of ``target_device`` with TensorRT-LLM ``info`` installed (None: not)."""
+    return runtime_choice(target_device, info)[0]
 
 
 def _device_of(target: str, targets: dict[str, dict]) -> str:
@@ -150,12 +158,6 @@ def _why_target(target: str) -> str:
     return f"target=auto -> {target} ({gpu['name']}, sm{gpu['sm']}, {gpu['memory_gb']:.0f} GB, via NVML)"
 
 
-def _why_runtime(runtime: str, trtllm: str | None) -> str:
-    if trtllm is None:
-        return f"runtime=auto -> {runtime} (TensorRT-LLM is not installed)"
-    return f"runtime=auto -> {runtime} (TensorRT-LLM {trtllm})"
-
-
 def _split(override: str) -> tuple[str, list[str]]:
     key, _, value = override.partition("=")
     return key.strip(), [v.strip() for v in value.split(",")]
@@ -164,8 +166,8 @@ def _split(override: str) -> tuple[str, list[str]]:
 def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say: bool = False) -> list[str]:
     """``overrides`` with ``target``/``runtime`` made concrete: ``auto`` (given, swept as ``target=auto,h100``, or
     left to the config's default) replaced by what it resolves to here among ``targets`` (name -> its yaml,
-    ``pipeline.config.shipped_targets()``). ``say``: print what ``auto`` became when it names a GPU or
-    TensorRT-LLM, or when ``auto`` was asked for explicitly."""
+    ``pipeline.config.shipped_targets()``). ``say``: print what ``auto`` became and why when it names a GPU or
+    a GPU target's runtime, or when ``auto`` was asked for explicitly."""
     out = list(overrides)
     keys = {_split(o)[0]: i for i, o in enumerate(out) if "=" in o}
     t_given = "target" in keys
@@ -183,13 +185,12 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
     r_given = "runtime" in keys
     r_values = _split(out[keys["runtime"]])[1] if r_given else [AUTO]
     if AUTO in r_values:
-        trtllm = trtllm_version()
         # one runtime for the whole sweep: a GPU one only when every swept target is a GPU
         device = "cuda" if all(_device_of(t, targets) == "cuda" for t in t_values) else "cpu"
-        runtime = runtime_for(device, trtllm)
+        runtime, why = runtime_choice(device, trtllm_probe() if device == "cuda" else None)
         r_values = list(dict.fromkeys(runtime if v == AUTO else v for v in r_values))
-        if say and (r_given or runtime != "reference"):
-            _note(_why_runtime(runtime, trtllm))
+        if say and (r_given or device == "cuda"):
+            _note(f"runtime=auto -> {runtime} ({why})")
     r_override = "runtime=" + ",".join(r_values)
     if r_given:
         out[keys["runtime"]] = r_override

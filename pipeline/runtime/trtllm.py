@@ -11,20 +11,22 @@ Two deployment paths (TensorRT-LLM's quantization and Triton-backend docs):
 Argument names follow TRT-LLM 1.2: ``trtllm-build`` flags (tensorrt_llm/commands/build.py, plugin flags from
 tensorrt_llm/plugin/plugin.py), ``BuildConfig``/``PluginConfig`` fields (tensorrt_llm/builder.py, plugin.py) and
 ``TorchLlmArgs``/``KvCacheConfig``/``CudaGraphConfig`` (tensorrt_llm/llmapi/llm_args.py). Nothing here imports
-``tensorrt_llm`` at module level: detection reads package metadata, and the real calls run in the child process.
+``tensorrt_llm`` at module level: detection reads package metadata and looks for the backends' module files in the
+installed package (``pipeline/upstream/runtimes.yaml`` names them), and the real calls run in the child process.
 """
 from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import re
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
 from pipeline.quant.formats import BY_ALGO
 
-ENGINE_LAST_LINE = "1.2"  # the last release line that still builds TensorRT engines
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class TrtllmInfo:
     tensorrt: str | None
     has_engine_backend: bool
     trtllm_build: str | None  # path of the trtllm-build console script
+    has_llm_api: bool | None = None  # the LLM API on the PyTorch backend as tensorrt_llm.LLM; None: not looked for
+    location: str | None = None  # the package directory probed; None: decided by the recorded versions
 
 
 def _dist_version(*names: str) -> str | None:
@@ -44,21 +48,46 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
+def _package_dir() -> Path | None:
+    """The installed ``tensorrt_llm`` package's directory, found without importing it (None: not installed)."""
+    try:
+        spec = importlib.util.find_spec("tensorrt_llm")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def _file_version(pkg: Path) -> str | None:
+    """``__version__`` as ``tensorrt_llm/version.py`` assigns it, read as text."""
+    f = pkg / "version.py"
+    m = re.search(r"""__version__\s*=\s*['"]([^'"]+)['"]""", f.read_text()) if f.is_file() else None
+    return m.group(1) if m else None
+
+
 def detect() -> TrtllmInfo:
-    """What TRT-LLM this environment has, without importing it (importing needs CUDA)."""
-    version = _dist_version("tensorrt_llm", "tensorrt-llm")
-    has_engine = False
-    if version is not None:
-        files = md.files("tensorrt_llm") or md.files("tensorrt-llm") or []
-        has_engine = any(str(f).replace("\\", "/").endswith("tensorrt_llm/_tensorrt_engine/__init__.py")
-                         for f in files)
-        if not has_engine:
-            try:
-                has_engine = importlib.util.find_spec("tensorrt_llm._tensorrt_engine") is not None
-            except (ImportError, ValueError):
-                has_engine = False
-    return TrtllmInfo(version, _dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12"), has_engine,
-                      shutil.which("trtllm-build"))
+    """What TRT-LLM this environment has, without importing it (importing needs CUDA): its version (package
+    metadata, else ``version.py``) and which backends it carries, from the module files ``runtimes.yaml`` names for
+    each (the LLM API's PyTorch backend only where ``tensorrt_llm.LLM`` is that backend, from the recorded line on).
+    Where the package directory cannot be found, the recorded versions decide."""
+    from pipeline import upstream
+
+    pkg = _package_dir()
+    version = _dist_version("tensorrt_llm", "tensorrt-llm") or (_file_version(pkg) if pkg else None)
+    tensorrt, build = _dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12"), shutil.which("trtllm-build")
+    if pkg is None:
+        if version is None:
+            return TrtllmInfo(None, tensorrt, False, build)
+        return TrtllmInfo(version, tensorrt, upstream.engine_backend_in(version), build,
+                          has_llm_api=upstream.llm_api_default_in(version))
+    record = upstream.runtime_support()
+
+    def carries(backend: str) -> bool:
+        return all((pkg.parent / m).is_file() for m in record[backend]["modules"])
+
+    llm_api = carries("llm_api_pytorch") and (version is None or upstream.llm_api_default_in(version))
+    return TrtllmInfo(version or "unknown", tensorrt, carries("tensorrt_engine"), build, has_llm_api=llm_api,
+                      location=str(pkg))
 
 
 def require(runtime: str, expected_version: str | None, info: TrtllmInfo | None = None) -> TrtllmInfo:
@@ -72,9 +101,15 @@ def require(runtime: str, expected_version: str | None, info: TrtllmInfo | None 
         raise UserError(f"TensorRT-LLM {info.version} is installed but runtime.trtllm_version={expected_version} "
                         f"(the serving container's); engines only load in the exact version that built them")
     if runtime == "trtllm_engine" and not (info.has_engine_backend and info.trtllm_build):
-        raise UserError(f"TensorRT-LLM {info.version} has no TensorRT-engine backend (removed after "
-                        f"{ENGINE_LAST_LINE}.x); use runtime=trtllm_llmapi, or TRT-LLM {ENGINE_LAST_LINE}.x for "
-                        f"engines")
+        from pipeline import upstream
+
+        last = upstream.runtime_support()["tensorrt_engine"]["last_line"]
+        what = "no TensorRT-engine backend" if not info.has_engine_backend else "no trtllm-build on PATH"
+        raise UserError(f"TensorRT-LLM {info.version} has {what} (the engine backend was removed after "
+                        f"{last}.x); use runtime=trtllm_llmapi, or TRT-LLM {last}.x for engines")
+    if runtime == "trtllm_llmapi" and info.has_llm_api is False:
+        raise UserError(f"TensorRT-LLM {info.version} has no LLM API on the PyTorch backend as tensorrt_llm.LLM "
+                        f"(pipeline/upstream/runtimes.yaml); use runtime=trtllm_engine, or a TensorRT-LLM with it")
     return info
 
 

@@ -163,3 +163,58 @@ def tensor_names(line: str, layout: str, model: str, kind: str = "inputs") -> li
         if t["name"] not in seen:
             seen.append(t["name"])
     return seen
+
+
+def runtime_support() -> dict[str, Any]:
+    """``runtimes.yaml``: which TensorRT-LLM releases carry the LLM API's PyTorch backend (``llm_api_pytorch``) and
+    the TensorRT-engine backend (``tensorrt_engine``), with the modules that show each in an installed package and
+    the pages each fact was read from."""
+    return _load("runtimes.yaml")
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(str(version))
+    except InvalidVersion:
+        return None
+    return (v.major, v.minor)
+
+
+def _line(text: str) -> tuple[int, int]:
+    major, minor = (int(p) for p in str(text).split(".")[:2])
+    return (major, minor)
+
+
+def engine_backend_in(version: str) -> bool:
+    """Whether TensorRT-LLM ``version`` is a release line the record gives the TensorRT-engine backend: up to
+    ``tensorrt_engine.last_line`` (1.3 pre-releases, later lines and ``main`` are not)."""
+    mm = _major_minor(version)
+    return mm is not None and mm <= _line(runtime_support()["tensorrt_engine"]["last_line"])
+
+
+def llm_api_default_in(version: str) -> bool:
+    """Whether ``tensorrt_llm.LLM`` of TensorRT-LLM ``version`` is the PyTorch backend (``llm_api_pytorch.
+    default_from`` or later; ``main`` is)."""
+    if str(version) == "main":
+        return True
+    mm = _major_minor(version)
+    return mm is not None and mm >= _line(runtime_support()["llm_api_pytorch"]["default_from"])
+
+
+def llm_api_serves(version: str) -> bool:
+    """Whether the LLM API of TensorRT-LLM ``version`` takes the options this project writes
+    (``llm_api_pytorch.serves_from`` or later)."""
+    if str(version) == "main":
+        return True
+    mm = _major_minor(version)
+    return mm is not None and mm >= _line(runtime_support()["llm_api_pytorch"]["serves_from"])
+
+
+def runtime_by_record(version: str) -> str | None:
+    """The TensorRT-LLM runtime the record gives TensorRT-LLM ``version``: ``trtllm_llmapi`` where its
+    ``tensorrt_llm.LLM`` is the PyTorch backend, else ``trtllm_engine`` where it has engines, else None."""
+    if llm_api_default_in(version):
+        return "trtllm_llmapi"
+    return "trtllm_engine" if engine_backend_in(version) else None

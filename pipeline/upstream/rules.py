@@ -41,17 +41,14 @@ class Finding:
 
 
 def _engine_line_has_backend(version: str | None) -> bool:
-    """Whether TensorRT-LLM ``version`` is a release line with the TensorRT-engine backend: a final release up to
-    1.2.x. A 1.3 pre-release or later, or ``main``, is not known to have it."""
-    from packaging.version import InvalidVersion, Version
+    """Whether TensorRT-LLM ``version`` is a release line with the TensorRT-engine backend, by the recorded versions
+    (``runtimes.yaml`` ``tensorrt_engine.last_line``: final releases up to 1.2.x; a 1.3 pre-release or later, or
+    ``main``, is not known to have it)."""
+    from pipeline import upstream
 
     if not version:
         return True  # unset: the build's own detection decides
-    try:
-        v = Version(str(version))
-    except InvalidVersion:
-        return False
-    return (v.major, v.minor) <= (1, 2)
+    return upstream.engine_backend_in(str(version))
 
 
 def _container_pair(s: dict[str, Any]) -> list[str]:
@@ -65,7 +62,11 @@ def _container_pair(s: dict[str, Any]) -> list[str]:
 def _engine_backend_removed(s: dict[str, Any]) -> list[str]:
     if _engine_line_has_backend(s["trtllm_version"]):
         return []
-    return [f"runtime=trtllm_engine: TensorRT-LLM {s['trtllm_version']} has no TensorRT-engine backend"]
+    from pipeline import upstream
+
+    last = upstream.runtime_support()["tensorrt_engine"]["last_line"]
+    return [f"runtime=trtllm_engine: TensorRT-LLM {s['trtllm_version']} has no TensorRT-engine backend (final "
+            f"releases up to {last}.x carry it; TensorRT-LLM removed it on main, pipeline/upstream/runtimes.yaml)"]
 
 
 def _fp8_kv_paged_context_fmha(s: dict[str, Any]) -> list[str]:
