@@ -470,8 +470,8 @@ def test_llmapi_finish_and_stop_reasons(llmapi):
     full = _text(r)
     tok = _tokenizer(llmapi[2])
     ids = tok.encode(full, add_special_tokens=False)
-    k = next(k for k in range(2, len(ids)) if ids[k] not in ids[:k] and tok.decode([ids[k]]).strip()
-             and tok.encode(tok.decode([ids[k]]), add_special_tokens=False) == [ids[k]])
+    k = next(k for k in range(2, len(ids)) if ids[k] not in ids[:k] and tok.decode([ids[k]]).strip().isalpha()
+             and tok.encode(tok.decode([ids[k]]), add_special_tokens=False) == [ids[k]])  # a word, one token
     stop = tok.decode([ids[k]])
     s = _one(llmapi, max_tokens=12, sampling_param_stop=np.array([stop.encode()], dtype=object), **flags)
     assert s.as_numpy("finish_reason").tolist() == [b"stop"]
