@@ -102,8 +102,10 @@ class TritonPythonModel:
         if _opt(request, "return_stop_reason", False):
             tensors.append(pb_utils.Tensor("stop_reason", np.array([str(first.stop_reason).encode()], dtype=object)))
         if _opt(request, "return_cumulative_logprob", False):
+            # str() of the LLM API's value, as upstream's model sends it (a string tensor; it never asks for log
+            # probs, so the value is None): the same as the reference runtime's llmapi model
             tensors.append(pb_utils.Tensor("cumulative_logprob",
-                                           np.array([first.cumulative_logprob or 0.0], dtype=np.float32)))
+                                           np.array([str(first.cumulative_logprob).encode()], dtype=object)))
         return pb_utils.InferenceResponse(tensors)
 
     def _text(self, request):
