@@ -76,6 +76,17 @@ def tiny_build(tiny_build_run) -> Path:
     return tiny_build_run[0]
 
 
+@pytest.fixture(scope="session")
+def smol_default_build(tmp_path_factory):
+    """One ``pipeline build`` of the embedded default (SmolLM2-135M, FP8 + FP8 KV, every stage with the task
+    evaluation), shared by the slow tests that read it (read-only for them). -> (output root, the CLI's completed
+    process, text)."""
+    root = tmp_path_factory.mktemp("smol-default")
+    proc = run_cli("build", root=root, timeout=2400, raw=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, proc
+
+
 @pytest.fixture(autouse=True)
 def _clear_hydra():
     yield

@@ -11,21 +11,20 @@ import pytest
 
 from pipeline import config
 from pipeline.stages import fetch
-from tests.conftest import report, run_cli
+from tests.conftest import report
 from tests.helpers.console import console_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 LABEL = "smollm2-135m.fp8-kvfp8.cpu.reference"
 
 
-def test_default_build_answers_paris_and_keeps_accuracy(tmp_path):
-    proc = run_cli("build", root=tmp_path, timeout=1200, raw=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_default_build_answers_paris_and_keeps_accuracy(smol_default_build):
+    root, proc = smol_default_build
     # One console: the GGUF conversion is the project's one line, not transformers' tqdm frames or deprecations.
     assert console_problems(proc.stdout + proc.stderr) == [], console_problems(proc.stdout + proc.stderr)
     assert "  converting SmolLM2-135M-Instruct.Q4_1.gguf to bfloat16 safetensors: done\n" in proc.stderr
     assert "de-quantizing GGUF tensors" not in proc.stderr
-    rep = report(tmp_path, LABEL)
+    rep = report(root, LABEL)
     stages = {r["stage"]: r for r in rep["stages"]}
     assert all(r["status"] == "ran" for r in stages.values())
     bench = json.loads((Path(stages["bench"]["output"]) / "bench.json").read_text())

@@ -110,11 +110,8 @@ SMOL_LABEL = "smollm2-135m.fp8-kvfp8.cpu.reference"
 
 
 @pytest.fixture(scope="module")
-def smol_build(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("smol-eval")
-    proc = run_cli("build", root=root, timeout=2400, raw=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root
+def smol_build(smol_default_build) -> Path:
+    return smol_default_build[0]
 
 
 def _planted(repo: Path, dst: Path, layer: int = 0, factor: float = 2.0) -> tuple[Path, int]:
