@@ -268,17 +268,18 @@ class BatchEngine:
                 seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
                 continue
             ready.append(seq)
-        for seq in [s for s in ready if s.req.return_context_logits]:  # every position's logits: alone
-            self._prefill([seq])
-        group: list[_Seq] = []
-        for seq in sorted((s for s in ready if not s.req.return_context_logits), key=lambda s: len(s.seen)):
-            width = max(len(seq.seen), *(len(s.seen) for s in group)) if group else len(seq.seen)
-            if group and width * (len(group) + 1) > self.max_prefill_tokens:
+        # Requests for every position's logits share passes with each other only: a pass keeps every position's
+        # logits when one of its prompts asks for them, and the last position's alone otherwise.
+        for context in (True, False):
+            group: list[_Seq] = []
+            for seq in sorted((s for s in ready if s.req.return_context_logits == context), key=lambda s: len(s.seen)):
+                width = max(len(seq.seen), *(len(s.seen) for s in group)) if group else len(seq.seen)
+                if group and width * (len(group) + 1) > self.max_prefill_tokens:
+                    self._prefill(group)
+                    group = []
+                group.append(seq)
+            if group:
                 self._prefill(group)
-                group = []
-            group.append(seq)
-        if group:
-            self._prefill(group)
 
     def _prefill(self, group: list[_Seq]) -> None:
         """One forward pass over the prompts of ``group``, left-padded to the longest, each at its own positions;

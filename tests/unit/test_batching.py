@@ -110,6 +110,21 @@ def test_a_request_for_context_logits_joining_with_others_gets_every_prompt_posi
     assert engine.prefills == 2  # its own pass (all positions' logits), and one for the others
 
 
+def test_requests_for_context_logits_that_join_together_share_one_pass(model, engine):
+    """Log-likelihood requests (echo with logprobs) arrive many at a time: they are prefilled together, left-padded,
+    and each gets its own prompt's logits, those of it run alone."""
+    with engine._cv:
+        handles = [engine.submit(GenerationRequest(p, 1, return_context_logits=True)) for p in PROMPTS]
+        other = engine.submit(GenerationRequest(PROMPTS[0], 4))
+    for p, h in zip(PROMPTS, handles):
+        assert h.tokens() == alone(model, p, 1)
+        with torch.inference_mode():
+            full = model(input_ids=torch.tensor([p])).logits[0].float()
+        assert h.context_logits.shape == full.shape and torch.allclose(h.context_logits, full, atol=1e-4)
+    assert other.tokens() == alone(model, PROMPTS[0], 4)
+    assert engine.prefills == 2  # one pass for the five (every position's logits), one for the other
+
+
 def test_negative_control_prefill_positions_counted_over_the_padding_change_the_tokens(model):
     """A padded prefill whose position ids start at the padding (not at each row's first token) changes what the
     short prompts decode: the comparison above would catch it."""
