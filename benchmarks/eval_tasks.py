@@ -1,15 +1,24 @@
 """How long the default evaluation tasks take: the eval_baseline and evaluate stages, measured fresh.
 
     python benchmarks/eval_tasks.py                                  # SmolLM2 (the default model) on this machine
-    python benchmarks/eval_tasks.py --root /data/ev -- model=synthetic-4b ...   # extra overrides after --
+    python benchmarks/eval_tasks.py --shape 4b --out $OUT            # a CUDA machine: Qwen3-4B's shape, fp8 for h200
+    python benchmarks/eval_tasks.py --root /data/ev -- eval.concurrency=4 ...   # extra overrides after --
     python benchmarks/eval_tasks.py --render benchmarks/results/eval_tasks-*.json   # only (re)write the doc section
 
-Runs ``python -m pipeline build until=evaluate force=[eval_baseline,evaluate]`` (earlier stages cached or run
-first, unmeasured), then reads both stages' manifests and ``eval.json``: the stage's wall time (server start, front
-end, lm-eval and the gate), lm-eval's own wall time, items and requests (four per item for the multiple-choice
-task), the scores and the gate. The machine's load average is recorded before and after: on a shared machine the
-figures are upper bounds. Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>.json``; the
-section is prepended to ``docs/benchmarks.md``.
+Runs ``python -m pipeline build until=bench`` first (earlier stages cached or run, unmeasured), then
+``python -m pipeline build until=evaluate force=[eval_baseline,evaluate]``, and reads both stages' manifests and
+``eval.json``: the stage's wall time (server start, front end, lm-eval and the gate), lm-eval's own wall time, items
+and requests (four per item for the multiple-choice task), the scores and the gate. The machine's load average is
+recorded before and after: on a shared machine the figures are upper bounds.
+
+``--shape 4b`` (``benchmarks/gpu_e2e.py`` SHAPES) evaluates a seeded random model of Qwen3-4B's shape with the
+synthetic tokenizer (65,536 tokens), served by the reference runtime on ``target.device`` (cuda for h200): the
+timing is the point; random weights score about chance (0.25) and make no accuracy claim, so the gate's allowed drop
+is set to 1 there, and the bench before it runs one request (it is not measured here).
+
+Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>.json`` and the section is prepended to
+``docs/benchmarks.md``; with ``--out DIR`` the JSON goes to DIR alone (a device run's ``$OUT``; render it here later
+with ``--render``).
 """
 from __future__ import annotations
 
@@ -27,6 +36,33 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import _docfile  # noqa: E402
 
+# The bench stage runs before evaluate (stage order) but is not measured here: one request.
+QUICK_BENCH = ["bench.concurrency=[1]", "bench.requests_per_level=1", "bench.warmup_requests=0", "bench.only=[chat]",
+               "bench.openai=false", "bench.plot=false"]
+SYNTHETIC_NOTE = ("synthetic weights (seeded, random) and the synthetic tokenizer: scores are about chance (0.25) "
+                  "and make no accuracy claim; eval.max_drop.{fmt}=1 so the gate cannot fail on them")
+
+
+def shape_overrides(shape: str, fmt: str, target: str) -> list[str]:
+    """The pipeline overrides for a synthetic model of ``shape`` (``benchmarks/gpu_e2e.py``'s), its bench cut to one
+    request, and an allowed drop that random weights cannot breach."""
+    from gpu_e2e import overrides
+
+    return ([o for o in overrides(shape, fmt, target) if not o.startswith("bench.")] + QUICK_BENCH
+            + [f"eval.max_drop.{fmt}=1"])
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("torch", "transformers", "numpy", "lm_eval", "nvidia-pytriton", "tritonclient"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
 
 def _commit() -> str:
     r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -42,10 +78,12 @@ def _gpu() -> str | None:
         return None
 
 
-def measure(root: Path, overrides: list[str]) -> dict:
+def measure(root: Path, overrides: list[str], shape: str | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     prep = [sys.executable, "-m", "pipeline", "build", "until=bench", f"paths.root={root}", *overrides]
+    t0 = time.perf_counter()
     p = subprocess.run(prep, cwd=root, env=env, capture_output=True, text=True)
+    prep_s = time.perf_counter() - t0
     if p.returncode:
         raise SystemExit(f"preparing the build failed:\n{p.stderr[-3000:]}")
     load_before = os.getloadavg()
@@ -60,6 +98,7 @@ def measure(root: Path, overrides: list[str]) -> dict:
     rows = {r["stage"]: r for r in rep["stages"]}
     out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
            "host": platform.node(), "cpus": os.cpu_count(), "gpu": _gpu(), "python": platform.python_version(),
+           "versions": _versions(), "shape": shape, "prepare_s": round(prep_s, 1),
            "overrides": overrides, "model": rep["model"], "quant": rep["quant"], "target": rep["target"],
            "returncode": p.returncode, "command_wall_s": round(wall, 1),
            "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
@@ -75,7 +114,7 @@ def measure(root: Path, overrides: list[str]) -> dict:
             tasks[task] = {"items": len(items), "score": sum(items.values()) / max(1, len(items)),
                            "output_types": t.get("output_types")}
         out["stages"][name] = {"stage_wall_s": r.get("stage_wall_s"), "lm_eval_wall_s": doc.get("wall_s"),
-                               "tasks": tasks}
+                               "concurrency": doc.get("concurrency"), "tasks": tasks}
         if name == "evaluate" and "gate" in doc:
             out["gate"] = {k: {f: v[f] for f in ("baseline", "quantized", "difference", "ci_low", "ci_high",
                                                  "verdict")} for k, v in doc["gate"]["tasks"].items()}
@@ -90,9 +129,13 @@ def section(runs: list[dict], files: list[str]) -> str:
              f"{r0['date'][:10]} · commit {r0['commit']} · {r0['host']} · {r0['cpus']} CPUs"
              + (f" · {r0['gpu']}" if r0.get("gpu") else "") + f" · Python {r0['python']}", "",
              "Each stage serves its model on a real tritonserver behind the OpenAI front end and runs lm-eval "
-             "(`local-completions`, echo + logprobs) over every item; stage time includes the server start.", "",
-             "| model | quant | target | stage | items | lm-eval s | stage s | score | load avg before → after |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(`local-completions`, echo + logprobs) over every item; stage time includes the server start and stop.",
+             ""]
+    for r in runs:
+        if r.get("note"):
+            lines += [f"{r['model']} ({r.get('shape')} shape): {r['note']}.", ""]
+    lines += ["| model | quant | target | stage | items | lm-eval s | stage s | score | load avg before → after |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         for name, s in r["stages"].items():
             for task, t in s["tasks"].items():
@@ -115,6 +158,10 @@ def main() -> None:
     ap.add_argument("--root", type=Path, help="output root (default: a new temp directory)")
     ap.add_argument("--render", nargs="+", help="raw JSON files: only write the doc section")
     ap.add_argument("--no-doc", action="store_true", help="write the raw JSON only")
+    ap.add_argument("--out", type=Path, help="write the raw JSON to this directory alone (no doc section)")
+    ap.add_argument("--shape", choices=("4b", "14b", "32b"), help="a synthetic model of this shape (benchmarks/gpu_e2e.py)")
+    ap.add_argument("--quant", default="fp8", help="with --shape: the format (default fp8)")
+    ap.add_argument("--target", default="h200", help="with --shape: the target (default h200, device cuda)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides after --")
     a = ap.parse_args()
     if a.render:
@@ -126,12 +173,16 @@ def main() -> None:
 
     root = a.root or Path(tempfile.mkdtemp(prefix="eval-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    run = measure(root, a.overrides)
+    overrides = (shape_overrides(a.shape, a.quant, a.target) if a.shape else []) + list(a.overrides)
+    run = measure(root, overrides, a.shape)
+    if a.shape:
+        run["note"] = SYNTHETIC_NOTE.format(fmt=a.quant)
     name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}.json"
-    path = REPO / "benchmarks" / "results" / name
+    path = (a.out or REPO / "benchmarks" / "results") / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run, indent=2) + "\n")
     print(json.dumps(run, indent=2))
-    if not a.no_doc:
+    if not a.no_doc and not a.out:
         _docfile.prepend(section([run], [str(path.relative_to(REPO))]))
     sys.exit(1 if run["returncode"] else 0)
 

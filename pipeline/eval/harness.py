@@ -133,7 +133,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         tasks[name] = {**info, "metrics": sorted(items), "items": items,
                        "results": {k: v for k, v in (runs[ts[0].config.output_type in GENERATE]["results"]
                                                      .get(name) or {}).items() if isinstance(v, (int, float, str))}}
-    return {"lm_eval": md.version("lm_eval"), "tasks": tasks, "wall_s": round(time.perf_counter() - t0, 2)}
+    return {"lm_eval": md.version("lm_eval"), "tasks": tasks, "concurrency": spec["concurrency"],
+            "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
