@@ -16,7 +16,7 @@ synthetic tokenizer (65,536 tokens), served by the reference runtime on ``target
 timing is the point; random weights score about chance (0.25) and make no accuracy claim, so the gate's allowed drop
 is set to 1 there, and the bench before it runs one request (it is not measured here).
 
-Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>.json`` and the section is prepended to
+Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>-<commit>.json`` and the section is prepended to
 ``docs/benchmarks.md``; with ``--out DIR`` the JSON goes to DIR alone (a device run's ``$OUT``; render it here later
 with ``--render``).
 """
@@ -48,8 +48,9 @@ def shape_overrides(shape: str, fmt: str, target: str) -> list[str]:
     request, and an allowed drop that random weights cannot breach."""
     from gpu_e2e import overrides
 
-    return ([o for o in overrides(shape, fmt, target) if not o.startswith("bench.")] + QUICK_BENCH
-            + [f"eval.max_drop.{fmt}=1"])
+    model = (["model=tiny-qwen3", f"quant={fmt}", "quant.gate=warn", f"target={target}", "runtime=reference"]
+             if shape == "tiny" else [o for o in overrides(shape, fmt, target) if not o.startswith("bench.")])
+    return model + QUICK_BENCH + [f"eval.max_drop.{fmt}=1"]
 
 
 def _versions() -> dict:
@@ -159,7 +160,8 @@ def main() -> None:
     ap.add_argument("--render", nargs="+", help="raw JSON files: only write the doc section")
     ap.add_argument("--no-doc", action="store_true", help="write the raw JSON only")
     ap.add_argument("--out", type=Path, help="write the raw JSON to this directory alone (no doc section)")
-    ap.add_argument("--shape", choices=("4b", "14b", "32b"), help="a synthetic model of this shape (benchmarks/gpu_e2e.py)")
+    ap.add_argument("--shape", choices=("4b", "14b", "32b", "tiny"),
+                    help="a synthetic model of this shape (benchmarks/gpu_e2e.py; tiny: the test model, a smoke run)")
     ap.add_argument("--quant", default="fp8", help="with --shape: the format (default fp8)")
     ap.add_argument("--target", default="h200", help="with --shape: the target (default h200, device cuda)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides after --")
@@ -177,7 +179,7 @@ def main() -> None:
     run = measure(root, overrides, a.shape)
     if a.shape:
         run["note"] = SYNTHETIC_NOTE.format(fmt=a.quant)
-    name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}.json"
+    name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}-{run['commit']}.json"
     path = (a.out or REPO / "benchmarks" / "results") / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run, indent=2) + "\n")
