@@ -355,6 +355,7 @@ class BenchConfig:
     gates: BenchGates = field(default_factory=BenchGates)
     plot: bool = True
     openai: bool = True  # every level also through the OpenAI front end (pipeline.serving), beside the gRPC rows
+    aiperf: bool = True  # with openai: aiperf profiles every level natively against the front end (the aiperf export)
 
 
 # ------------------------------------------------------------------------------------------------------------ eval

@@ -1,16 +1,17 @@
-"""The bench against the real server: aiperf's export of every level (aiperf's own loader reads it where aiperf is
-installed), and the llmapi layout benched through its own ``tensorrt_llm`` entry point on the reference runtime."""
+"""The bench against the real server: aiperf's own export of every level, run natively against the OpenAI front end
+(aiperf's own loader reads it), and the llmapi layout benched through its own ``tensorrt_llm`` entry point on the
+reference runtime."""
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from pipeline.stages import bench
 from tests.conftest import TINY, report, run_cli
-from tests.unit.test_bench import aiperf_schema_problems
 
 pytestmark = pytest.mark.e2e
 
@@ -21,29 +22,70 @@ def _bench_out(root: Path) -> Path:
 
 def _level_dirs(out: Path, doc: dict) -> list[tuple[Path, dict]]:
     return [(out / "aiperf" / w / f"concurrency_{lv['concurrency']}", lv)
-            for w, r in doc["workloads"].items() for lv in r["levels"]]
+            for w, r in doc["workloads"].items() for lv in r["openai_levels"]]
 
 
-def test_every_level_has_aiperfs_export(tiny_build):
+def test_every_level_has_aiperfs_native_chat_export(tiny_build, tmp_path):
+    """Each level's aiperf export is aiperf's own run against the front end: its OpenAI chat endpoint type,
+    streaming, no request template, the level's prompts, concurrency and request count; planted exports of the
+    wrong endpoint type, not streamed, or templated are refused."""
     out = _bench_out(tiny_build)
     doc = json.loads((out / "bench.json").read_text())
+    assert doc["openai"]["aiperf"]["endpoint_type"] == "chat"
     dirs = _level_dirs(out, doc)
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("aiperf/*/concurrency_*")) == \
-        sorted(d.relative_to(out).as_posix() for d, _ in dirs)
+        sorted(d.relative_to(out).as_posix() for d, _ in dirs) and dirs
     for d, lv in dirs:
-        assert aiperf_schema_problems(d) == [], d
-        lines = (d / "profile_export.jsonl").read_text().splitlines()
-        assert len(lines) == lv["request_count"]
-        agg = json.loads((d / "profile_export_aiperf.json").read_text())
-        assert agg["output_token_throughput"]["avg"] == pytest.approx(lv["output_token_throughput"]["avg"])
-        assert agg["time_to_first_token"]["p95"] == pytest.approx(lv["time_to_first_token"]["p95"])
-        assert sum(json.loads(x)["metrics"]["output_sequence_length"]["value"] for x in lines) == \
-            round(lv["output_sequence_length"]["avg"] * lv["request_count"])
+        w = d.parent.name
+        n, conc = lv["request_count"], lv["concurrency"]
+        exp = json.loads((d / "profile_export_aiperf.json").read_text())
+        ep = exp["input_config"]["endpoint"]
+        assert (ep["type"], ep["streaming"]) == ("chat", True) and "template" not in ep and "path" not in ep
+        assert exp["aiperf_version"] == importlib.metadata.version("aiperf")
+        assert exp["input_config"]["models"]["items"][0]["name"] == "tiny-qwen3"
+        prof = next(p for p in exp["input_config"]["phases"] if p["name"] == "profiling")
+        assert (prof["type"], prof["concurrency"], prof["requests"]) == ("concurrency", conc, n)
+        assert exp["request_count"]["avg"] == n and not exp.get("error_summary")
+        assert exp["time_to_first_token"]["p50"] > 0 and exp["output_token_throughput"]["avg"] > 0
+        # what aiperf sent: OpenAI chat requests, streamed with usage, the workload's output length, greedy
+        payloads = [p for s in json.loads((d / "inputs.json").read_text())["data"] for p in s["payloads"]]
+        assert len(payloads) == n
+        for p in payloads:
+            assert p["model"] == "tiny-qwen3" and p["stream"] is True
+            assert p["stream_options"] == {"include_usage": True} and p["temperature"] == 0
+            assert p["max_completion_tokens"] == doc["workloads"][w]["max_tokens"]
+            assert [m["role"] for m in p["messages"]] == ["user"]
+            assert p["messages"][0]["content"].startswith("Continue this text: ")  # the raw prompt, not rendered
+        records = [json.loads(x) for x in (d / "profile_export.jsonl").read_text().splitlines()]
+        assert len(records) == n and all(r["metrics"]["time_to_first_token"]["value"] > 0 for r in records)
+        assert lv["aiperf"]["request_count"] == n and lv["aiperf"]["error_count"] == 0
+        assert bench.aiperf.export_problems(d, True, n, conc) == []
+    assert "natively against the front end (`--endpoint-type chat --streaming`" in (out / "bench.md").read_text()
+
+    # negative controls: aiperf's completions endpoint type, a non-streamed run, a request template, another level
+    d, lv = dirs[-1]
+    n, conc = lv["request_count"], lv["concurrency"]
+
+    def planted(change) -> list[str]:
+        bad = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(d, bad)
+        exp = json.loads((bad / "profile_export_aiperf.json").read_text())
+        change(exp["input_config"]["endpoint"])
+        (bad / "profile_export_aiperf.json").write_text(json.dumps(exp))
+        return bench.aiperf.export_problems(bad, True, n, conc)
+
+    assert planted(lambda ep: ep.update(type="completions")) == ["endpoint type 'completions', not 'chat'"]
+    assert planted(lambda ep: ep.update(streaming=False)) == ["not streaming"]
+    assert planted(lambda ep: ep.update(type="template", template={"body": "{}"}))[1].startswith(
+        "a request template")
+    assert bench.aiperf.export_problems(d, True, n + 1, conc) == [
+        f"profiling phase (concurrency, requests) {(conc, n)}, not {(conc, n + 1)}",
+        f"{n} requests recorded, not {n + 1}"]
+    assert bench.aiperf.export_problems(d, False, n, conc) == [
+        "endpoint type 'chat', not 'completions'",
+        f"inputs.json: {n} payload(s) not streamed completions requests ('prompt', stream: true)"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("aiperf") is None,
-                    reason="aiperf is not installed (aiperf 0.13 pins huggingface_hub<2, rich 14.1, psutil 7.0 and "
-                           "pillow 12.3, which would downgrade this environment); the schema test above covers it")
 def test_aiperfs_own_loader_reads_every_level(tiny_build, tmp_path):
     from aiperf.plot.core.data_loader import DataLoader
     from aiperf.plot.core.mode_detector import ModeDetector
@@ -53,11 +95,10 @@ def test_aiperfs_own_loader_reads_every_level(tiny_build, tmp_path):
     loader = DataLoader()
     for d, lv in _level_dirs(out, doc):
         run = loader.load_run(d)
-        assert run.metadata.concurrency == lv["concurrency"] and run.metadata.model == doc["model"]
+        assert run.metadata.concurrency == lv["concurrency"] and run.metadata.model == "tiny-qwen3"
         assert len(run.requests) == lv["request_count"]
-        assert run.get_metric("output_token_throughput")["avg"] == pytest.approx(lv["output_token_throughput"]["avg"])
     mode, runs = ModeDetector().detect_mode([out / "aiperf" / "chat"])
-    assert mode.name == "MULTI_RUN" and len(runs) == len(doc["workloads"]["chat"]["levels"])
+    assert mode.name == "MULTI_RUN" and len(runs) == len(doc["workloads"]["chat"]["openai_levels"])
     # negative control: a record without its end time is refused by aiperf's loader
     bad = tmp_path / "concurrency_1"
     shutil.copytree(out / "aiperf" / "chat" / "concurrency_1", bad)
@@ -98,9 +139,5 @@ def test_llmapi_layout_is_benched_through_its_tensorrt_llm_model(tiny_build, tmp
             assert lv["time_to_first_token"]["p50"] > 0
     measured = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert all(r["error"] is None for r in measured) and sum(r["output_tokens"] for r in measured) > 0
-    for d, _ in _level_dirs(out, doc):
-        assert aiperf_schema_problems(d) == []
-        body = json.loads((d / "profile_export_aiperf.json").read_text())["input_config"]["endpoint"]
-        assert body["path"] == "/v2/models/tensorrt_llm/generate_stream"
-        assert '"sampling_param_max_tokens"' in body["template"]["body"] and '"streaming": true' in \
-            body["template"]["body"]
+    for d, lv in _level_dirs(out, doc):  # aiperf's chat endpoint through the front end to the tensorrt_llm model
+        assert bench.aiperf.export_problems(d, True, lv["request_count"], lv["concurrency"]) == []

@@ -197,112 +197,32 @@ def test_bench_md_shows_the_verdict_baseline_and_counting():
     assert "re-tokenized with the model's tokenizer" in md and "(request latency - TTFT) / (output tokens - 1)" in md
 
 
-# ------------------------------------------------------------------------------------------- aiperf's export schema
-# Recorded from aiperf 0.13.0 (PyPI): aiperf/common/models/record_models.py (MetricRecordInfo,
-# MetricRecordMetadata), aiperf/common/models/export_models.py (JsonExportData, JsonMetricResult),
-# aiperf/config/config.py (BenchmarkConfig), aiperf/plot/core/data_loader.py (what `aiperf plot` reads), and the
-# display units of aiperf/metrics/types/*.
-AIPERF_RECORD_REQUIRED = {"session_num": int, "request_start_ns": int, "request_end_ns": int, "worker_id": str,
-                          "record_processor_id": str, "benchmark_phase": str}
-AIPERF_STAT_KEYS = {"unit", "avg", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "min", "max", "std",
-                    "count", "sum"}
-AIPERF_UNITS = {"request_latency": "ms", "time_to_first_token": "ms", "inter_token_latency": "ms",
-                "inter_chunk_latency": "ms", "output_sequence_length": "tokens", "input_sequence_length": "tokens",
-                "output_token_throughput": "tokens/sec", "output_token_throughput_per_user": "tokens/sec/user",
-                "request_throughput": "requests/sec", "request_count": "requests", "error_request_count": "requests",
-                "benchmark_duration": "sec", "total_output_tokens": "tokens", "total_isl": "tokens"}
-AIPERF_CONFIG_REQUIRED = ("models", "endpoint", "datasets", "phases")
+# ------------------------------------------------------------------------------------------- the aiperf command
+def test_the_aiperf_command_parses_in_aiperfs_own_cli(tmp_path):
+    """The bench's ``aiperf profile`` line, parsed by aiperf's own CLI (cyclopts + its CLIConfig model): aiperf's
+    OpenAI chat endpoint type, streaming, no request template, the level's dataset, count and concurrency."""
+    from aiperf.cli import app
 
-
-def aiperf_schema_problems(run_dir: Path) -> list[str]:
-    """What in ``run_dir``'s ``profile_export.jsonl`` / ``profile_export_aiperf.json`` breaks aiperf 0.13's schema."""
-    out = []
-    lines = (run_dir / "profile_export.jsonl").read_text().splitlines()
-    if not lines:
-        out.append("profile_export.jsonl is empty (aiperf's loader refuses it)")
-    for n, line in enumerate(lines):
-        rec = json.loads(line)
-        for key in ("metadata", "metrics"):
-            if not isinstance(rec.get(key), dict):
-                out.append(f"line {n}: no {key}")
-        meta = rec.get("metadata") or {}
-        for key, typ in AIPERF_RECORD_REQUIRED.items():
-            if not isinstance(meta.get(key), typ):
-                out.append(f"line {n}: metadata.{key} missing or not {typ.__name__}")
-        if meta.get("benchmark_phase") not in ("warmup", "profiling"):
-            out.append(f"line {n}: benchmark_phase {meta.get('benchmark_phase')!r}")
-        for tag, mv in (rec.get("metrics") or {}).items():
-            if set(mv) != {"value", "unit"} or mv["unit"] != AIPERF_UNITS.get(tag):
-                out.append(f"line {n}: metric {tag} {mv} (aiperf's unit: {AIPERF_UNITS.get(tag)})")
-        if rec.get("error") is not None and not isinstance(rec["error"].get("message"), str):
-            out.append(f"line {n}: error without a message")
-    doc = json.loads((run_dir / "profile_export_aiperf.json").read_text())
-    for tag, unit in AIPERF_UNITS.items():
-        if tag in ("output_token_throughput_per_user",) and tag not in doc:
-            continue
-        res = doc.get(tag)
-        if not isinstance(res, dict) or res.get("unit") != unit or set(res) - AIPERF_STAT_KEYS:
-            out.append(f"profile_export_aiperf.json: {tag} {res} (aiperf's unit: {unit})")
-    cfg = doc.get("input_config") or {}
-    for key in AIPERF_CONFIG_REQUIRED:
-        if not cfg.get(key):
-            out.append(f"input_config.{key} is required")
-    if len(cfg.get("datasets") or []) != 1 or not all(d.get("name") for d in cfg.get("datasets") or []):
-        out.append("input_config.datasets: exactly one, with a name")
-    if cfg.get("endpoint", {}).get("type") == "template" and not cfg["endpoint"].get("template", {}).get("body"):
-        out.append("input_config.endpoint: a template endpoint needs template.body")
-    prof = [p for p in cfg.get("phases") or [] if p.get("name") == "profiling"]
-    if not prof or not isinstance(prof[0].get("concurrency"), int) or not isinstance(prof[0].get("requests"), int):
-        out.append("input_config.phases: no profiling phase with concurrency and requests (the plot's x axis)")
-    if not ((cfg.get("models") or {}).get("items") or [{}])[0].get("name"):
-        out.append("input_config.models.items[0].name is required")
-    return out
-
-
-def test_aiperf_export_follows_aiperfs_schema(tmp_path):
-    from pipeline.stages.fetch import train_tokenizer
-    from pipeline.triton import client
-    from pipeline.triton.client import EntryPoint, RequestRecord
-
-    tok = train_tokenizer(512)
-    prompts = ["Continue this text: the capital of France", "Continue this text: a long road", "x"]
-    recs = [RequestRecord(0, sent=1.0, sent_ns=10**18, first=1.2, done=2.0, chunk_times=[1.2, 1.5, 1.9],
-                          responses=4, text="Paris is the capital of France.", worker=0),
-            RequestRecord(1, sent=1.0, sent_ns=10**18 + 5, first=1.4, done=1.8, chunk_times=[1.4, 1.8],
-                          responses=3, text="A road goes on.", worker=1),
-            RequestRecord(2, sent=1.0, sent_ns=10**18 + 9, done=1.1, error="StatusCode.UNAVAILABLE", worker=1)]
-    client.count_output_tokens(recs, tok)
-    level = {"workload": "chat", "concurrency": 2, "records": recs, "wall_s": 1.5,
-             "summary": client.summarize(recs, 1.5), "prompts": prompts, "max_tokens": 16,
-             "entry": EntryPoint("tensorrt_llm", "llmapi", batched=False), "http_url": "http://127.0.0.1:8000"}
-    run_dir = tmp_path / "aiperf" / "chat" / "concurrency_2"
-    bench.aiperf_export(run_dir, level, tok)
-    assert aiperf_schema_problems(run_dir) == []
-    doc = json.loads((run_dir / "profile_export_aiperf.json").read_text())
-    assert doc["input_config"]["phases"] == [{"name": "profiling", "type": "concurrency", "concurrency": 2,
-                                              "requests": 3}]
-    assert doc["request_count"]["avg"] == 2 and doc["error_request_count"]["avg"] == 1
-    assert doc["total_output_tokens"]["avg"] == recs[0].output_tokens + recs[1].output_tokens
-    assert '"sampling_param_max_tokens": 16' in doc["input_config"]["endpoint"]["template"]["body"]
-    lines = [json.loads(x) for x in (run_dir / "profile_export.jsonl").read_text().splitlines()]
-    assert [x["metadata"]["worker_id"] for x in lines] == ["worker_0", "worker_1", "worker_1"]
-    assert lines[2]["error"]["message"] == "StatusCode.UNAVAILABLE"
-    assert "output_sequence_length" not in lines[2]["metrics"]
-    assert lines[0]["metrics"]["output_sequence_length"]["value"] == recs[0].output_tokens
-    assert [json.loads(x)["text"] for x in (run_dir / "prompts.jsonl").read_text().splitlines()] == prompts
-
-    # negative controls: a record without its end time, a metric in seconds, a config without phases
-    bad = tmp_path / "bad"
-    shutil.copytree(run_dir, bad)
-    lines[0]["metadata"].pop("request_end_ns")
-    lines[1]["metrics"]["request_latency"]["unit"] = "s"
-    (bad / "profile_export.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    doc["input_config"].pop("phases")
-    (bad / "profile_export_aiperf.json").write_text(json.dumps(doc))
-    problems = aiperf_schema_problems(bad)
-    assert any("line 0: metadata.request_end_ns missing" in p for p in problems)
-    assert any("line 1: metric request_latency" in p for p in problems)
-    assert "input_config.phases is required" in problems
+    data = tmp_path / "level.jsonl"
+    data.write_text('{"text": "x", "output_length": 4}\n')
+    cmd = bench.aiperf.command("http://127.0.0.1:9000", "tiny-qwen3", tmp_path, data, 3, 2, tmp_path / "out",
+                               True, 7, 120)
+    assert cmd[1:4] == ["-m", "aiperf", "profile"]
+    _, bound, _ = app.parse_args(cmd[3:], exit_on_error=False)
+    c = bound.kwargs["cli_config"].model_dump(exclude_unset=True)
+    assert (c["endpoint_type"].value, c["streaming"], c["urls"], c["model_names"]) == \
+        ("chat", True, ["http://127.0.0.1:9000"], ["tiny-qwen3"])
+    assert (c["request_count"], c["concurrency"], c["input_file"], c["custom_dataset_type"].value) == \
+        (3, 2, data, "single_turn")
+    assert (c["tokenizer_name"], c["artifact_directory"], c["extra_inputs"]) == \
+        (str(tmp_path), tmp_path / "out", [("temperature", 0)])
+    assert "custom_endpoint" not in c and "template" not in str(c)
+    c2 = app.parse_args(bench.aiperf.command("http://h:1", "m", tmp_path, data, 1, 1, tmp_path, False, 0, 9)[3:],
+                        exit_on_error=False)[1].kwargs["cli_config"]
+    assert c2.endpoint_type.value == "completions"  # a model benched without its chat template
+    # negative control: a flag aiperf does not have is refused by its parser
+    with pytest.raises(Exception, match="endpoint-kind"):
+        app.parse_args([*cmd[3:], "--endpoint-kind", "chat"], exit_on_error=False)
 
 
 def test_the_build_summary_carries_the_bench_verdict_and_baseline():

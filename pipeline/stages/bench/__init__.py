@@ -16,8 +16,10 @@ TTFT) / (output tokens - 1) per request, aiperf's definition.
 
 - ``bench.json`` keeps genai-perf/aiperf profile-export field names (``time_to_first_token``,
   ``inter_token_latency``, ``request_latency``, ``output_token_throughput``, ``request_throughput``; ms).
-- ``aiperf/<workload>/concurrency_<N>/`` holds aiperf's own export of each level (``profile_export_aiperf.json``,
-  ``profile_export.jsonl``, and the prompts sent), which ``aiperf plot`` reads.
+- ``aiperf/<workload>/concurrency_<N>/`` holds aiperf's own export of each level (``bench.aiperf``): aiperf run
+  natively with its OpenAI chat endpoint type (``--endpoint-type chat --streaming``, no request template) against the
+  front end, with the level's prompts (``profile_export_aiperf.json``/``.csv``, ``profile_export.jsonl``,
+  ``inputs.json``), which ``aiperf plot`` reads.
 - ``requests.jsonl`` holds one line per request sent (answer checks, warm-up and every measured level).
 
 Gates (``bench.json["gates"]``): absolute limits (``bench.gates``) and the regression against the previous bundle of
@@ -28,13 +30,13 @@ unreachable ``publish.dest``, a corrupt ``bundle.json``) or shares no concurrenc
 compared), ``incomplete`` when no level was measured or a gated regression measure is missing on either side, else
 ``pass``. Only "nothing published yet" is an empty baseline.
 """
-from pipeline.stages.bench.aiperf import AIPERF_SCHEMA_VERSION, aiperf_export
+from pipeline.stages.bench import aiperf
 from pipeline.stages.bench.gates import (GATE_FIELDS, REGRESSION_METRICS, baseline_line, gates, previous_bench,
                                          summary_row)
 from pipeline.stages.bench.load import COUNTING, make_prompts, workload_names
 from pipeline.stages.bench.report import markdown, plot
 from pipeline.stages.bench.stage import STAGE, bench_result, choose_entry, env_check, packaged_configs, run
 
-__all__ = ["AIPERF_SCHEMA_VERSION", "COUNTING", "GATE_FIELDS", "REGRESSION_METRICS", "STAGE", "aiperf_export",
+__all__ = ["COUNTING", "GATE_FIELDS", "REGRESSION_METRICS", "STAGE", "aiperf",
            "baseline_line", "bench_result", "choose_entry", "env_check", "gates", "make_prompts", "markdown",
            "packaged_configs", "plot", "previous_bench", "run", "summary_row", "workload_names"]

@@ -1,115 +1,132 @@
-"""aiperf's export of each measured level, which ``aiperf plot`` reads."""
+"""aiperf run natively against the OpenAI front end: one ``aiperf profile`` per measured level, whose artifact
+directory (``profile_export_aiperf.json``/``.csv``, ``profile_export.jsonl``, ``inputs.json``, its log) is the
+level's aiperf export, which ``aiperf plot`` reads.
+
+The flags are aiperf 0.13's (``aiperf profile --help``; ``aiperf/config/flags``): ``--endpoint-type chat
+--streaming`` (aiperf's own OpenAI chat endpoint type, ``POST /v1/chat/completions`` with ``stream: true`` and
+``stream_options.include_usage``; no request template), ``--url`` (the base URL: aiperf appends the endpoint's
+path), ``--model``, ``--tokenizer`` (the bundle's tokenizer directory; aiperf counts output tokens with it, as the
+bench does), the level's own prompts as a ``single_turn`` dataset (``--input-file``, ``--custom-dataset-type``;
+``output_length`` per line: ``max_completion_tokens``) sent in order, ``--request-count``, ``--concurrency``,
+``--extra-inputs temperature:0`` (greedy, like the bench's other rows) and ``--artifact-dir``.
+"""
 from __future__ import annotations
 
-import datetime as _dt
+import contextlib
 import json
-import time
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages.bench.load import COUNTING
+from pipeline.errors import StageFailed
 
-AIPERF_SCHEMA_VERSION = "1.4"  # aiperf 0.13 JsonExportData.SCHEMA_VERSION
-
-
-def _request_body(entry, max_tokens: int) -> str:
-    """The request the generator sent, as the JSON body of Triton's HTTP generate extension (a Jinja2 template)."""
-    from pipeline.triton import layouts
-
-    lay = layouts.get(entry.layout)
-    text, max_name, stream = lay.text_tensors
-    exclude = f', "{lay.exclude_input}": true' if entry.exclude_input else ""
-    return (f'{{"{text}": {{{{ text|tojson }}}}, "{max_name}": {max_tokens}, "{stream}": '
-            f'{str(entry.decoupled).lower()}{exclude}}}')
+# aiperf 0.13 in offline mode resolves every tokenizer name through the Hub cache (``snapshot_download``), a local
+# directory included (aiperf/common/tokenizer.py ``_from_pretrained_local``); online, a local directory is loaded
+# as it is, without a Hub request. The tokenizer is always the bundle's local directory.
+_DROPPED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
-def aiperf_export(out: Path, level: dict[str, Any], tok) -> None:
-    """aiperf's export of one measured level, in the schema of aiperf 0.13 (``JsonExportData`` in
-    ``aiperf/common/models/export_models.py``, ``MetricRecordInfo`` in ``record_models.py``): per-request records in
-    ``profile_export.jsonl`` (display units: ms, tokens), the level's statistics in ``profile_export_aiperf.json``.
-    Its ``input_config`` is the aiperf configuration that replays the level through Triton's HTTP
-    ``generate_stream`` endpoint (a ``template`` endpoint over ``prompts.jsonl``); ``metadata`` says what measured
-    it."""
-    from pipeline import __version__
-    from pipeline.triton import client, layouts
+def endpoint_type(chat: bool) -> str:
+    """aiperf's endpoint type for the bench's OpenAI rows: ``chat`` (the chat template applied by the front end),
+    ``completions`` for a model benched without its chat template."""
+    return "chat" if chat else "completions"
+
+
+def command(base_url: str, model: str, tokenizer: Path, dataset: Path, requests: int, concurrency: int, out: Path,
+            chat: bool, seed: int, timeout_s: float) -> list[str]:
+    """The ``aiperf profile`` command line of one level (``base_url``: ``http://HOST:PORT``, no ``/v1``)."""
+    return [sys.executable, "-m", "aiperf", "profile",
+            "--endpoint-type", endpoint_type(chat), "--streaming", "--url", base_url, "--model", model,
+            "--tokenizer", str(tokenizer), "--input-file", str(dataset), "--custom-dataset-type", "single_turn",
+            "--dataset-sampling-strategy", "sequential", "--request-count", str(requests),
+            "--concurrency", str(concurrency), "--extra-inputs", "temperature:0", "--random-seed", str(seed),
+            "--request-timeout-seconds", str(int(timeout_s)), "--artifact-dir", str(out), "--ui-type", "none",
+            "--no-gpu-telemetry", "--no-server-metrics"]
+
+
+def export_problems(run_dir: Path, chat: bool, requests: int, concurrency: int) -> list[str]:
+    """What in aiperf's export in ``run_dir`` says it is not the level asked for: aiperf's own OpenAI endpoint type
+    (``chat``, or ``completions`` without a chat template), streaming, no request template, every request sent
+    (``inputs.json``: streamed payloads of that endpoint), the level's concurrency and request count."""
+    want = endpoint_type(chat)
+    try:
+        doc = json.loads((run_dir / "profile_export_aiperf.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [f"profile_export_aiperf.json: {exc}"]
+    out = []
+    ep = (doc.get("input_config") or {}).get("endpoint") or {}
+    if ep.get("type") != want:
+        out.append(f"endpoint type {ep.get('type')!r}, not {want!r}")
+    if ep.get("streaming") is not True:
+        out.append("not streaming")
+    if "template" in ep or ep.get("custom_endpoint") or ep.get("path"):
+        out.append("a request template or custom endpoint path (aiperf's own endpoint type sends its own requests)")
+    phases = [p for p in (doc.get("input_config") or {}).get("phases") or [] if p.get("name") == "profiling"]
+    if not phases or (phases[0].get("concurrency"), phases[0].get("requests")) != (concurrency, requests):
+        got = (phases[0].get("concurrency"), phases[0].get("requests")) if phases else None
+        out.append(f"profiling phase (concurrency, requests) {got}, not {(concurrency, requests)}")
+    done = (doc.get("request_count") or {}).get("avg", 0) + (doc.get("error_request_count") or {}).get("avg", 0)
+    if done != requests:
+        out.append(f"{done:g} requests recorded, not {requests}")
+    try:
+        payloads = [p for s in json.loads((run_dir / "inputs.json").read_text())["data"] for p in s["payloads"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return out + [f"inputs.json: {exc}"]
+    field = "messages" if chat else "prompt"
+    bad = [p for p in payloads if p.get("stream") is not True or field not in p]
+    if bad:
+        out.append(f"inputs.json: {len(bad)} payload(s) not streamed {want} requests ({field!r}, stream: true)")
+    return out
+
+
+def profile(base_url: str, model: str, tokenizer: Path, prompts: list[str], max_tokens: int, concurrency: int,
+            out: Path, chat: bool, seed: int, timeout_s: float) -> dict[str, Any]:
+    """Run aiperf over ``prompts`` (in order) at ``concurrency``; its artifact directory is ``out``. Returns what
+    bench.json records of it. aiperf runs under the server's supervisor (nothing outlives a ``kill -9``); a failed
+    run, or an export that is not the level asked for, is a :class:`StageFailed` naming aiperf's log."""
+    from pipeline.triton.server import supervised
 
     out.mkdir(parents=True, exist_ok=True)
-    entry, recs, wname, conc = level["entry"], level["records"], level["workload"], level["concurrency"]
-    sent = [r for r in recs if r.sent_ns]
-    order = sorted(sent, key=lambda r: r.sent_ns)
-    isl = {r.prompt_index: len(tok.encode(level["prompts"][r.prompt_index], add_special_tokens=False)) for r in sent}
-    (out / "prompts.jsonl").write_text("".join(json.dumps({"text": level["prompts"][r.prompt_index]}) + "\n"
-                                               for r in order))
+    dataset = out.parent / f"{out.name}.dataset.jsonl"  # beside, not inside: the directory is aiperf's
+    dataset.write_text("".join(json.dumps({"text": p, "output_length": max_tokens}) + "\n" for p in prompts))
+    cmd = command(base_url, model, tokenizer, dataset, len(prompts), concurrency, out, chat, seed, timeout_s)
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+    log = out.parent / f"{out.name}.aiperf.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(supervised(cmd), stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=120 + timeout_s * max(1, len(prompts) // max(1, concurrency)))
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            proc.stdin.close()  # the supervisor's stdin at EOF: it kills what is left of aiperf, then exits
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    dataset.unlink(missing_ok=True)  # aiperf's inputs.json holds every request it sent
+    if rc != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        what = "timed out" if rc is None else f"exited with {rc}"
+        raise StageFailed(f"aiperf profile {what} at concurrency {concurrency} (log {log}): " + " | ".join(tail))
+    problems = export_problems(out, chat, len(prompts), concurrency)
+    if problems:
+        raise StageFailed(f"aiperf's export in {out} is not the level asked for: {'; '.join(problems)}")
+    log.unlink()
+    doc = json.loads((out / "profile_export_aiperf.json").read_text())
 
-    def ns(r) -> int:
-        return r.sent_ns + int(1e9 * (r.latency or 0.0))
+    def p50(tag):
+        return (doc.get(tag) or {}).get("p50")
 
-    def value(v, unit):
-        return {"value": v, "unit": unit}
-
-    lines = []
-    for i, r in enumerate(order):
-        metrics: dict[str, Any] = {"request_latency": value(round(1000 * r.latency, 3), "ms")} if r.latency else {}
-        metrics["input_sequence_length"] = value(isl[r.prompt_index], "tokens")
-        if r.error is None:
-            if r.ttft is not None:
-                metrics["time_to_first_token"] = value(round(1000 * r.ttft, 3), "ms")
-            metrics["output_sequence_length"] = value(r.output_tokens, "tokens")
-            if r.itl:
-                metrics["inter_token_latency"] = value(round(1000 * r.itl, 3), "ms")
-                metrics["output_token_throughput_per_user"] = value(round(1.0 / r.itl, 3), "tokens/sec/user")
-            if r.chunk_gaps:
-                metrics["inter_chunk_latency"] = value([round(1000 * g, 3) for g in r.chunk_gaps], "ms")
-        line = {"metadata": {"session_num": i, "x_request_id": f"{wname}-c{conc}-{i}", "request_start_ns": r.sent_ns,
-                             "request_end_ns": ns(r), "worker_id": f"worker_{r.worker}",
-                             "record_processor_id": "llm-pipeline", "benchmark_phase": "profiling"},
-                "metrics": metrics,
-                "error": None if r.error is None else {"code": None, "type": "RequestError", "message": r.error}}
-        lines.append(json.dumps(line) + "\n")
-    (out / "profile_export.jsonl").write_text("".join(lines))
-
-    s = level["summary"]
-    ok = [r for r in recs if r.error is None]
-    gaps = [g for r in ok for g in r.chunk_gaps]
-    start = min((r.sent_ns for r in sent), default=time.time_ns())
-    end = max((ns(r) for r in sent), default=start)
-    errors: dict[str, int] = {}
-    for r in recs:
-        if r.error:
-            errors[r.error] = errors.get(r.error, 0) + 1
-    http = level.get("http_url") or "http://127.0.0.1:8000"
-    doc = {
-        "schema_version": AIPERF_SCHEMA_VERSION,
-        "request_throughput": {"unit": "requests/sec", "avg": s["request_throughput"]["avg"]},
-        "request_latency": {**s["request_latency"], "count": len(ok)},
-        "request_count": {"unit": "requests", "avg": float(len(ok))},
-        "time_to_first_token": s["time_to_first_token"],
-        "inter_token_latency": s["inter_token_latency"],
-        "inter_chunk_latency": client.stats(gaps),
-        "output_token_throughput": {"unit": "tokens/sec", "avg": s["output_token_throughput"]["avg"]},
-        "output_token_throughput_per_user": client.stats([1.0 / r.itl for r in ok if r.itl], "tokens/sec/user", 1.0),
-        "output_sequence_length": s["output_sequence_length"],
-        "input_sequence_length": client.stats([isl[r.prompt_index] for r in ok], "tokens", 1.0),
-        "total_output_tokens": {"unit": "tokens", "avg": float(sum(r.output_tokens or 0 for r in ok))},
-        "total_isl": {"unit": "tokens", "avg": float(sum(isl[r.prompt_index] for r in ok))},
-        "benchmark_duration": {"unit": "sec", "avg": level["wall_s"]},
-        "error_request_count": {"unit": "requests", "avg": float(len(recs) - len(ok))},
-        "input_config": {
-            "models": {"items": [{"name": entry.model}]},
-            "endpoint": {"urls": [http if "://" in http else f"http://{http}"], "type": "template",
-                         "path": f"/v2/models/{entry.model}/generate_stream", "streaming": True,
-                         "template": {"body": _request_body(entry, level["max_tokens"]),
-                                      "response_field": layouts.get(entry.layout).output}},
-            "datasets": [{"name": "main", "type": "file", "path": "prompts.jsonl", "format": "single_turn"}],
-            "phases": [{"name": "profiling", "type": "concurrency", "concurrency": conc, "requests": len(recs)}],
-        },
-        "was_cancelled": False,
-        "is_complete": True,
-        "error_summary": [{"error_details": {"message": m}, "count": n} for m, n in sorted(errors.items())] or None,
-        "start_time": _dt.datetime.fromtimestamp(start / 1e9).isoformat(),
-        "end_time": _dt.datetime.fromtimestamp(end / 1e9).isoformat(),
-        "metadata": {"producer": f"llm-pipeline {__version__}", "workload": wname, "layout": entry.layout,
-                     "load_generator": "tritonclient gRPC bidirectional stream, one per concurrent worker",
-                     "counting": COUNTING},
-    }
-    (out / "profile_export_aiperf.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return {"endpoint_type": endpoint_type(chat), "streaming": True, "aiperf_version": doc.get("aiperf_version"),
+            "request_count": int((doc.get("request_count") or {}).get("avg", 0)),
+            "error_count": int((doc.get("error_request_count") or {}).get("avg", 0)),
+            "time_to_first_token_p50_ms": p50("time_to_first_token"),
+            "inter_token_latency_p50_ms": p50("inter_token_latency"),
+            "output_token_throughput": (doc.get("output_token_throughput") or {}).get("avg")}

@@ -7,8 +7,10 @@ from typing import Any
 
 from pipeline import calib
 from pipeline.runner import Context
+from pipeline.stages.bench import aiperf
 from pipeline.triton import server as srv
-from pipeline.ui import progress
+from pipeline.triton.layouts import ENGINE_REL
+from pipeline.ui import progress, status
 
 COUNTING = ("output tokens: each response's returned text re-tokenized with the model's tokenizer (no special "
             "tokens), as genai-perf/aiperf count them, so responses without text add none; inter-token latency: "
@@ -40,10 +42,11 @@ def workload_names(b) -> list[str]:
     return [str(w) for w in (b.only if b.get("only") is not None else list(b.workloads))]
 
 
-def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requests: list[dict[str, Any]],
-           levels: list[dict[str, Any]]) -> None:
+def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requests: list[dict[str, Any]]) -> None:
     """Answer checks, the warm-up (once, before the first workload), then each workload's concurrency levels; every
-    request sent is appended to ``requests`` (the lines of requests.jsonl), every measured level to ``levels``."""
+    request sent is appended to ``requests`` (the lines of requests.jsonl). With ``bench.openai``, each level is
+    sent again through the OpenAI front end; with ``bench.aiperf`` too, aiperf profiles the front end with the same
+    prompts (its export: ``aiperf/<workload>/concurrency_<N>/``)."""
     from pipeline.triton import client
 
     cfg, b = ctx.cfg, ctx.cfg.bench
@@ -54,6 +57,7 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
         requests.extend({"phase": phase, "path": "grpc", "workload": workload, "concurrency": concurrency,
                          **r.as_dict()} for r in records)
 
+    with_aiperf = bool(b.get("openai", False)) and bool(b.get("aiperf", False))
     front = _front_end(ctx, server) if b.get("openai", False) else None
     if cfg.model.checks:  # fixed prompts, greedy, through the same entry point as the load
         w = client.StreamWorker(url, entry, b.request_timeout_s)
@@ -94,10 +98,6 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
                                       f"its process is alive, its readiness probe times out):\n{server.log_tail()}")
             summary = client.summarize(records, wall)
             out.append({"concurrency": conc, **summary})
-            levels.append({"workload": wname, "concurrency": conc, "records": records, "wall_s": wall,
-                           "summary": summary, "prompts": prompts, "max_tokens": spec.max_tokens,
-                           "entry": entry,  # an external server's HTTP port is unknown: Triton's default
-                           "http_url": server.http_url if server.http_port else f"http://{server.host}:8000"})
             if front is not None:  # the same requests as apps send them, right after the gRPC level
                 with progress(f"bench {wname}: concurrency {conc} (OpenAI)", n) as bar:
                     oa_records, oa_wall = front.level(raw, order, conc, spec.max_tokens, chat, bar.advance)
@@ -105,7 +105,13 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
                 requests.extend({"phase": "measure", "path": "openai", "workload": wname, "concurrency": conc,
                                  **r.as_dict()} for r in oa_records)
                 oa = client.summarize(oa_records, oa_wall)
-                oa_out.append({"concurrency": conc, **oa, "overhead": overhead(summary, oa)})
+                row = {"concurrency": conc, **oa, "overhead": overhead(summary, oa)}
+                if with_aiperf:  # aiperf's own chat endpoint type, natively, with the same prompts
+                    with status(f"bench {wname}: concurrency {conc} (aiperf --endpoint-type "
+                                f"{aiperf.endpoint_type(chat)} --streaming)"):
+                        row["aiperf"] = front.aiperf([raw[i] for i in order], conc, spec.max_tokens, chat,
+                                                     ctx.out / "aiperf" / wname / f"concurrency_{conc}", b.seed)
+                oa_out.append(row)
         result["workloads"][wname] = {"prompt_words": spec.prompt_words, "max_tokens": spec.max_tokens,
                                       "levels": out}
         if front is not None:
@@ -113,7 +119,9 @@ def run_workloads(ctx: Context, server, entry, tok, result: dict[str, Any], requ
     if front is not None:
         front.close()
         result["openai"] = {"endpoint": "/v1/chat/completions" if chat else "/v1/completions", "stream": True,
-                            "front_end": "python -m pipeline.serving (its own process)"}
+                            "front_end": "python -m pipeline.serving (its own process)",
+                            "aiperf": ({"endpoint_type": aiperf.endpoint_type(chat), "streaming": True,
+                                        "export": "aiperf/<workload>/concurrency_<N>/"} if with_aiperf else None)}
 
 
 def overhead(direct: dict[str, Any], via: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +150,7 @@ class _Front:
 
         repo = ctx.inputs["package"]
         self.name = served_model.load(repo, load_tokenizer=False).name
+        self.tokenizer = repo / ENGINE_REL
         self.timeout = ctx.cfg.bench.request_timeout_s
         self._stack = contextlib.ExitStack()
         self.url = self._stack.enter_context(run.child(repo, server.grpc_url, [f"serve.openai.model_name={self.name}"],
@@ -152,6 +161,10 @@ class _Front:
 
         return oa_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
                                    on_done=on_done)
+
+    def aiperf(self, prompts, conc, max_tokens, chat, out, seed):
+        return aiperf.profile(self.url.removesuffix("/v1"), self.name, self.tokenizer, prompts, max_tokens, conc,
+                              out, chat, seed, self.timeout)
 
     def close(self):
         self._stack.close()

@@ -52,6 +52,20 @@ def markdown(model: str, r: dict[str, Any]) -> str:
                              f"{f('time_to_first_token')} | {f('inter_token_latency')} | {f('request_latency')} | "
                              f"{lv['output_token_throughput']['avg']:.1f} | {lv['request_throughput']['avg']:.2f} | "
                              f"{ov} |")
+            runs = [lv for lv in w["openai_levels"] if lv.get("aiperf")]
+            if runs:
+                a0 = runs[0]["aiperf"]
+                lines += ["", f"aiperf {a0.get('aiperf_version') or ''} natively against the front end "
+                          f"(`--endpoint-type {a0['endpoint_type']} --streaming`; its export: "
+                          f"`aiperf/{wname}/concurrency_<N>/`):", "",
+                          "| concurrency | requests | errors | TTFT p50 ms | ITL p50 ms | output tok/s |",
+                          "|---|---|---|---|---|---|"]
+                for lv in runs:
+                    a = lv["aiperf"]
+                    cells = ["-" if a[k] is None else f"{a[k]:.1f}" for k in
+                             ("time_to_first_token_p50_ms", "inter_token_latency_p50_ms", "output_token_throughput")]
+                    lines.append(f"| {lv['concurrency']} | {a['request_count']} | {a['error_count']} | "
+                                 f"{' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 

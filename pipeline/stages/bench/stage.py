@@ -14,7 +14,6 @@ from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
 from pipeline.runner import Context, Stage
-from pipeline.stages.bench.aiperf import aiperf_export
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
 from pipeline.stages.bench.load import COUNTING, run_workloads
 from pipeline.stages.bench.report import markdown, plot
@@ -71,7 +70,6 @@ def run(ctx: Context) -> BenchResult:
     result: dict[str, Any] = {"model": entry_model, "layout": layout, "launcher": cfg.serve.launcher.value,
                               "counting": COUNTING, "workloads": {}, "answers": []}
     requests: list[dict[str, Any]] = []
-    levels: list[dict[str, Any]] = []  # what the aiperf export needs of each measured level
     started = time.perf_counter()
     log_path = None
     writer = ThreadPoolExecutor(1, thread_name_prefix="bench-reports")
@@ -96,9 +94,9 @@ def run(ctx: Context) -> BenchResult:
             except ValueError as exc:
                 raise StageFailed(str(exc)) from exc
             result["decoupled"] = entry.decoupled
-            run_workloads(ctx, server, entry, tok, result, requests, levels)
-            # measured: the reports that need only the measurements are written while the server shuts down
-            reports = writer.submit(_measurement_reports, ctx.out, result, levels, tok, bool(cfg.bench.plot))
+            run_workloads(ctx, server, entry, tok, result, requests)
+            # measured: the plot needs only the measurements; it is drawn while the server shuts down
+            reports = writer.submit(_measurement_reports, ctx.out, result, bool(cfg.bench.plot))
     except srv.ServerError as exc:
         (ctx.out / "server-error.txt").write_text(str(exc) + "\n")
         raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
@@ -120,10 +118,8 @@ def run(ctx: Context) -> BenchResult:
     return bench_result(result)
 
 
-def _measurement_reports(out: Path, result: dict[str, Any], levels: list[dict[str, Any]], tok, with_plot: bool) -> None:
-    """aiperf's export of every measured level and the plot: they read the measurements only."""
-    for lv in levels:
-        aiperf_export(out / "aiperf" / lv["workload"] / f"concurrency_{lv['concurrency']}", lv, tok)
+def _measurement_reports(out: Path, result: dict[str, Any], with_plot: bool) -> None:
+    """The plot: it reads the measurements only."""
     if with_plot:
         plot(result, out / "bench.png")
 
@@ -147,6 +143,12 @@ def env_check(cfg) -> list[str]:
             choose_entry(cfg.bench.model.value, lay)
         except UserError as exc:
             problems.append(str(exc))
+    if cfg.bench.get("openai", False) and cfg.bench.get("aiperf", False):
+        import importlib.util
+
+        if importlib.util.find_spec("aiperf") is None:
+            problems.append("bench.aiperf=true: aiperf is not installed (it writes the bench's aiperf export); "
+                            "install it (pip install 'aiperf>=0.13') or set bench.aiperf=false")
     if cfg.serve.launcher.value == "local":
         try:
             srv.find_server(cfg.serve.server_bin)
@@ -165,7 +167,7 @@ STAGE = Stage(
            "serve.startup_timeout_s", "serve.launcher", "serve.image", "serve.url", "serve.repo_mount"),
     unhashed_reads=("publish.dest",),  # the regression baseline: the bundle published there (bench.json, volatile)
     inputs=("package",),
-    libs=("tritonclient", "nvidia-pytriton", "transformers"),
+    libs=("tritonclient", "nvidia-pytriton", "transformers", "aiperf"),
     root="store",
     label=lambda cfg: ArtifactKey.of(cfg).label,
 )
