@@ -379,6 +379,14 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
         fe.check_model(req.model)
         return req
 
+    async def _whole(request, jobs: list[_Job], rid: str, created: int, obj: str, choice) -> Response:
+        """A non-streamed answer: every job run to its end (cancelled if the client leaves), then one body with
+        ``choice(job)`` for each."""
+        await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
+        return Response(_json({"id": rid, "object": obj, "created": created, "model": served.name,
+                               "system_fingerprint": None, "choices": [choice(j) for j in jobs],
+                               "usage": fe._usage(jobs)}), media_type="application/json")
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await parse(request, P.CompletionRequest)
@@ -386,17 +394,9 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
         rid, created = f"cmpl-{uuid.uuid4().hex}", _now()
         if req.stream:
             return await _stream(request, jobs, req, rid, created, chat=False)
-        await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
-        choices = []
-        for j in jobs:
-            text = (j.echo_text if req.echo else "") + j.text
-            offset0 = 0
-            choices.append({"index": j.index, "text": text,
-                            "logprobs": fe.completion_logprobs(j, req.echo, offset0),
-                            "finish_reason": j.finish})
-        return Response(_json({"id": rid, "object": "text_completion", "created": created, "model": served.name,
-                               "system_fingerprint": None, "choices": choices, "usage": fe._usage(jobs)}),
-                        media_type="application/json")
+        return await _whole(request, jobs, rid, created, "text_completion", lambda j: {
+            "index": j.index, "text": (j.echo_text if req.echo else "") + j.text,
+            "logprobs": fe.completion_logprobs(j, req.echo), "finish_reason": j.finish})
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -405,15 +405,10 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", _now()
         if req.stream:
             return await _stream(request, jobs, req, rid, created, chat=True)
-        await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
-        j = jobs[0]
-        return Response(_json({
-            "id": rid, "object": "chat.completion", "created": created, "model": served.name,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": j.text, "refusal": None},
-                         "logprobs": fe.chat_logprobs(j.logprobs if j.gen.logprobs is not None else None),
-                         "finish_reason": j.finish}],
-            "usage": fe._usage(jobs)}), media_type="application/json")
+        return await _whole(request, jobs, rid, created, "chat.completion", lambda j: {
+            "index": j.index, "message": {"role": "assistant", "content": j.text, "refusal": None},
+            "logprobs": fe.chat_logprobs(j.logprobs if j.gen.logprobs is not None else None),
+            "finish_reason": j.finish})
 
     async def _stream(request, jobs: list[_Job], req, rid: str, created: int, chat: bool):
         """Prime every job (errors before the first token keep their status), then stream server-sent events."""

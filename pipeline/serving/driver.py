@@ -226,6 +226,9 @@ class Driver:
         tail = self._flush(kind, state)
         if tail:
             yield Delta(text=tail)
+        if kind == "tokens" and not state["ids"] and state.get("eos_first") is not None:
+            # the generation ended at once: its one token was the end id (a stop word stays in the output)
+            yield Delta(text="", logprobs=[state["eos_first"]], num_output_tokens=0)
 
     # --- transport ---------------------------------------------------------------------------------------------
     def _request(self, spec: Spec, inputs: dict[str, Any], outputs: list[str], request_id: str):
@@ -385,6 +388,12 @@ class Driver:
                 lp, top = _top(ctx[i - 1], req.logprobs or 0)
                 plp.append(TokenLogprob(req.prompt_ids[i], float(lp[req.prompt_ids[i]]), top))
             state["prompt_lps"] = plp
+            eos = self.served.eos_id
+            if eos is not None and not req.ignore_eos:
+                # the last row predicts the first generated token: an end id generated first (which TensorRT-LLM
+                # leaves out of output_ids and its log probs) still gets its entry, as vLLM and OpenAI return it
+                lp, top = _top(ctx[len(req.prompt_ids) - 1], req.logprobs or 0)
+                state["eos_first"] = TokenLogprob(eos, float(lp[eos]), top)
         if req.logprobs is not None and new_ids:
             lps = []
             if req.logprobs:

@@ -158,6 +158,61 @@ def test_completion_echo_with_logprobs_returns_the_prompt_log_probabilities(serv
     assert r0.choices[0].logprobs.token_logprobs[1:] == pytest.approx(got, abs=1e-6)
 
 
+def test_echo_logprobs_keep_the_entry_of_an_end_token_generated_first(served, tiny_build):
+    """A prompt whose greedy next token is the end token: echo + logprobs + max_tokens=1 (what lm-eval's
+    local-completions sends for log-likelihoods) returns the prompt's entries and then the end token's, as vLLM and
+    OpenAI do, so lm-eval's ``parse_logprobs`` (which drops the last entry, the generated one) sums exactly the
+    continuation's log probs; streamed, the last chunk carries it."""
+    import torch
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from transformers import AutoTokenizer
+
+    from pipeline.runtime import reference as rt
+
+    ckpt = _repo(tiny_build) / "tensorrt_llm" / "1" / "engine"
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    eos = tok.eos_token_id
+    model = rt.load(ckpt, dtype=torch.bfloat16)
+    base = tok.encode(PROMPT, add_special_tokens=False)
+    with torch.no_grad():  # PROMPT + one more token, every token at once: the one whose next token is surely eos
+        cand = torch.tensor([base + [t] for t in range(len(tok))])
+        logp = torch.log_softmax(model(cand).logits[:, -1].float(), -1)
+    top2 = logp.topk(2, -1)
+    margin = torch.where(top2.indices[:, 0] == eos, top2.values[:, 0] - top2.values[:, 1], torch.tensor(-1.0))
+    assert float(margin.max()) > 0.05, "no one-token extension of the prompt has the end token as its clear top"
+    t = int(margin.argmax())
+    ids = base + [t]
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+
+    c = _client(served.url)
+    r = c.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and ch.text == tok.decode(ids)  # the end token adds no text
+    lp = ch.logprobs
+    assert len(lp.token_logprobs) == len(ids) + 1, "the generated end token's entry is missing"
+    assert lp.tokens[-1] == tok.decode([eos], skip_special_tokens=False)
+    assert lp.token_logprobs[-1] == pytest.approx(float(want[-1, eos]), abs=0.05)
+    assert lp.token_logprobs[-1] == max(lp.top_logprobs[-1].values())  # greedy: the top of its distribution
+    assert lp.text_offset[-1] == len(ch.text)
+    # lm-eval's own parser: the continuation (the last prompt token here) is summed, the end token dropped
+    ctxlen = len(ids) - 1
+    (ll, greedy), = LocalCompletionsAPI.parse_logprobs(r.model_dump(), tokens=[ids], ctxlens=[ctxlen])
+    assert ll == pytest.approx(float(want[-2, t]), abs=0.05)
+    assert ll == pytest.approx(lp.token_logprobs[ctxlen], abs=1e-9)
+    # streamed: the same entries, the end token's on the last chunk
+    chunks = list(c.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1,
+                                       temperature=0, stream=True))
+    streamed = [x for k in chunks if k.choices and k.choices[0].logprobs for x in k.choices[0].logprobs.token_logprobs]
+    assert len(streamed) == len(ids) + 1 and streamed[0] is None
+    assert streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].logprobs.tokens == [lp.tokens[-1]]
+    # max_tokens=0: the prompt's entries only, the end token's too is left out
+    r0 = c.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    assert len(r0.choices[0].logprobs.token_logprobs) == len(ids)
+
+
 def test_plain_aiohttp_client_posts_the_guides_chat_request(served, tiny_build):
     import aiohttp
     from transformers import AutoTokenizer

@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +96,12 @@ def profile(base_url: str, model: str, tokenizer: Path, prompts: list[str], max_
     dataset.write_text("".join(json.dumps({"text": p, "output_length": max_tokens}) + "\n" for p in prompts))
     cmd = command(base_url, model, tokenizer, dataset, len(prompts), concurrency, out, chat, seed, timeout_s)
     env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+    # aiperf leaves its IPC directories and dataset memory maps in the temporary directory: one of its own, removed
+    scratch = Path(tempfile.mkdtemp(prefix="aiperf-"))
+    env["TMPDIR"] = str(scratch)
     log = out.parent / f"{out.name}.aiperf.log"
-    with open(log, "wb") as fh:
+    with open(log, "wb") as fh, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, scratch, ignore_errors=True)
         proc = subprocess.Popen(supervised(cmd), stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         try:
