@@ -487,9 +487,13 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
             try:
                 if chat:
                     yield chunk(job, "", None, role=True)
-                elif req.echo and job.echo_text:
-                    yield chunk(job, job.echo_text, None, piece_logprobs(job, [0, 0])
-                                if job.prompt_logprobs and job.gen.logprobs is not None else None)
+                elif req.echo and job.echo_text:  # the prompt, with its own log probs only
+                    lps = None
+                    if job.prompt_logprobs and job.gen.logprobs is not None:
+                        tmp = _Job(job.index, job.gen, 0, "")
+                        tmp.logprobs = list(job.prompt_logprobs)
+                        lps = fe.completion_logprobs(tmp, False)
+                    yield chunk(job, job.echo_text, None, lps)
                     seen[1] = 1
                 if first is not None:
                     yield piece_chunk(first)

@@ -152,6 +152,11 @@ def test_completion_echo_with_logprobs_returns_the_prompt_log_probabilities(serv
     assert r2.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:1] + got + lp.token_logprobs[-1:],
                                                                   abs=1e-6) or \
         r2.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
+    # streamed: the prompt's entries on the echoed chunk, each generated token's once
+    chunks = list(c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, echo=True, logprobs=1,
+                                       temperature=0, stream=True))
+    streamed = [x for k in chunks if k.choices and k.choices[0].logprobs for x in k.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
     # max_tokens=0 with echo: the prompt's log probs only
     r0 = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=0)
     assert r0.choices[0].text == PROMPT and r0.usage.completion_tokens == 0
