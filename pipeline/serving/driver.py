@@ -219,8 +219,8 @@ class Driver:
         request = self._request(spec, inputs, [o for o in (outputs or []) if o in spec.outputs], req.request_id)
         state = {"ids": [], "sent_text": "", "so_far": "", "prompt_done": False}
         if spec.decoupled:
-            async for result in self._stream(spec.name, request):
-                yield self._delta(kind, result, req, state)
+            async for resp in self._stream(spec.name, request):
+                yield self._delta(kind, resp, req, state)
         else:
             yield self._delta(kind, await self._unary(request), req, state)
         tail = self._flush(kind, state)
@@ -267,8 +267,6 @@ class Driver:
     async def _stream(self, model: str, request):
         """The responses of one request on a shared gRPC stream (:class:`_Mux`), until its final one. A request
         left before its end (a client gone, a stop string seen here) is stopped on the server."""
-        from tritonclient.grpc import InferResult
-
         if not self._muxes:
             self._muxes = [_Mux(self._stub) for _ in range(self.streams)]
         mux = self._muxes[self._next % len(self._muxes)]
@@ -278,7 +276,13 @@ class Driver:
         finished = False
         try:
             while True:
-                resp = await asyncio.wait_for(queue.get(), self.timeout_s)
+                if not queue.empty():  # already here: no wait, no timer
+                    resp = queue.get_nowait()
+                elif _timeout is not None:  # a deadline on this wait without a task per response (wait_for's)
+                    async with _timeout(self.timeout_s):
+                        resp = await queue.get()
+                else:
+                    resp = await asyncio.wait_for(queue.get(), self.timeout_s)
                 if isinstance(resp, BaseException):
                     finished = True
                     raise _transport_error(resp, self.url)
@@ -290,7 +294,7 @@ class Driver:
                 if final:
                     finished = True
                 if resp.infer_response.outputs:
-                    yield InferResult(resp.infer_response)
+                    yield resp.infer_response
                 if final:
                     return
         except asyncio.TimeoutError:
@@ -334,7 +338,6 @@ class Driver:
 
     async def _unary(self, request):
         import grpc
-        from tritonclient.grpc import InferResult
 
         try:
             resp = await self._stub().ModelInfer(request, timeout=self.timeout_s)
@@ -342,10 +345,18 @@ class Driver:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise _transport_error(exc, self.url) from None
             raise _triton_error(exc.details() or str(exc)) from None
-        return InferResult(resp)
+        return resp
 
     # --- responses ---------------------------------------------------------------------------------------------
-    def _delta(self, kind: str, result, req: GenRequest, state: dict) -> Delta:
+    def _delta(self, kind: str, resp, req: GenRequest, state: dict) -> Delta:
+        """One ``ModelInferResponse`` -> what it adds."""
+        if kind == "text":  # the common streamed chunk: read from the raw tensors, without InferResult's numpy
+            fast = _text_delta(resp)
+            if fast is not None:
+                return fast
+        from tritonclient.grpc import InferResult
+
+        result = InferResult(resp)
         if kind == "text":
             out = result.as_numpy("text_output")
             text = "" if out is None else "".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
@@ -634,6 +645,37 @@ async def _drain_queue(q: asyncio.Queue):
 
 async def _once(msg):
     yield msg
+
+
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+def _text_delta(resp) -> Delta | None:
+    """``text_output`` (BYTES: each element a little-endian uint32 length, then its bytes) and
+    ``num_output_tokens`` (INT32/INT64) of a text response, straight from ``raw_output_contents``; None when the
+    response is not in that form (the caller falls back to ``InferResult``)."""
+    raw = resp.raw_output_contents
+    if len(raw) != len(resp.outputs):
+        return None
+    text, n = "", None
+    for out, buf in zip(resp.outputs, raw):
+        if out.name == "text_output":
+            if out.datatype != "BYTES":
+                return None
+            parts, pos, end = [], 0, len(buf)
+            while pos + 4 <= end:
+                size = int.from_bytes(buf[pos:pos + 4], "little")
+                parts.append(buf[pos + 4:pos + 4 + size])
+                pos += 4 + size
+            if pos != end:
+                return None
+            text = b"".join(parts).decode("utf-8", "replace")
+        elif out.name == "num_output_tokens":
+            width = {"INT32": 4, "INT64": 8}.get(out.datatype)
+            if width is None or len(buf) < width:
+                return None
+            n = int.from_bytes(buf[:width], "little", signed=True)
+    return Delta(text=text, num_output_tokens=n)
 
 
 def _s(x) -> str:

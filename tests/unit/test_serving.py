@@ -81,3 +81,40 @@ def test_top_log_probs_are_a_normalized_log_softmax():
     assert [t for t, _ in top] == [1, 2] and top[0][1] == pytest.approx(float(lp[1]))
     assert top[0][1] == pytest.approx(3.0 - math.log(sum(math.exp(x) for x in row)))
     assert _top(row, 0)[1] == []
+
+
+def test_text_chunks_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
+    """The streamed text chunk's fast read (no InferResult) against tritonclient's own ``InferResult.as_numpy`` on
+    the response protobuf Triton sends: multi-byte text, several elements, an empty string, INT32 and INT64 counts;
+    a truncated or non-BYTES tensor falls back (None)."""
+    from tritonclient.grpc import InferResult, service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    from pipeline.serving.driver import _text_delta
+
+    def resp(texts, n, ntype="INT32", ttype="BYTES"):
+        r = service_pb2.ModelInferResponse(model_name="ensemble", id="x")
+        arr = np.array([t.encode() for t in texts], dtype=object).reshape(1, -1)
+        o = r.outputs.add()
+        o.name, o.datatype = "text_output", ttype
+        o.shape.extend(arr.shape)
+        r.raw_output_contents.append(serialize_byte_tensor(arr).item() if arr.size else b"")
+        if n is not None:
+            o = r.outputs.add()
+            o.name, o.datatype = "num_output_tokens", ntype
+            o.shape.extend([1, 1])
+            r.raw_output_contents.append(np.array([[n]], dtype=np.int32 if ntype == "INT32" else np.int64).tobytes())
+        return r
+
+    for texts, n, ntype in ((["Paris é 東京"], 7, "INT32"), (["a", "bc"], 3, "INT64"), ([""], 0, "INT32"),
+                            (["x"], None, "INT32")):
+        r = resp(texts, n, ntype)
+        got = _text_delta(r)
+        ref = InferResult(r)
+        want = "".join(x.decode() for x in ref.as_numpy("text_output").reshape(-1))
+        assert got is not None and got.text == want == "".join(texts)
+        assert got.num_output_tokens == (None if n is None else int(ref.as_numpy("num_output_tokens").reshape(-1)[0]))
+    bad = resp(["hello"], 1)
+    bad.raw_output_contents[0] = bad.raw_output_contents[0][:-2]  # a length prefix that runs past the buffer
+    assert _text_delta(bad) is None
+    assert _text_delta(resp(["hello"], 1, ttype="FP32")) is None
