@@ -33,6 +33,7 @@ def test_every_level_has_aiperfs_native_chat_export(tiny_build, tmp_path):
     doc = json.loads((out / "bench.json").read_text())
     assert doc["openai"]["aiperf"]["endpoint_type"] == "chat"
     dirs = _level_dirs(out, doc)
+    bundle = next(tiny_build.glob("published/**/bundle.json")).parent
     measured = [r for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())
                 if r["phase"] == "measure"]
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("aiperf/*/concurrency_*")) == \
@@ -71,6 +72,10 @@ def test_every_level_has_aiperfs_native_chat_export(tiny_build, tmp_path):
         assert all(r["metrics"]["time_to_first_token"]["value"] > 0 for r in ok)
         assert lv["aiperf"]["request_count"] == n - empty
         assert bench.aiperf.export_problems(d, True, n, conc) == []
+        published = bundle / "reports" / "aiperf" / w / d.name  # what the bundle ships is that export
+        name = "profile_export_aiperf.json"
+        assert (published / name).read_bytes() == (d / name).read_bytes()
+        assert bench.aiperf.export_problems(published, True, n, conc) == []
     assert "natively against the front end (`--endpoint-type chat --streaming`" in (out / "bench.md").read_text()
 
     # negative controls: aiperf's completions endpoint type, a non-streamed run, a request template, another level
