@@ -314,7 +314,7 @@ class FrontEnd:
 def create_app(served: ServedModel, driver: Driver, settings: Settings | None = None):
     from fastapi import FastAPI
     from starlette.exceptions import HTTPException as StarletteHTTPException
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, Response
 
     settings = settings or Settings()
     fe = FrontEnd(served, driver, settings)
@@ -548,11 +548,51 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-        return StreamingResponse(events_one() if len(jobs) == 1 else events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStream(events_one() if len(jobs) == 1 else events())
 
 
     return app
+
+
+from starlette.responses import Response as _Response  # noqa: E402
+
+
+class _EventStream(_Response):
+    """A server-sent-event response (an ASGI app): the events as they come; a client that disconnects cancels
+    the stream at once (its generations with it), also while it waits for a token. Starlette's StreamingResponse
+    does the same with an anyio task group per response; this costs one watcher task."""
+
+    headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+    def __init__(self, events: AsyncIterator[bytes]):  # noqa: D107 (no body, no headers of Response's making)
+        self.events = events
+        self.background = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        streaming = asyncio.current_task()
+        state = {"open": True, "gone": False}  # open: this task is inside the try below
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            state["gone"] = True
+            if state["open"]:
+                streaming.cancel()  # delivered at the stream's current await, inside the try
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise  # cancelled from outside (shutdown): not ours to swallow
+        finally:
+            state["open"] = False
+            watcher.cancel()
+            await self.events.aclose()  # a generation still running stops here
 
 
 async def _drain(agen) -> None:
