@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
 from starlette.requests import Request
+from starlette.responses import Response as _Response
 
 from pipeline.serving import protocol as P
 from pipeline.serving.driver import Delta, Driver, GenRequest, TokenLogprob
@@ -543,7 +544,7 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                     yield item
                 for item in closing():
                     yield item
-            finally:  # the client went away (Starlette cancels this generator): stop every generation
+            finally:  # the client went away (the event stream closes this generator): stop every generation
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
@@ -554,9 +555,6 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
     return app
 
 
-from starlette.responses import Response as _Response  # noqa: E402
-
-
 class _EventStream(_Response):
     """A server-sent-event response (an ASGI app): the events as they come; a client that disconnects cancels
     the stream at once (its generations with it), also while it waits for a token. Starlette's StreamingResponse
@@ -565,7 +563,7 @@ class _EventStream(_Response):
     headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
-    def __init__(self, events: AsyncIterator[bytes]):  # noqa: D107 (no body, no headers of Response's making)
+    def __init__(self, events: AsyncIterator[bytes]):  # a Response (FastAPI returns it as is), with no body
         self.events = events
         self.background = None
 
