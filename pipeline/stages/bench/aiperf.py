@@ -117,13 +117,14 @@ def profile(base_url: str, model: str, tokenizer: Path, prompts: list[str], max_
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     dataset.unlink(missing_ok=True)  # aiperf's inputs.json holds every request it sent
+    tail = " | ".join(x.strip() for x in log.read_text(errors="replace").strip().splitlines()[-8:] if x.strip())
     if rc != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         what = "timed out" if rc is None else f"exited with {rc}"
-        raise StageFailed(f"aiperf profile {what} at concurrency {concurrency} (log {log}): " + " | ".join(tail))
+        raise StageFailed(f"aiperf profile {what} at concurrency {concurrency}; its output ends: {tail}")
     problems = export_problems(out, chat, len(prompts), concurrency)
     if problems:
-        raise StageFailed(f"aiperf's export in {out} is not the level asked for: {'; '.join(problems)}")
+        raise StageFailed(f"aiperf's export at concurrency {concurrency} is not the level asked for: "
+                          f"{'; '.join(problems)}; aiperf's output ends: {tail}")
     log.unlink()
     doc = json.loads((out / "profile_export_aiperf.json").read_text())
 
