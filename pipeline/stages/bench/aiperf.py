@@ -97,7 +97,10 @@ def profile(base_url: str, model: str, tokenizer: Path, prompts: list[str], max_
     cmd = command(base_url, model, tokenizer, dataset, len(prompts), concurrency, out, chat, seed, timeout_s)
     env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
     # aiperf leaves its IPC directories and dataset memory maps in the temporary directory: one of its own, removed
-    scratch = Path(tempfile.mkdtemp(prefix="aiperf-"))
+    # (aiperf's unix sockets live there, and a socket path over 107 bytes cannot be bound: a short one)
+    base = tempfile.gettempdir()
+    scratch = Path(tempfile.mkdtemp(prefix="aiperf-", dir=base if len(base) <= 40 or not os.path.isdir("/tmp")
+                                    else "/tmp"))
     env["TMPDIR"] = str(scratch)
     log = out.parent / f"{out.name}.aiperf.log"
     with open(log, "wb") as fh, contextlib.ExitStack() as cleanup:
