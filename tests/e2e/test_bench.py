@@ -20,20 +20,31 @@ def _bench_out(root: Path) -> Path:
     return next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
 
 
+@pytest.fixture(scope="module")
+def aiperf_build(tiny_build, tmp_path_factory) -> Path:
+    """The shared tiny build re-benched with aiperf's export on (``bench.aiperf=true``, the default outside the
+    tests), published: the bench and publish stages re-run, the rest is cached."""
+    root = tmp_path_factory.mktemp("aiperf") / "root"
+    shutil.copytree(tiny_build, root)
+    proc = run_cli("build", *TINY, "bench.aiperf=true", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
 def _level_dirs(out: Path, doc: dict) -> list[tuple[Path, dict]]:
     return [(out / "aiperf" / w / f"concurrency_{lv['concurrency']}", lv)
             for w, r in doc["workloads"].items() for lv in r["openai_levels"]]
 
 
-def test_every_level_has_aiperfs_native_chat_export(tiny_build, tmp_path):
+def test_every_level_has_aiperfs_native_chat_export(aiperf_build, tmp_path):
     """Each level's aiperf export is aiperf's own run against the front end: its OpenAI chat endpoint type,
     streaming, no request template, the level's prompts, concurrency and request count; planted exports of the
     wrong endpoint type, not streamed, or templated are refused."""
-    out = _bench_out(tiny_build)
+    out = _bench_out(aiperf_build)
     doc = json.loads((out / "bench.json").read_text())
     assert doc["openai"]["aiperf"]["endpoint_type"] == "chat"
     dirs = _level_dirs(out, doc)
-    bundle = next(tiny_build.glob("published/**/bundle.json")).parent
+    bundle = next(Path(r["output"]) for r in report(aiperf_build)["stages"] if r["stage"] == "publish")
     measured = [r for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())
                 if r["phase"] == "measure"]
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("aiperf/*/concurrency_*")) == \
@@ -102,11 +113,11 @@ def test_every_level_has_aiperfs_native_chat_export(tiny_build, tmp_path):
         f"inputs.json: {n} payload(s) not streamed completions requests ('prompt', stream: true)"]
 
 
-def test_aiperfs_own_loader_reads_every_level(tiny_build, tmp_path):
+def test_aiperfs_own_loader_reads_every_level(aiperf_build, tmp_path):
     from aiperf.plot.core.data_loader import DataLoader
     from aiperf.plot.core.mode_detector import ModeDetector
 
-    out = _bench_out(tiny_build)
+    out = _bench_out(aiperf_build)
     doc = json.loads((out / "bench.json").read_text())
     loader = DataLoader()
     for d, lv in _level_dirs(out, doc):

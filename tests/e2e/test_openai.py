@@ -9,15 +9,16 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TINY, cli_env
+from tests.helpers.serving import Serve
 
 pytestmark = [pytest.mark.e2e]
 MODEL = "tiny-qwen3"
@@ -26,34 +27,6 @@ PROMPT = "The capital of France is"
 
 def _bundle(tiny_build: Path) -> Path:
     return next(tiny_build.glob("published/**/bundle.json")).parent
-
-
-class Serve:
-    """``python -m pipeline serve TARGET ARGS`` in a child process; the addresses it prints."""
-
-    def __init__(self, target: Path, *args: str, cwd: Path, env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(target), *args], cwd=cwd,
-                                     env=env or cli_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        self.lines: list[str] = []
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("stop with"):
-                break
-        if not self.lines or not self.lines[-1].startswith("stop with"):
-            self.proc.kill()
-            raise AssertionError(f"pipeline serve did not start: {self.lines}\n{self.proc.stderr.read()[-3000:]}")
-        self.url = next(x.split()[1] for x in self.lines if x.startswith("OpenAI"))
-        self.grpc = next(x.split()[1] for x in self.lines if x.startswith("gRPC"))
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                return self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -409,7 +382,10 @@ def test_aiperf_chat_endpoint_profiles_it_natively(served, tiny_build, tmp_path)
     out = tmp_path / "aiperf"
     tok = _repo(tiny_build) / "tensorrt_llm" / "1" / "engine"
     aiperf = Path(sys.executable).with_name("aiperf")
-    env = cli_env(tmp_path)
+    # aiperf's unix sockets live in TMPDIR and cannot bind past 107 bytes (it then exits 0 without an export):
+    # a short scratch directory, not the test's deep temporary one
+    scratch = Path(tempfile.mkdtemp(prefix="aiperf-", dir="/tmp"))
+    env = cli_env(scratch)
     env.pop("HF_HUB_OFFLINE")  # aiperf 0.13's offline mode looks a local tokenizer directory up as a Hub repo id
     proc = subprocess.run([str(aiperf), "profile", "--endpoint-type", "chat", "--streaming", "-u",
                            served.url.removesuffix("/v1"), "-m", MODEL, "--tokenizer", str(tok),
@@ -417,6 +393,7 @@ def test_aiperf_chat_endpoint_profiles_it_natively(served, tiny_build, tmp_path)
                            "--output-tokens-mean", "8", "--extra-inputs", "ignore_eos:true", "--artifact-dir",
                            str(out), "--ui-type", "none", "--random-seed", "1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    shutil.rmtree(scratch, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "profile_export_aiperf.json").read_text())
     assert doc["request_count"]["avg"] == 8 and not doc.get("error_summary")
