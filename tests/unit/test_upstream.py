@@ -215,3 +215,90 @@ def test_verify_command_exit_status(tmp_path):
 @requires_trtllm
 def test_recorded_build_surface_matches_the_installed_tensorrt_llm():
     assert refresh.verify_installed("1.2.1") == []
+
+
+# Hand-written in the shape of upstream's ensemble and tensorrt_llm templates: every field the record keeps, each
+# once templated and once literal, so a record that drops, renames or mistypes one of them differs.
+EVERY_FIELD = """
+name: "ensemble"
+platform: "ensemble"
+max_batch_size: 8
+model_transaction_policy { decoupled: ${decoupled_mode} }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } },
+  { name: "embedding" data_type: ${embedding_type} dims: [ ${hidden} ] optional: true allow_ragged_batch: true }
+]
+output [
+  { name: "text_output" data_type: ${out_type} dims: [ -1 ] },
+  { name: "scores" data_type: TYPE_FP32 dims: [ 2, 3 ] reshape: { shape: [ 6 ] } }
+]
+instance_group [ { count: ${first_count} kind: KIND_GPU }, { count: ${second_count} kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: ${delay} }
+"""
+
+
+def test_template_parser_records_every_field_it_keeps():
+    rec = parse_template(EVERY_FIELD)
+    assert rec == {
+        "name": "ensemble", "platform": "ensemble", "max_batch_size": 8, "decoupled": "${decoupled_mode}",
+        "inputs": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": False,
+                    "reshape": []},
+                   {"name": "embedding", "data_type": "${embedding_type}", "dims": [1], "optional": True,
+                    "allow_ragged_batch": True}],
+        "outputs": [{"name": "text_output", "data_type": "${out_type}", "dims": [-1]},
+                    {"name": "scores", "data_type": "TYPE_FP32", "dims": [2, 3], "reshape": [6]}],
+        "parameters": {},
+        "instance_group": {"count": "${first_count}", "kind": "KIND_GPU"},  # the first group's placeholder
+        "dynamic_batching": {"max_queue_delay_microseconds": "${delay}"}}
+    assert all(type(v) is bool for t in rec["inputs"] for k, v in t.items() if k in ("optional",
+                                                                                     "allow_ragged_batch"))
+
+
+def test_template_parser_records_ensemble_steps_with_sorted_maps():
+    steps = EVERY_FIELD.replace("dynamic_batching { max_queue_delay_microseconds: ${delay} }\n", """
+ensemble_scheduling {
+  step [
+    { model_name: "preprocessing" model_version: -1
+      input_map { key: "QUERY" value: "text_input" } input_map { key: "ALPHA" value: "embedding" }
+      output_map { key: "ZETA" value: "_ids" } output_map { key: "BETA" value: "_len" } },
+    { model_name: "postprocessing" model_version: -1
+      input_map { key: "TOKENS" value: "_ids" } output_map { key: "OUTPUT" value: "text_output" } }
+  ]
+}
+""")
+    rec = parse_template(steps)
+    assert "dynamic_batching" not in rec
+    assert rec["steps"] == [
+        {"model_name": "preprocessing", "input_map": {"ALPHA": "embedding", "QUERY": "text_input"},
+         "output_map": {"BETA": "_len", "ZETA": "_ids"}},
+        {"model_name": "postprocessing", "input_map": {"TOKENS": "_ids"}, "output_map": {"OUTPUT": "text_output"}}]
+    # the maps are recorded in key order (the record's YAML is written sorted)
+    assert list(rec["steps"][0]["input_map"]) == ["ALPHA", "QUERY"]
+    assert list(rec["steps"][0]["output_map"]) == ["BETA", "ZETA"]
+    assert "steps" not in parse_template(EVERY_FIELD)
+
+
+def test_template_parser_records_literal_fields_as_values():
+    rec = parse_template(EVERY_FIELD.replace("${decoupled_mode}", "true").replace("${first_count}", "3")
+                         .replace("${second_count}", "5")
+                         .replace("${delay}", "250").replace('platform: "ensemble"', 'backend: "python"')
+                         .replace("max_batch_size: 8", "max_batch_size: ${mbs}"))
+    assert rec["decoupled"] is True and rec["max_batch_size"] == "${mbs}" and rec["backend"] == "python"
+    assert "platform" not in rec
+    assert rec["instance_group"] == {"count": 3, "kind": "KIND_GPU"} and type(rec["instance_group"]["count"]) is int
+    assert rec["dynamic_batching"] == {"max_queue_delay_microseconds": 250}
+    assert type(rec["dynamic_batching"]["max_queue_delay_microseconds"]) is int
+    plain = parse_template('name: "m" max_batch_size: 4 model_transaction_policy { decoupled: false }')
+    assert plain == {"name": "m", "max_batch_size": 4, "decoupled": False, "inputs": [], "outputs": [],
+                     "parameters": {}}
+    assert type(plain["max_batch_size"]) is int and plain["decoupled"] is False
+    # a placeholder that is not the data type of a named tensor is a field placeholder, parsed as 1
+    assert parse_template('name: "m" max_batch_size: 0 model_transaction_policy { decoupled: ${d} }')[
+        "decoupled"] == "${d}"
+
+
+def test_template_parser_names_the_file_it_refuses():
+    with pytest.raises(UserError, match=r"^config\.pbtxt: not a Triton model config"):
+        parse_template("name: 1 2 3")
+    with pytest.raises(UserError, match=r"^L/m/config\.pbtxt: not a Triton model config"):
+        parse_template("name: 1 2 3", name="L/m/config.pbtxt")

@@ -51,3 +51,53 @@ def test_the_recorded_lines_and_a_models_tensor_names():
     assert names[0] == upstream.interface("1.2.1")["ensemble"]["inputs"][0]["name"]
     assert len(names) == len(set(names)) and "text_input" in names
     assert "text_output" in upstream.tensor_names("1.2.1", "inflight_batcher_llm", "ensemble", "outputs")
+
+
+def test_a_wrong_pair_names_the_setting_and_the_versions_that_have_an_image(pairs):
+    # an unrecorded image, a version with an image: the hint is that image
+    assert upstream.check_pair("1.0.0", "x:1") == [
+        f"runtime.container=x:1 is not a recorded trtllm-python-py3 serving image; recorded for TensorRT-LLM 1.0.0: "
+        f"{IMG.format('25.10')}"]
+    # a version no image ships: the hint lists the versions that have one
+    assert upstream.check_pair("9.9", "x:1", setting="serve.image") == [
+        "serve.image=x:1 is not a recorded trtllm-python-py3 serving image; recorded for TensorRT-LLM 9.9: "
+        "a TensorRT-LLM version with a recorded image (0.16.0, 1.0.0)"]
+    assert upstream.check_pair("0.16.0", IMG.format("25.10")) == [
+        f"runtime.container={IMG.format('25.10')} ships TensorRT-LLM 1.0.0 (NVIDIA's compatibility matrix), not "
+        f"runtime.trtllm_version=0.16.0; use {IMG.format('24.12')}"]
+    assert upstream.check_pair(None, IMG.format("25.10")) == []
+
+
+def test_a_tag_without_a_colon_sorts_first():
+    assert upstream._tag_key("tritonserver") == (0,)  # no tag at all: not an error
+
+
+def test_each_figures_source_names_the_page_row_and_commit():
+    image = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # NVIDIA gives no minimum driver for it
+    src = upstream.container_source(image)
+    assert src["trtllm"] == ("https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/"
+                             "introduction/compatibility.html (row 26.07; triton-inference-server/server "
+                             "docs/introduction/compatibility.md @ 4b54459107)")
+    assert src["triton"] == "triton-inference-server/server TRITON_VERSION on r26.07 @ 819ee37770"
+    assert src["min_driver"] == "unknown: no NVIDIA page reached gives it"
+
+
+def test_lines_layouts_and_reads_lookups_and_their_errors():
+    assert upstream.line_for("main") == "main" and upstream.line_for("1.3.0rc1") == "main"
+    assert upstream.line_for("1.2.0") == "1.2.1" and upstream.line_for(None) == "1.2.1"
+    with pytest.raises(UserError) as err:
+        upstream.line_for("latest")
+    assert str(err.value) == "TensorRT-LLM version 'latest' is not MAJOR.MINOR[.PATCH]"
+    with pytest.raises(UserError) as err:
+        upstream.record_file("0.9")
+    assert str(err.value) == "no recorded upstream interface for TensorRT-LLM '0.9' (recorded: 1.2.1, main)"
+    with pytest.raises(UserError) as err:
+        upstream.interface("1.2.1", "disaggregated")
+    assert str(err.value) == ("TensorRT-LLM 1.2.1 has no disaggregated layout upstream (it has: "
+                              "inflight_batcher_llm, llmapi)")
+    assert upstream.reads("1.2.1") == upstream.reads("1.2.1", "inflight_batcher_llm")
+    assert "tensorrt_llm_bls" in upstream.reads("1.2.1") and "ensemble" not in upstream.reads("1.2.1", "llmapi")
+    assert upstream.reads("1.2.1", "no_such_layout") == {}
+    llmapi = upstream.tensor_names("1.2.1", "llmapi", "tensorrt_llm")
+    assert llmapi == [t["name"] for t in upstream.interface("1.2.1", "llmapi")["tensorrt_llm"]["inputs"]]
+    assert llmapi != upstream.tensor_names("1.2.1", "inflight_batcher_llm", "tensorrt_llm")
