@@ -302,3 +302,10 @@ def test_template_parser_names_the_file_it_refuses():
         parse_template("name: 1 2 3")
     with pytest.raises(UserError, match=r"^L/m/config\.pbtxt: not a Triton model config"):
         parse_template("name: 1 2 3", name="L/m/config.pbtxt")
+
+
+def test_a_templated_data_type_not_tied_to_a_tensor_name_is_recorded_as_invalid():
+    # the parser ties a data type placeholder to the name written before it; written the other way round, the type
+    # is unknown, and the record says so rather than taking the enum value the stand-in would parse as
+    rec = parse_template('name: "m" output [ { data_type: ${t} name: "x" dims: [ 1 ] } ]')
+    assert rec["outputs"] == [{"name": "x", "data_type": "TYPE_INVALID", "dims": [1]}]
