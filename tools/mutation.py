@@ -269,8 +269,10 @@ def commit_info() -> dict:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain",
-                                                                          "--untracked-files=no"))}
+    # the tool's own outputs (this JSON and the table rendered from it) are left out: they are not what is measured
+    outputs = [f":(exclude){p.relative_to(REPO)}" for p in (RESULTS, DOC)]
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", *outputs))}
 
 
 def render(doc: dict) -> None:
