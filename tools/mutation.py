@@ -60,7 +60,8 @@ MODULES: dict[str, dict] = {
         "path": "pipeline/triton/lint.py",
         "functions": ["x_conformance", "x__tensor_view", "x__steps", "x__step_differences", "x__tensors",
                       "x__dtype", "x__params", "x_check_ensemble", "x_lint"],
-        "tests": ["tests/unit/test_lint_ensemble.py", "tests/unit/test_lint.py", "tests/e2e/test_conformance.py"],
+        "tests": ["tests/unit/test_lint_conformance.py", "tests/unit/test_lint_ensemble.py", "tests/unit/test_lint.py",
+                  "tests/e2e/test_conformance.py"],
     },
     "upstream": {
         "path": "pipeline/upstream/__init__.py",
