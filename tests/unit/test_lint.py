@@ -270,3 +270,35 @@ def test_a_planted_wrong_data_type_is_named_for_every_model_of_each_layout(rende
         about = [f for f in findings if f.startswith(f'{model}/config.pbtxt: {kind[:-1]} "{tensor}"')
                  and "upstream has" in f]
         assert about == [want], about  # its dims, reshape and optional flag still match
+
+
+def test_a_missing_model_of_the_layout_is_named_and_an_optional_one_is_not(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    shutil.rmtree(repo / "postprocessing")
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert "postprocessing/config.pbtxt: missing; upstream's inflight_batcher_llm layout has a \"postprocessing\" " \
+           "model" in findings
+    # upstream's BLS model is an alternative entry point, not a model every repository must have
+    repo = copy(rendered, "engine", tmp_path / "no-bls")
+    shutil.rmtree(repo / "tensorrt_llm_bls")
+    assert lint.lint(repo, trtllm_version="1.2.1") == []
+
+
+def test_a_broken_ensemble_step_does_not_stop_the_other_models_checks(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    p = repo / "preprocessing" / "config.pbtxt"
+    text = p.read_text()
+    i = text.index("}")
+    p.write_text(text[:i] + text[i + 1:])
+    drop_line(repo / "tensorrt_llm" / "config.pbtxt", 'key: "tokenizer_dir"')
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert findings[0].startswith("preprocessing/config.pbtxt: not a valid Triton model") and len(findings) == 2
+    assert findings[1].startswith('tensorrt_llm/config.pbtxt: required parameter "tokenizer_dir" is missing')
+
+
+def test_the_container_picks_the_line_only_when_no_version_is_given(rendered):
+    image = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # ships TensorRT-LLM 1.2.1
+    repo = rendered["llmapi"]
+    newest = lint.lint(repo, trtllm_version="1.3.0")  # the main line's record
+    assert newest != [] and lint.lint(repo, container=image) == []
+    assert lint.lint(repo, trtllm_version="1.3.0", container=image) == newest
