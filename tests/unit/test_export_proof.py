@@ -6,6 +6,7 @@ bound loosened past its control fails here; the untouched export must pass. docs
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 
@@ -488,3 +489,222 @@ def test_every_faulty_layer_is_named_not_only_the_first(fp8, tmp_path):
                 f"{p1}.self_attn.k_proj: weight_scale is F16, FP8 stores F32"]
     for want in expected:
         assert any(p.startswith(want) for p in s), (want, s)
+
+
+# ------------------------------------------------------------------- rules each found by one planted fault (mutants)
+def _as_nvfp4(t, q):
+    """The FP8 export's tensors in NVFP4's layout (structure only): two e2m1 per byte along the input, one e4m3 scale
+    per 16 inputs, a global fp32 weight_scale_2."""
+    for name in exports._linears():
+        out, inp = t[f"{name}.weight"].shape
+        t[f"{name}.weight"] = torch.zeros(out, inp // 2, dtype=torch.uint8)
+        t[f"{name}.weight_scale"] = torch.ones(out, inp // 16).to(torch.float8_e4m3fn)
+        t[f"{name}.weight_scale_2"] = torch.tensor(0.01)
+    q.update(quant_algo="NVFP4", group_size=16)
+
+
+def test_nvfp4_packs_along_the_input_and_every_missing_scale_is_named(fp8, tmp_path):
+    ckpt = fp8.tampered(tmp_path / "nvfp4", _as_nvfp4)
+    s = proof.check_structure(ckpt, "nvfp4", "fp8")
+    assert s.problems == [] and s.details["quantized_linears"] == 14
+    assert s.details["quantized_bytes_per_param"] == pytest.approx(0.5 + 1 / 16, abs=1e-3)
+
+    def drop(t, q):
+        _as_nvfp4(t, q)
+        del t[f"{LAYER}.weight_scale_2"], t[f"{LAYER}.input_scale"]
+
+    s = proof.check_structure(fp8.tampered(tmp_path / "dropped", drop), "nvfp4", "fp8").problems
+    assert s == [f"{LAYER}: {part} missing (NVFP4 stores weight_scale, weight_scale_2, input_scale; dropped scale)"
+                 for part in ("weight_scale_2", "input_scale")]
+
+
+def test_a_scale_dtype_outside_the_layout_names_every_dtype_it_allows(awq, tmp_path):
+    ckpt = awq.tampered(tmp_path / "i32", lambda t, q: t.__setitem__(
+        f"{LAYER}.weight_scale", t[f"{LAYER}.weight_scale"].to(torch.int32)))
+    assert _structure(awq, ckpt).problems == [f"{LAYER}: weight_scale is I32, W4A16_AWQ stores BF16/F16/F32"]
+
+
+def test_an_input_size_the_group_does_not_divide_is_named_once_per_layer(awq):
+    s = proof.check_structure(awq.dir, "int4_awq", "fp8", 96).problems  # 96 divides neither 128 nor 256
+    assert [p for p in s if p.startswith(f"{LAYER}:")] == [
+        f"{LAYER}: input size 256 is not a multiple of group_size 96 (wrong block size)"]
+    assert None not in s and s[0].startswith("hf_quant_config.json: group_size 64")
+
+
+def test_a_bias_is_part_of_any_layout_and_not_counted_as_quantized_bytes(fp8, tmp_path):
+    ckpt = fp8.tampered(tmp_path / "bias", lambda t, q: t.__setitem__(
+        f"{LAYER}.bias", torch.zeros(128, dtype=torch.bfloat16)))
+    s = _structure(fp8, ckpt)
+    assert s.problems == []
+    assert s.details["quantized_bytes_per_param"] == _structure(fp8).details["quantized_bytes_per_param"]
+
+
+def test_one_quantized_layer_is_enough_and_none_is_named(fp8, tmp_path):
+    names = list(exports._linears())
+
+    def keep(n):
+        def edit(t, q):
+            for name in names[n:]:
+                for part in ("weight_scale", "input_scale"):
+                    del t[f"{name}.{part}"]
+                t[f"{name}.weight"] = fp8.original[name].clone()
+            q["exclude_modules"] = [*q["exclude_modules"], *names[n:]]
+        return edit
+
+    one = _structure(fp8, fp8.tampered(tmp_path / "one", keep(1)))
+    assert one.problems == [] and one.details["quantized_linears"] == 1 and one.details["excluded_linears"] == 14
+    none = _structure(fp8, fp8.tampered(tmp_path / "none", keep(0)))
+    assert none.problems == ["nothing was quantized: the export carries no FP8 weights (every linear layer is excluded "
+                             "or unquantized)"]
+
+
+def test_both_missing_kv_scales_are_named_and_a_zero_one_is_refused(fp8, tmp_path):
+    def drop(t, q):
+        del t[f"{ATTN}.k_proj.k_scale"], t[f"{ATTN}.v_proj.v_scale"]
+
+    assert _structure(fp8, fp8.tampered(tmp_path / "nokv", drop)).problems == [
+        f"{ATTN}: {w}_proj.{w}_scale missing, but the KV cache is quantized (FP8) (dropped scale)" for w in "kv"]
+    zero = fp8.tampered(tmp_path / "zero", lambda t, q: t.__setitem__(f"{ATTN}.v_proj.v_scale", torch.tensor(0.0)))
+    assert _structure(fp8, zero).problems == [f"{ATTN}: v_scale is 0.0, not a positive finite scale"]
+
+
+def test_the_structure_details_record_the_group_size_and_bytes_per_parameter(awq, fp8):
+    d = _structure(awq).details
+    assert d["group_size"] == 64 and _structure(fp8).details["group_size"] is None
+    bpp = _structure(fp8).details["quantized_bytes_per_param"]
+    # FP8: one byte per weight plus two fp32 scalars (weight_scale, input_scale) per layer, to 4 decimals
+    params = sum(o * i for o, i in exports._linears().values())
+    assert bpp == round((params + 8 * 14) / params, 4)
+
+
+def test_a_quant_config_without_its_quantization_section_is_empty_not_missing(fp8, tmp_path):
+    import json
+    import shutil
+
+    ckpt = tmp_path / "bare"
+    shutil.copytree(fp8.dir, ckpt)
+    (ckpt / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}}))
+    assert proof.quant_config(ckpt) == {}
+    assert proof.check_structure(ckpt, "fp8", "fp8").problems[:2] == [
+        "hf_quant_config.json: quant_algo None, but quant.format=fp8 exports 'FP8'",
+        "hf_quant_config.json: kv_cache_quant_algo None, but quant.kv_cache=fp8 exports 'FP8'"]
+
+
+def test_quantizers_without_the_attributes_modelopt_sets_count_as_absent():
+    class Bare:  # a quantizer object that lacks is_enabled / amax / _pre_quant_scale
+        num_bits = (4, 3)
+
+    m = torch.nn.Module()
+    m.lin = torch.nn.Linear(4, 4, bias=False)
+    m.lin.weight_quantizer = Bare()
+    m.lin.input_quantizer = Bare()
+    m.plain = torch.nn.Linear(4, 4, bias=False)
+    assert list(proof.quantized_linears(m)) == []
+    assert proof._pre_quant_scale(m.lin) is None and proof._pre_quant_scale(m.plain) is None
+    m.lin.input_quantizer.is_enabled = True  # enabled, but never calibrated: no amax
+    assert proof.calibrated_scales(m) == {}
+
+
+def test_both_kv_scales_are_collected_and_a_disabled_quantizers_amax_is_not():
+    m = torch.nn.Module()
+    m.attn = _Attention(4.48, 8.96)
+    m.lin = _Linear(8, input_amax=44.8)
+    m.lin.input_quantizer.is_enabled = False  # calibrated, then disabled: not a static scale of the export
+    assert proof.calibrated_scales(m) == {"attn.k": ("kv", pytest.approx(0.01)), "attn.v": ("kv", pytest.approx(0.02))}
+
+
+def test_a_layer_off_by_noise_not_scale_gets_no_scale_hint(export, tmp_path):
+    import re
+
+    ckpt = export.tampered(tmp_path / "excluded", _unquantize(export, exclude=True))
+    msg = [p for p in _layers(export, ckpt).problems if "the exported weight differs" in p]
+    bound = shipped_ratio(export.fmt)
+    assert len(msg) == 1 and re.fullmatch(rf"{LAYER}: the exported weight differs from the fake-quant weight by "
+                                          rf"[0-9.]+× the quantization error \(max {bound:g}\)", msg[0]), msg
+
+
+def test_the_scale_hint_needs_only_a_nonzero_fake_quant_weight(fp8):
+    import copy
+
+    ref = copy.deepcopy(fp8.ref)
+    layer = ref.layers[LAYER]
+    c = 0.5 / float(layer.sketch.norm())  # a fake-quant sketch of squared norm 0.25, below 1
+    layer.sketch = layer.sketch * c
+    mine = [p for p in proof.check_layers(fp8.dir, ref, 0.25).problems if p.startswith(LAYER)]
+    assert len(mine) == 1 and f"it is {1 / c:.3g}× the fake-quant weight (a wrong weight scale)" in mine[0], mine
+
+
+def test_a_ratio_equal_to_the_bound_passes_and_the_ratios_are_recorded_to_5_decimals(fp8, tmp_path):
+    assert proof.check_layers(fp8.dir, fp8.ref, 0.0).problems == []  # the untouched export scores exactly 0
+    lay = _layers(fp8, fp8.tampered(tmp_path / "scaled", _scaled(1.1)))
+    worst, mean = lay.details["worst_ratio"], lay.details["mean_ratio"]
+    assert isinstance(worst, float) and worst == round(worst, 5) and worst > 2  # not an int, not 6 decimals
+    assert isinstance(mean, float) and mean == round(mean, 5)
+    assert mean == pytest.approx(worst / 14, abs=1e-5)  # one faulty layer of 14, the others at 0
+
+
+def test_every_missing_scale_is_named_and_one_exactly_at_the_tolerance_passes(fp8):
+    t = proof.Checkpoint(fp8.dir)
+    a, b = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
+    assert proof.scale_problems(t, {"x.y": ("input", 1.0), "x.z": ("input", 2.0)}) == [
+        "x.y.input_scale: missing; the calibrated model has this activation scale (1)",
+        "x.z.input_scale: missing; the calibrated model has this activation scale (2)"]
+    got = float(t.get(f"{a}.input_scale").float())
+    # |got - want| == rtol × want exactly (powers of two): within the tolerance
+    assert proof.scale_problems(t, {a: ("input", got / 2)}, rtol=1.0) == []
+    assert proof.scale_problems(t, {b: ("input", got / 2)}, rtol=1.0) != []  # another layer's value
+
+
+def test_the_bf16_fraction_bound_is_exclusive_to_the_last_bit(fp8, monkeypatch):
+    import dataclasses
+
+    params = sum(o * i for o, i in exports._linears().values())
+    fraction = ((params + 8 * 14) / params) / 2.0  # FP8: a byte per weight, two fp32 scalars per layer
+    layout = proof.LAYOUTS["FP8"]
+    monkeypatch.setitem(proof.LAYOUTS, "FP8", dataclasses.replace(layout, bf16_fraction_max=fraction))
+    assert _structure(fp8).problems == []  # exactly at the bound
+    monkeypatch.setitem(proof.LAYOUTS, "FP8", dataclasses.replace(layout, bf16_fraction_max=math.nextafter(fraction, 0)))
+    assert [p.split(";")[1] for p in _structure(fp8).problems] == [
+        f" FP8 must stay under {math.nextafter(fraction, 0):g}× bf16"]
+
+
+def _composite(tmp_path, top, text):
+    """A Gemma 3 config (text and vision parts, as composite checkpoints write them) with the tie flags given."""
+    import json
+
+    from transformers import Gemma3Config
+
+    cfg = Gemma3Config(text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=300),
+                       vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=2, image_size=28, patch_size=14)).to_dict()
+    cfg["tie_word_embeddings"], cfg["text_config"]["tie_word_embeddings"] = top, text
+    if top is None:
+        del cfg["tie_word_embeddings"]
+    d = tmp_path / f"gemma3-{top}-{text}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("top, text, tied", [(True, False, True), (False, True, True), (False, False, False)])
+def test_tied_embeddings_are_read_from_the_config_or_its_text_part(tmp_path, top, text, tied):
+    linears, attention, got = proof.architecture(_composite(tmp_path, top, text))
+    assert got is tied
+    assert "lm_head" in linears and "model.language_model.layers.0.self_attn" in attention
+
+
+def test_a_config_without_a_tie_flag_is_untied(tmp_path):
+    import json
+
+    from transformers import AutoConfig
+
+    # mllama's top-level config has no tie_word_embeddings at all (transformers 5); its text part says False
+    cfg = AutoConfig.for_model("mllama", text_config=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=300, cross_attention_layers=[1], pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_global_layers=1,
+                           attention_heads=2, image_size=28, patch_size=14, vision_output_dim=64)).to_dict()
+    assert "tie_word_embeddings" not in cfg
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert proof.architecture(tmp_path)[2] is False
