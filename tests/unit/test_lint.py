@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from pipeline import config
+from pipeline.errors import UserError
 from pipeline.stages.package import ENGINE_REL, render_repository
 from pipeline.triton import lint
 
@@ -275,9 +276,11 @@ def test_a_planted_wrong_data_type_is_named_for_every_model_of_each_layout(rende
 def test_a_missing_model_of_the_layout_is_named_and_an_optional_one_is_not(rendered, tmp_path):
     repo = copy(rendered, "engine", tmp_path)
     shutil.rmtree(repo / "postprocessing")
+    shutil.rmtree(repo / "preprocessing")
     findings = lint.lint(repo, trtllm_version="1.2.1")
-    assert "postprocessing/config.pbtxt: missing; upstream's inflight_batcher_llm layout has a \"postprocessing\" " \
-           "model" in findings
+    for model in ("preprocessing", "postprocessing"):
+        assert f"{model}/config.pbtxt: missing; upstream's inflight_batcher_llm layout has a \"{model}\" model" \
+            in findings, findings
     # upstream's BLS model is an alternative entry point, not a model every repository must have
     repo = copy(rendered, "engine", tmp_path / "no-bls")
     shutil.rmtree(repo / "tensorrt_llm_bls")
@@ -302,3 +305,25 @@ def test_the_container_picks_the_line_only_when_no_version_is_given(rendered):
     newest = lint.lint(repo, trtllm_version="1.3.0")  # the main line's record
     assert newest != [] and lint.lint(repo, container=image) == []
     assert lint.lint(repo, trtllm_version="1.3.0", container=image) == newest
+
+
+def test_a_path_that_is_not_a_directory_is_refused(tmp_path):
+    with pytest.raises(UserError) as err:
+        lint.lint(tmp_path / "nope")
+    assert str(err.value) == f"{tmp_path / 'nope'}: no such directory"
+
+
+def test_an_unparsed_config_leaves_the_layout_unknown_and_is_the_only_finding(rendered, tmp_path):
+    repo = copy(rendered, "llmapi", tmp_path)
+    p = repo / "tensorrt_llm" / "config.pbtxt"
+    text = p.read_text()
+    i = text.index("}")
+    p.write_text(text[:i] + text[i + 1:])
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert len(findings) == 1 and findings[0].startswith("tensorrt_llm/config.pbtxt: not a valid Triton model"), \
+        findings
+
+
+def test_a_model_the_record_says_nothing_it_reads_about_is_compared_on_its_tensors(rendered, monkeypatch):
+    monkeypatch.setattr(lint.upstream, "reads", lambda line, layout: {})  # a record line without a reads section
+    assert lint.lint(rendered["engine"], trtllm_version="1.2.1") == []

@@ -134,3 +134,30 @@ def test_a_templates_placeholders_are_listed_once_in_order():
     assert placeholders('max_batch_size: ${mbs}\nparameters { key: "${k}" }\n${mbs} ${other_1}') == \
         ["mbs", "k", "other_1"]
     assert placeholders("no placeholder, $notone {x}") == []
+
+
+def test_every_finding_of_a_checkout_is_kept_in_model_order(tmp_path, monkeypatch):
+    recorded = refresh.parse_checkout(_checkout(tmp_path / "rec", "L", {"m": PBTXT}), "L")["m"]
+    record = {"layouts": {"L": {"a": recorded, "m": recorded, "n": recorded}}}
+    monkeypatch.setattr(refresh.upstream, "record", lambda line: record)
+    changed = PBTXT.replace("max_batch_size: 8", "max_batch_size: 4")
+    root = _checkout(tmp_path / "up", "L", {"m": changed, "n": changed})
+    assert refresh.verify_checkout(root, "1.2.1") == [
+        "L/a: recorded, but the checkout has no L/a/config.pbtxt",
+        "L/m: max_batch_size recorded 8, upstream 4", "L/n: max_batch_size recorded 8, upstream 4"]
+
+
+def test_a_model_without_outputs_or_parameters_on_either_side_compares():
+    bare = {"name": "m", "inputs": [{"name": "a", "data_type": "TYPE_INT32", "dims": [1]}]}
+    assert refresh.diff_model("L/m", bare, copy.deepcopy(bare)) == []
+    assert refresh.diff_model("L/m", bare, {**bare, "parameters": {"p": ""}}) == [
+        "L/m: upstream parameter 'p' is not recorded"]
+    assert refresh.diff_model("L/m", {**bare, "outputs": [{"name": "o", "data_type": "TYPE_FP32", "dims": [1]}],
+                                      "parameters": {"q": ""}}, bare) == [
+        "L/m: recorded output 'o' is not upstream", "L/m: recorded parameter 'q' is not upstream"]
+
+
+def test_an_empty_layout_folder_does_not_hide_the_one_with_configs(tmp_path):
+    (tmp_path / "all_models" / "L").mkdir(parents=True)  # present, but no model in it
+    root = _checkout(tmp_path, "triton_backend/all_models/L", {"m": PBTXT})
+    assert refresh.find_layout_dir(root, "L") == tmp_path / "triton_backend" / "all_models" / "L"
