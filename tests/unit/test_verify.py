@@ -328,3 +328,35 @@ def test_an_unreadable_destination_is_one_line_naming_it():
     with pytest.raises(UserError) as err:
         bundle.verify("nosuchproto://bucket/x")
     assert "nosuchproto://bucket/x" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_gpu_bundle_without_an_sm_does_not_match_any_gpu(local, monkeypatch):
+    from pipeline import hardware
+
+    monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
+    bundle = _gpu_bundle(local)
+    rewrite_manifest(bundle / "bundle.json", lambda doc: doc["target"].pop("sm"))
+    assert checks(bundle)["gpu"] == (False, "bundle smNone ≠ local NVIDIA H200 (sm90)")
+
+
+def test_a_file_of_the_bundle_other_than_its_manifest_is_not_a_bundle(local):
+    where = str(local / "reports" / "bench.json")
+    with pytest.raises(UserError) as err:
+        bundle.verify(where)
+    assert str(err.value).startswith(f"{where}: ") and f"{where}/bundle.json" in str(err.value)  # not its folder's
+
+
+def test_a_store_error_while_reading_names_the_bundle_and_what_failed(tmp_path):
+    (tmp_path / "bundle.json").mkdir()  # read as a file: the filesystem's own error
+    with pytest.raises(UserError) as err:
+        bundle.verify(str(tmp_path))
+    assert str(err.value).startswith(f"{tmp_path}: reading the bundle failed (IsADirectoryError")
+
+
+def test_the_checksum_message_names_the_first_five_damaged_files(local):
+    def edit(doc):
+        doc["files"] += [{**doc["files"][0], "path": f"gone/{i}.bin"} for i in range(6)]
+
+    rewrite_manifest(local / "bundle.json", edit)
+    ok, message = checks(local)["checksums"]
+    assert ok is False and message == "; ".join(f"gone/{i}.bin is missing" for i in range(5)), message
