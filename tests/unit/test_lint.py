@@ -281,6 +281,7 @@ def test_a_missing_model_of_the_layout_is_named_and_an_optional_one_is_not(rende
     for model in ("preprocessing", "postprocessing"):
         assert f"{model}/config.pbtxt: missing; upstream's inflight_batcher_llm layout has a \"{model}\" model" \
             in findings, findings
+    assert 'ensemble/config.pbtxt: step 0 uses model "preprocessing", which is not in the repository' in findings
     # upstream's BLS model is an alternative entry point, not a model every repository must have
     repo = copy(rendered, "engine", tmp_path / "no-bls")
     shutil.rmtree(repo / "tensorrt_llm_bls")
