@@ -92,6 +92,8 @@ def test_a_tensor_upstream_lacks_is_named_with_the_source_of_the_record():
     no_repo = record(source={"path": "p/config.pbtxt", "commit": "abc"}, outputs=[])
     assert findings(rec=no_repo) == ["m/config.pbtxt: output \"OUT\" is not in upstream's interface "
                                      "(upstream p/config.pbtxt @ abc); remove it"]
+    no_path = findings(rec=record(source={"repo": "r", "commit": "abc"}, outputs=[]))
+    assert len(no_path) == 1 and "(r" in no_path[0] and "@ abc); remove it" in no_path[0] and "None" not in no_path[0]
 
 
 def test_templated_record_values_are_not_compared_and_literal_ones_are():
