@@ -95,7 +95,7 @@ MODULES: dict[str, dict] = {
         "path": "pipeline/bundle.py",
         "functions": ["x__verify", "x_verify", "x__sha256", "x__open_manifest", "x__damaged", "x_container_check",
                       "x__same_version"],
-        "tests": ["tests/unit/test_bundle.py", "tests/unit/test_verify.py"],
+        "tests": ["tests/unit/test_bundle.py", "tests/unit/test_verify.py", "tests/e2e/test_signing.py"],
     },
     "publish-gates": {
         "path": "pipeline/stages/publish.py",
@@ -328,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
 
         work_root = args.work or Path(tempfile.mkdtemp(prefix="mutation-"))
         keys = args.modules or list(MODULES)
-        info = commit_info()
         for key in keys:  # the raw JSON is written after each module: a long run keeps what it measured
+            info = commit_info()  # the tree each module copies, read just before it is copied
             doc["modules"][key] = {**run_module(key, work_root, nice=args.nice, timeout=args.timeout,
                                                 sample=args.sample), **info}
             doc.update(info, date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -360,3 +360,8 @@ def test_the_checksum_message_names_the_first_five_damaged_files(local):
     rewrite_manifest(local / "bundle.json", edit)
     ok, message = checks(local)["checksums"]
     assert ok is False and message == "; ".join(f"gone/{i}.bin is missing" for i in range(5)), message
+
+
+def test_a_local_bundle_may_hold_the_stage_stores_manifest(local):
+    (local / "manifest.json").write_text("{}")  # the local stage store's own record, next to bundle.json
+    assert checks(local)["tree"][0] is True
