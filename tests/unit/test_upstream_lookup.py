@@ -101,3 +101,20 @@ def test_lines_layouts_and_reads_lookups_and_their_errors():
     llmapi = upstream.tensor_names("1.2.1", "llmapi", "tensorrt_llm")
     assert llmapi == [t["name"] for t in upstream.interface("1.2.1", "llmapi")["tensorrt_llm"]["inputs"]]
     assert llmapi != upstream.tensor_names("1.2.1", "inflight_batcher_llm", "tensorrt_llm")
+
+
+def test_the_recorded_runtime_lines_and_their_boundaries():
+    doc = upstream.runtime_support()
+    assert doc["tensorrt_engine"]["last_line"] == "1.2" and doc["llm_api_pytorch"]["default_from"] == "1.0"
+    assert doc["llm_api_pytorch"]["serves_from"] == "1.2"
+    assert upstream._major_minor("1.2.3rc1") == (1, 2) and upstream._major_minor("not a version") is None
+    assert upstream._line("1.2") == (1, 2) and upstream._line("10.13.3") == (10, 13)
+    engine = {v: upstream.engine_backend_in(v) for v in ("1.2.99", "1.3.0", "0.9.0", "main", "x")}
+    assert engine == {"1.2.99": True, "1.3.0": False, "0.9.0": True, "main": False, "x": False}
+    default = {v: upstream.llm_api_default_in(v) for v in ("0.99.0", "1.0.0", "2.0", "main", "x")}
+    assert default == {"0.99.0": False, "1.0.0": True, "2.0": True, "main": True, "x": False}
+    serves = {v: upstream.llm_api_serves(v) for v in ("1.1.9", "1.2.0", "1.10.0", "main", "x")}
+    assert serves == {"1.1.9": False, "1.2.0": True, "1.10.0": True, "main": True, "x": False}
+    by_record = {v: upstream.runtime_by_record(v) for v in ("0.16.0", "1.0.0", "1.3.0rc2", "main", "x")}
+    assert by_record == {"0.16.0": "trtllm_engine", "1.0.0": "trtllm_llmapi", "1.3.0rc2": "trtllm_llmapi",
+                         "main": "trtllm_llmapi", "x": None}
