@@ -280,17 +280,19 @@ def render(doc: dict) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from _docfile import replace_block
 
-    lines = [f"Run {doc['date']} on {doc['machine']}, commit `{(doc['commit'] or '?')[:10]}`"
-             f"{' (with uncommitted changes)' if doc['dirty'] else ''}, mutmut {doc['mutmut']}; raw results: "
+    lines = [f"Last run {doc['date']} on {doc['machine']}, commit `{(doc['commit'] or '?')[:10]}`"
+             f"{' (with uncommitted changes)' if doc['dirty'] else ''}, mutmut {doc['mutmut']}; each module's row "
+             f"names the commit it was measured at; raw results: "
              f"`benchmarks/results/mutation.json` (written by `python tools/mutation.py`).", "",
              "| module | mutants in scope | killed | survived (equivalent) | no test reaches | score | target 90% |"
-             " tests | wall |", "|---|---|---|---|---|---|---|---|---|"]
+             " tests | wall | commit |", "|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in doc["modules"].items():
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "n/a"
         scope = f"{r['mutants']}" + (f" (sample of {r['sampled_from']})" if r.get("sampled_from") else "")
         lines.append(f"| {key} (`{r['module']}`) | {scope} | {r['killed']} | {r['survived']} "
                      f"({r['equivalent']}) | {r['no_tests']} | {score} | {'met' if r['meets_target'] else 'NOT met'} "
-                     f"| {', '.join(f'`{t}`' for t in r['tests'])} | {r['wall_s']:.0f} s |")
+                     f"| {', '.join(f'`{t}`' for t in r['tests'])} | {r['wall_s']:.0f} s "
+                     f"| `{(r.get('commit') or '?')[:10]}`{' (uncommitted changes)' if r.get('dirty') else ''} |")
     lines += ["", "Survivors (equivalent ones with the reason; the others are gaps):", ""]
     for key, r in doc["modules"].items():
         for s in r["survivors"]:
