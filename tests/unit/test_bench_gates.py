@@ -241,6 +241,8 @@ def test_a_measure_exactly_at_its_absolute_limit_passes():
     assert g["verdict"] == "pass" and all(c["pass"] for c in g["checks"])
     g = bench.gates(cfg, _run(_level(**{**BASE, "tps": 80.0})), {"status": "none"})
     assert g["breaches"] == ["chat at concurrency 1: output 80.0 tokens/s < 100.0 (-20%)"]
+    g = bench.gates(cfg, _run(_level(**{**BASE, "tps": 10.0})), {"status": "none"})
+    assert g["breaches"] == ["chat at concurrency 1: output 10.0 tokens/s < 100.0 (-90%)"]  # the shortfall, exactly
 
 
 def test_every_limit_level_and_measure_is_checked_not_only_the_first():
