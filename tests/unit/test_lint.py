@@ -328,3 +328,16 @@ def test_an_unparsed_config_leaves_the_layout_unknown_and_is_the_only_finding(re
 def test_a_model_the_record_says_nothing_it_reads_about_is_compared_on_its_tensors(rendered, monkeypatch):
     monkeypatch.setattr(lint.upstream, "reads", lambda line, layout: {})  # a record line without a reads section
     assert lint.lint(rendered["engine"], trtllm_version="1.2.1") == []
+
+
+def test_the_serving_mount_given_is_the_one_paths_are_checked_against(rendered):
+    assert lint.lint(rendered["engine"], trtllm_version="1.2.1") == []
+    elsewhere = lint.lint(rendered["engine"], trtllm_version="1.2.1", repo_mount="/srv/repo")
+    assert elsewhere and all("/srv/repo" in f for f in elsewhere), elsewhere
+
+
+def test_a_config_with_bytes_that_are_not_utf8_is_read_not_refused(rendered, tmp_path):
+    repo = copy(rendered, "engine", tmp_path)
+    p = repo / "postprocessing" / "config.pbtxt"
+    p.write_bytes(p.read_bytes() + b"\n# \xff\n")
+    assert lint.lint(repo, trtllm_version="1.2.1") == []

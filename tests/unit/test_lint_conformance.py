@@ -94,6 +94,8 @@ def test_a_tensor_upstream_lacks_is_named_with_the_source_of_the_record():
                                      "(upstream p/config.pbtxt @ abc); remove it"]
     no_path = findings(rec=record(source={"repo": "r", "commit": "abc"}, outputs=[]))
     assert len(no_path) == 1 and "(r" in no_path[0] and "@ abc); remove it" in no_path[0] and "None" not in no_path[0]
+    no_commit = findings(rec=record(source={"repo": "r", "path": "p"}, outputs=[]))
+    assert len(no_commit) == 1 and "(r p @" in no_commit[0] and "None" not in no_commit[0]
 
 
 def test_templated_record_values_are_not_compared_and_literal_ones_are():

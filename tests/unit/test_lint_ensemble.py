@@ -99,3 +99,9 @@ def test_the_ensembles_batch_size_must_fit_every_step_model(model_bs, ensemble_b
     post = POST.replace("max_batch_size: 8", f"max_batch_size: {max(ensemble_bs, 8)}")
     got = [f for f in findings(ens, model, post) if "max_batch_size" in f]
     assert (got == []) is fine, got
+
+
+def test_a_step_model_of_batch_size_one_is_below_the_ensembles():
+    one = MODEL.replace("max_batch_size: 8", "max_batch_size: 1")
+    assert findings(model=one) == ['e/config.pbtxt: max_batch_size 8 exceeds step model "m"\'s 1; lower the '
+                                   "ensemble's or raise the model's"]
