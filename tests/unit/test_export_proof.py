@@ -708,3 +708,72 @@ def test_a_config_without_a_tie_flag_is_untied(tmp_path):
     assert "tie_word_embeddings" not in cfg
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert proof.architecture(tmp_path)[2] is False
+
+
+# ------------------------------------------------ cases no synthetic export reaches (docs/mutation.md's survivors)
+def _fake_architecture(monkeypatch, model, config):
+    """architecture() reading ``config`` and building ``model`` in place of transformers' Auto classes."""
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda ckpt: config)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", lambda cfg: model)
+
+
+class _KOnly(torch.nn.Module):
+    def __init__(self, k=True, v=True):
+        super().__init__()
+        if k:
+            self.k_proj = torch.nn.Linear(4, 4)
+        if v:
+            self.v_proj = torch.nn.Linear(4, 4)
+
+
+def test_an_attention_layer_needs_both_a_linear_k_proj_and_v_proj(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    model = torch.nn.Module()
+    model.both, model.k_only, model.v_only = _KOnly(), _KOnly(v=False), _KOnly(k=False)
+    model.k_not_linear = _KOnly(v=False)
+    model.k_not_linear.v_proj = torch.nn.Identity()  # a v_proj that is no linear layer
+    config = SimpleNamespace(tie_word_embeddings=False, get_text_config=lambda: SimpleNamespace())
+    _fake_architecture(monkeypatch, model, config)
+    linears, attention, tied = proof.architecture(tmp_path)
+    assert attention == ["both"], attention
+    assert "k_only.k_proj" in linears and "v_only.v_proj" in linears and tied is False
+
+
+@pytest.mark.parametrize("top", [None, False])
+def test_a_text_config_without_a_tie_flag_is_untied(monkeypatch, tmp_path, top):
+    """Neither the config nor its text part names tie_word_embeddings (or the top says False): not tied."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(get_text_config=lambda: SimpleNamespace())
+    if top is not None:
+        config.tie_word_embeddings = top
+    _fake_architecture(monkeypatch, torch.nn.Module(), config)
+    assert proof.architecture(tmp_path) == ([], [], False)
+
+
+def test_a_tied_absent_lm_head_before_other_layers_skips_only_itself(fp8, tmp_path, monkeypatch):
+    """A model whose lm_head is not its last linear layer: the layers after a tied, absent head are still checked."""
+    ckpt = fp8.tampered(tmp_path / "no-head", lambda t, q: t.pop("lm_head.weight"))
+    real = proof.architecture
+
+    def head_first(c):
+        linears, attention, _ = real(c)
+        return ["lm_head"] + [n for n in linears if n != "lm_head"], attention, True
+    monkeypatch.setattr(proof, "architecture", head_first)
+    s = _structure(fp8, ckpt)
+    assert s.problems == [] and s.details["quantized_linears"] == 14, s.problems
+
+
+def test_a_dtype_outside_the_byte_table_counts_as_four_bytes(tmp_path):
+    """An unknown safetensors dtype (I16, BOOL) is counted at 4 bytes an element, fp32's size: an over-estimate, so
+    it can only raise the bytes-per-parameter fraction that check_structure bounds, never hide a too-large export."""
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3, 5, dtype=torch.int16), "b": torch.zeros(7, dtype=torch.bool)},
+              str(tmp_path / "model.safetensors"))
+    t = proof.Checkpoint(tmp_path)
+    assert (t.dtype("a"), t.dtype("b")) == ("I16", "BOOL")
+    assert t.nbytes("a") == 15 * 4 and t.nbytes("b") == 7 * 4
