@@ -189,7 +189,7 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
         device = "cuda" if all(_device_of(t, targets) == "cuda" for t in t_values) else "cpu"
         runtime, why = runtime_choice(device, trtllm_probe() if device == "cuda" else None)
         r_values = list(dict.fromkeys(runtime if v == AUTO else v for v in r_values))
-        if say and (r_given or device == "cuda"):
+        if say and (r_given or runtime != "reference"):  # the CPU default needs no word (errors stay one line)
             _note(f"runtime=auto -> {runtime} ({why})")
     r_override = "runtime=" + ",".join(r_values)
     if r_given:
