@@ -150,6 +150,7 @@ def test_llmapi_layout_is_benched_through_its_tensorrt_llm_model(tiny_build, tmp
 
     # with the regression gate on and an unreachable publish.dest: the verdict says no baseline, never "pass"
     proc = run_cli("build", *TINY, "serve.layout=llmapi", "until=bench", "publish.dest=nosuchproto://bucket/x",
+                   "bench.aiperf=true",
                    "bench.gates.regression_pct=25", "bench.gates.regression_on_cpu=true", root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = _bench_out(root)
