@@ -34,6 +34,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -48,7 +49,6 @@ KV_ALGO = {n: k.quant_algo for n, k in KV_FORMATS.items() if k.quant_algo}
 LAYOUTS: dict[str, Layout] = {f.quant_algo: f.layout for f in FORMATS.values() if f.quant_algo and f.layout}
 SKETCH_COLS = 16
 PARTS = ("weight", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "bias")
-_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "U8": 1, "I8": 1, "F64": 8, "I64": 8, "I32": 4}
 
 
 @dataclass
@@ -64,6 +64,15 @@ class Proof:
 
 
 # ------------------------------------------------------------------------------------------------- the checkpoint
+def _stored_sizes(shard: Path) -> dict[str, int]:
+    """Tensor name -> its size in bytes, from a safetensors file's header (an 8-byte little-endian length, then the
+    JSON header whose ``data_offsets`` are each tensor's [begin, end) in the data that follows)."""
+    with open(shard, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+
+
 class Checkpoint:
     """Tensors of a safetensors checkpoint by name, read one at a time from memory-mapped shards."""
 
@@ -73,11 +82,13 @@ class Checkpoint:
         self.dir = Path(ckpt)
         self._handles = []
         self._where: dict[str, Any] = {}
+        self._nbytes: dict[str, int] = {}
         for shard in sorted(self.dir.glob("*.safetensors")):
             h = safe_open(str(shard), framework="pt", device="cpu")
             self._handles.append(h)
             for k in h.keys():
                 self._where[k] = h
+            self._nbytes.update(_stored_sizes(shard))
 
     def keys(self) -> set[str]:
         return set(self._where)
@@ -92,7 +103,8 @@ class Checkpoint:
         return tuple(self._where[key].get_slice(key).get_shape())
 
     def nbytes(self, key: str) -> int:
-        return math.prod(self.shape(key)) * _BYTES.get(self.dtype(key), 4)
+        """The bytes the tensor takes in its shard, as the safetensors header's ``data_offsets`` give them."""
+        return self._nbytes[key]
 
     def get(self, key: str) -> torch.Tensor:
         return self._where[key].get_tensor(key)

@@ -767,13 +767,14 @@ def test_a_tied_absent_lm_head_before_other_layers_skips_only_itself(fp8, tmp_pa
     assert s.problems == [] and s.details["quantized_linears"] == 14, s.problems
 
 
-def test_a_dtype_outside_the_byte_table_counts_as_four_bytes(tmp_path):
-    """An unknown safetensors dtype (I16, BOOL) is counted at 4 bytes an element, fp32's size: an over-estimate, so
-    it can only raise the bytes-per-parameter fraction that check_structure bounds, never hide a too-large export."""
+def test_a_tensors_bytes_are_what_its_shard_stores(tmp_path):
+    """Every dtype's size is the file's own (safetensors' ``data_offsets``), not a table of known dtypes: I16 is
+    2 bytes an element, BOOL 1, F8_E4M3 1; the bytes-per-parameter bound of check_structure reads these."""
     from safetensors.torch import save_file
 
-    save_file({"a": torch.zeros(3, 5, dtype=torch.int16), "b": torch.zeros(7, dtype=torch.bool)},
-              str(tmp_path / "model.safetensors"))
+    save_file({"a": torch.zeros(3, 5, dtype=torch.int16), "b": torch.zeros(7, dtype=torch.bool),
+               "c": torch.zeros(2, 4, dtype=torch.float8_e4m3fn)}, str(tmp_path / "model.safetensors"))
+    save_file({"d": torch.zeros(6, dtype=torch.bfloat16)}, str(tmp_path / "model-2.safetensors"))
     t = proof.Checkpoint(tmp_path)
-    assert (t.dtype("a"), t.dtype("b")) == ("I16", "BOOL")
-    assert t.nbytes("a") == 15 * 4 and t.nbytes("b") == 7 * 4
+    assert (t.dtype("a"), t.dtype("b"), t.dtype("c")) == ("I16", "BOOL", "F8_E4M3")
+    assert (t.nbytes("a"), t.nbytes("b"), t.nbytes("c"), t.nbytes("d")) == (15 * 2, 7, 8, 12)
