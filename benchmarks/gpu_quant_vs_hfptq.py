@@ -105,6 +105,19 @@ def _timed(name, fn):
 for name in os.environ["HFPTQ_STEPS"].split(","):
     if hasattr(hf_ptq, name):
         setattr(hf_ptq, name, _timed(name, getattr(hf_ptq, name)))
+if hasattr(hf_ptq, "create_forward_loop"):  # the loop it builds is timed too: mono_quantize's forward passes
+    _make_loop = hf_ptq.create_forward_loop
+    def _timed_loop(*a, **k):
+        loop = _make_loop(*a, **k)
+        def synced(*la, **lk):
+            torch = sys.modules["torch"]
+            try:
+                return loop(*la, **lk)
+            finally:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()
+        return _timed("forward_loop", synced)
+    hf_ptq.create_forward_loop = _timed_loop
 src = open(hf_ptq.__file__).read()
 tree = ast.parse(src)
 main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
@@ -351,7 +364,8 @@ def step_ours(a, root: Path) -> dict[str, Any]:
         out["torch_peak_gib"] = max(out.get("torch_peak_gib") or 0, round(stage_peak / GIB, 2))
     out.update(r, stage_s=row["stage_wall_s"], status=row["status"], pipeline_peak_rss_gib=round(
         (row["peak_rss_mb"] or 0) / 1024, 2), steps_s=acc.get("timings_s"),
-        export_check_parts_s=acc.get("export_check_parts_s"), gpu_memory=acc.get("gpu_memory"),
+        export_check_parts_s=acc.get("export_check_parts_s"), calibrate_parts_s=acc.get("calibrate_parts_s"),
+        gpu_memory=acc.get("gpu_memory"),
         batch_size=acc.get("batch_size"), calibration=acc.get("calibration"),
         export_check=(acc.get("accuracy") or {}).get("export_check"), gate=(acc.get("accuracy") or {}).get("gate"),
         export_bytes=weight_bytes(qdir / "checkpoint"), quant_algo=acc.get("quant_algo"),
@@ -378,11 +392,21 @@ def hfptq_steps(events: list[dict[str, float]], exit_s: float) -> dict[str, floa
     return {k: round(v, 3) for k, v in own.items()}
 
 
+def hfptq_calibrate(events: list[dict[str, float]]) -> dict[str, float | None]:
+    """hf_ptq's calibrate step as the stage's is counted: the whole ``mono_quantize`` call (quantizer insertion,
+    the forward loop, the calibration's finish), and the forward loop's part of it."""
+    mono = [e["end"] - e["start"] for e in events if e["name"] == "mono_quantize"]
+    loop = [e["end"] - e["start"] for e in events if e["name"] == "forward_loop"]
+    return {"calibrate_s": round(sum(mono), 3) if mono else None,
+            "forward_loop_s": round(sum(loop), 3) if loop else None}
+
+
 # hf_ptq's steps by the names the pipeline's stage uses
 HFPTQ_LABELS = {"import": "imports", "load_model": "load", "get_max_batch_size": "batch-size probe",
                 "make_calib_dataloader": "calibration data", "pre_quantize": "evaluation (preview before)",
-                "mono_quantize": "calibrate", "post_quantize": "evaluation (quant summary, preview after)",
-                "export_quantized": "export", "other": "other"}
+                "mono_quantize": "calibrate without its forward loop", "forward_loop": "calibrate: forward loop",
+                "post_quantize": "evaluation (quant summary, preview after)", "export_quantized": "export",
+                "other": "other"}
 
 
 def step_hfptq(a, root: Path) -> dict[str, Any]:
@@ -411,6 +435,7 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
     if events_file.is_file():
         ev = json.loads(events_file.read_text())
         out["steps_s"] = hfptq_steps(ev["events"], ev["exit_s"])
+        out.update(hfptq_calibrate(ev["events"]))
         out["torch_peak_gib"] = round(ev["max_memory_allocated"] / GIB, 2)
         out["torch_reserved_gib"] = round(ev["max_memory_reserved"] / GIB, 2)
     if r["returncode"]:
@@ -456,7 +481,8 @@ def compare(prep: dict[str, Any], ours: dict[str, Any], hf: dict[str, Any],
     ok = ours_ok and hf_ok
     ours_s, hf_s = ours.get("stage_s"), hf.get("process_s") if hf_ok else None
     ours_cal = (ours.get("steps_s") or {}).get("calibrate_s") if ours_ok else None
-    hf_cal = (hf.get("steps_s") or {}).get("mono_quantize") if hf_ok else None
+    # records made before the forward loop was timed have mono_quantize's whole time in steps_s
+    hf_cal = (hf.get("calibrate_s") or (hf.get("steps_s") or {}).get("mono_quantize")) if hf_ok else None
     floor = (prep.get("bf16_floor") or {}).get("floor_s")
     device_gib = (gpu or {}).get("memory_gib")
     smi, hf_smi = ours.get("nvidia_smi_peak_gib"), hf.get("nvidia_smi_peak_gib")
@@ -518,7 +544,7 @@ def render(doc: dict[str, Any]) -> str:
     for name, r, key, t, cal in (
             ("pipeline quantize stage", ours, "ours", ours.get("stage_s"), (ours.get("steps_s") or {}).get(
                 "calibrate_s")),
-            ("hf_ptq.py", hf, "hfptq", hf.get("process_s"), (hf.get("steps_s") or {}).get("mono_quantize"))):
+            ("hf_ptq.py", hf, "hfptq", hf.get("process_s"), cmp.get("hfptq_calibrate_s"))):
         p = cmp[key]
         lines.append(f"| {name} | {_cell(t)} | {_cell(cal)} | {_cell(r.get('batch_size'), '{}')} | "
                      f"{_cell(r.get('torch_peak_gib'), '{:.2f}')} "
@@ -549,6 +575,16 @@ def render(doc: dict[str, Any]) -> str:
                  if ours.get("export_check_parts_s") else "") + ".",
               "hf_ptq.py: " + (", ".join(f"{HFPTQ_LABELS.get(k, k)} {v:.1f}" for k, v in
                                          (hf.get("steps_s") or {}).items()) or "no step times") + "."]
+    cp = ours.get("calibrate_parts_s") or {}
+    if cp.get("forward_loop_s") is not None:
+        batches = ", ".join(f"{b:.1f}" for b in cp.get("batches_s") or [])
+        theirs = (f"; hf_ptq.py: forward loop {hf['forward_loop_s']:.1f} s of its {hf['calibrate_s']:.1f} s"
+                  if hf.get("forward_loop_s") is not None and hf.get("calibrate_s") is not None else "")
+        loops = cp.get("forward_loops")
+        lines.append(f"- The calibrate step's parts. The stage: forward loop {cp['forward_loop_s']:.1f} s ({loops} "
+                     f"loop{'s' if loops != 1 else ''}; the first loop's batches {batches} s, the first loading "
+                     f"ModelOpt's CUDA extensions), quantizer insertion and finish "
+                     f"{cp.get('insert_and_finish_s', 0):.1f} s{theirs}.")
     if doc.get("note"):
         lines.append(f"- Note: {doc['note']}")
     for name, r in (("stage", ours), ("hf_ptq.py", hf)):

@@ -221,19 +221,49 @@ def calibration_forward(model, rows, batch_size: int, on_rows=None, events: list
 
 
 def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size: int,
-              events: list[dict[str, Any]] | None = None) -> int:
+              events: list[dict[str, Any]] | None = None, parts: dict[str, Any] | None = None) -> int:
     """ModelOpt PTQ in place: insert the quantizers of ``quant_config`` and calibrate them on ``rows`` -> the batch
     size calibration ended with (smaller than ``batch_size`` after an out-of-memory retry, recorded in ``events``).
-    Forward loops that ModelOpt runs more than once (AWQ's search) start from the last size that fitted."""
-    import modelopt.torch.quantization as mtq
+    Forward loops that ModelOpt runs more than once (AWQ's search) start from the last size that fitted.
 
-    state = {"bs": batch_size}
+    ``parts`` (when given) receives where the time went: ``forward_loop_s`` (every forward loop ModelOpt ran, the
+    GPU synchronized at its end), ``forward_loops`` (how many), ``batches_s`` (each batch of the first loop; the
+    first also loads ModelOpt's CUDA extensions) and ``insert_and_finish_s`` (the rest of ``mtq.quantize``: the
+    quantizers' insertion and the calibration's finish)."""
+    import time
+
+    import modelopt.torch.quantization as mtq
+    import torch
+
+    state: dict[str, Any] = {"bs": batch_size, "loop_s": 0.0, "loops": 0, "batches": []}
+    sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
 
     def forward_loop(m) -> None:
-        with progress(f"calibrating {fmt} + {kv} KV ({len(rows)}×{rows.shape[1]} tokens)", len(rows)) as bar:
-            state["bs"] = calibration_forward(m, rows, state["bs"], bar.advance, events)
+        first = state["loops"] == 0
+        t0 = last = time.perf_counter()
 
+        def advance(n: int) -> None:
+            nonlocal last
+            bar.advance(n)
+            if first:
+                sync()
+                now = time.perf_counter()
+                state["batches"].append(round(now - last, 3))
+                last = now
+
+        with progress(f"calibrating {fmt} + {kv} KV ({len(rows)}×{rows.shape[1]} tokens)", len(rows)) as bar:
+            state["bs"] = calibration_forward(m, rows, state["bs"], advance, events)
+        sync()
+        state["loop_s"] += time.perf_counter() - t0
+        state["loops"] += 1
+
+    t_all = time.perf_counter()
     mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+    sync()
+    if parts is not None:
+        parts.update(forward_loop_s=round(state["loop_s"], 3), forward_loops=state["loops"],
+                     batches_s=state["batches"],
+                     insert_and_finish_s=round(time.perf_counter() - t_all - state["loop_s"], 3))
     return state["bs"]
 
 

@@ -23,6 +23,7 @@ row does not fit. One model is held at a time.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -259,6 +260,7 @@ def run(ctx: Context) -> QuantizeResult:
     dtype = getattr(torch, ctx.cfg.model.dtype.value)
     timings: dict[str, float] = {}
     detail: dict[str, float] = {}  # the export check's parts
+    calibrate_parts: dict[str, Any] = {}  # where the calibrate step's time went (modelopt.calibrate)
     peaks: dict[str, int] | None = {} if device == "cuda" else None
     t_rows = time.perf_counter()
     spec = calib.spec(ctx.cfg)
@@ -268,6 +270,8 @@ def run(ctx: Context) -> QuantizeResult:
     for note in rows.notes:
         console.print(f"[yellow]note:[/] {note}")
 
+    with _timed(timings, "modelopt_import_s"):  # its own step, as in hf_ptq.py (imported before its steps)
+        importlib.import_module("modelopt.torch.quantization")  # `modelopt` here is pipeline.quant.modelopt
     with _timed(timings, "load_s", peaks), \
             status(f"loading {ctx.cfg.model.name} ({ctx.cfg.model.dtype.value}) on {device}"):
         model = AutoModelForCausalLM.from_pretrained(
@@ -284,7 +288,7 @@ def run(ctx: Context) -> QuantizeResult:
     with _timed(timings, "baseline_eval_s", peaks):
         base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "calibrate_s", peaks):
-        bs_used = modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs, oom)
+        bs_used = modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs, oom, calibrate_parts)
     fallbacks = modelopt.use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
     if ctx.capacity is not None:  # trtllm_engine only (trtllm_mapping)
         # first: it adjusts the scales of the layers it fuses, which the HF export then writes
@@ -346,6 +350,7 @@ def run(ctx: Context) -> QuantizeResult:
         peaks[PROCESS_PEAK] = max(peaks.get(PROCESS_PEAK, 0), torch.cuda.max_memory_allocated())
     gpu = {"torch_peak_bytes_by_step": peaks, "torch_peak_bytes": peaks[PROCESS_PEAK]} if peaks is not None else {}
     recorded = {"export_check_parts_s": {k: round(v, 3) for k, v in detail.items()},
+                "calibrate_parts_s": calibrate_parts,
                 "gpu_memory": {**batching, "calibration_batch_size_used": bs_used, "oom_retries": oom,
                                "calibrated_model_freed_before_proof": freed, **gpu}}
     _write_report(ctx, {**result, **recorded})

@@ -68,6 +68,10 @@ def test_an_oom_at_the_first_batch_halves_it_and_the_stage_finishes(tmp_path, mo
     calib_batches = [n for n, c, fail in seen if c and not fail]
     assert calib_batches == [4] * 6  # every one of the 24 rows calibrated, in halves, the failed batch included
     assert acc["calibration"]["rows"] == 24
+    parts = acc["calibrate_parts_s"]  # one timing per batch that ran, the retried halves included
+    assert parts["forward_loops"] == 1 and len(parts["batches_s"]) == 6
+    assert 0 < parts["forward_loop_s"] <= acc["timings_s"]["calibrate_s"]
+    assert acc["timings_s"]["modelopt_import_s"] >= 0  # outside the calibrate step, as hf_ptq.py imports it
     # negative control: the same build without a planted error records no retry and keeps its batch
     monkeypatch.undo()
     clean = _quantize(tmp_path / "clean")

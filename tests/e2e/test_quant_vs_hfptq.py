@@ -42,6 +42,19 @@ def test_hfptq_steps_subtract_nested_calls_and_keep_the_rest_as_other(bench):
     assert sum(e["end"] - e["start"] for e in events) > 82.0
 
 
+def test_hfptq_calibrate_is_the_whole_mono_quantize_with_its_forward_loop_inside(bench):
+    events = [_ev("import", 0.0, 5.0), _ev("mono_quantize", 22.0, 40.0), _ev("forward_loop", 23.0, 38.5),
+              _ev("post_quantize", 41.0, 60.0)]
+    assert bench.hfptq_calibrate(events) == {"calibrate_s": 18.0, "forward_loop_s": 15.5}
+    steps = bench.hfptq_steps(events, exit_s=61.0)
+    assert steps["mono_quantize"] == 2.5 and steps["forward_loop"] == 15.5  # own times: the loop is nested
+    # the verdict uses the whole call (18 s), not mono_quantize's own 2.5 s
+    prep, ours, hf = _records(ours_cal=19.0)
+    hf.update(steps_s=steps, **bench.hfptq_calibrate(events))
+    assert bench.compare(prep, ours, hf, GPU)["targets"]["calibrate_vs_hfptq"]["ratio"] == round(19 / 18, 3)
+    assert bench.hfptq_calibrate([_ev("import", 0.0, 5.0)]) == {"calibrate_s": None, "forward_loop_s": None}
+
+
 def _records(ours_s=80.0, hf_s=100.0, torch_gib=40.0, smi_gib=45.0, ours_cal=15.0, hf_cal=16.0, floor=10.0):
     w = 25 * 2**30
     prep = {"weight_bytes": w, "shape": "14b", "calibration": {"rows": 512, "seq_len": 512, "text": "calib.txt",
@@ -99,6 +112,14 @@ def test_the_section_states_the_targets_the_floor_and_the_dirty_tree(bench):
     assert "| pipeline quantize stage | 150.0 | 15.0 | 128 | 40.00 (1.60×) | 45.00 (1.80×) | 8.0 |" in text
     assert "| bf16 forward floor (same rows, unquantized) | — | 10.0 | 128 |" in text
     assert "export 40.0" in text and "load 9.0" in text
+    assert "calibrate step's parts" not in text  # an older record without them
+    ours["calibrate_parts_s"] = {"forward_loop_s": 12.5, "forward_loops": 1, "batches_s": [4.0, 3.0, 3.0, 2.5],
+                                 "insert_and_finish_s": 2.5}
+    hf.update(calibrate_s=16.0, forward_loop_s=14.0)
+    text = bench.render({**doc, "compare": bench.compare(prep, ours, hf, GPU)})
+    assert ("The stage: forward loop 12.5 s (1 loop; the first loop's batches 4.0, 3.0, 3.0, 2.5 s, the first "
+            "loading ModelOpt's CUDA extensions), quantizer insertion and finish 2.5 s; hf_ptq.py: forward loop "
+            "14.0 s of its 16.0 s.") in text
 
 
 @pytest.mark.slow
