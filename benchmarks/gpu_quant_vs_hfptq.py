@@ -16,8 +16,9 @@ Same model, same calibration rows, same format, same GPU:
   calibration rows (``--rows`` × ``--seq`` tokens of ``--calib-text``, default the shipped corpus) are
   decoded to text, one row per line of a ``{"text": ...}`` JSONL file (hf_ptq's ``--dataset`` accepts a local
   ``.jsonl``, read without network by ``modelopt.torch.utils.dataset_utils.get_dataset_samples``), and how many of them
-  re-tokenize to the identical row is recorded. Then ModelOpt's CUDA extensions are compiled once
-  (``modelopt.torch.quantization.extensions.precompile``), timed on their own: both runs below load them compiled.
+  re-tokenize to the identical row is recorded. Then the ModelOpt CUDA extensions these formats load are compiled
+  once (``EXTENSIONS``), timed on their own: both runs below load them compiled. A build directory carried from an
+  earlier run (``TORCH_EXTENSIONS_DIR``) is reused when ninja finds it up to date.
   Last, the bf16 forward floor: the unquantized checkpoint's forward over the same rows (last position's logits
   only, as calibration computes), after a warm-up batch, at a few batch sizes; the fastest is the floor.
 - ``ours``: ``python -m pipeline build ... until=quantize force=[quantize]`` (``--quant`` weights, fp8 KV cache;
@@ -68,6 +69,10 @@ TARGETS = {"fp8": "h200", "nvfp4": "b200"}  # where each format serves; both cal
 CALIBRATE_RATIO_MAX, STAGE_RATIO_MAX, FLOOR_RATIO_MAX, DEVICE_FRACTION_MAX = 1.1, 0.9, 1.6, 0.9
 # bf16 matrix rate measured on this workplace's H200 (8192³ products on random data), for the arithmetic floor
 H200_BF16_TFLOPS = 790
+# ModelOpt's CUDA extensions that fp8 and nvfp4 calibration load: the fake-quant kernels (integer) and FP8's. NVFP4's
+# block fake-quant runs ModelOpt's Triton kernel from SM 8.9 (tensor_quant.dynamic_block_quant), so the MX extension,
+# which ``extensions.precompile`` also builds, is not compiled here.
+EXTENSIONS = ("get_cuda_ext", "get_cuda_ext_fp8")
 # hf_ptq.py functions timed, in call order; post_quantize contains export_quantized
 HFPTQ_STEPS = ("load_model", "get_max_batch_size", "make_calib_dataloader", "pre_quantize", "mono_quantize",
                "post_quantize", "export_quantized")
@@ -323,10 +328,12 @@ def step_prepare(a, root: Path) -> dict[str, Any]:
     print("[quant_vs_hfptq] calibration rows ...", flush=True)
     out["calibration"] = calib_rows_jsonl(a, root, root / "calib_rows.jsonl")
     print("[quant_vs_hfptq] ModelOpt CUDA extensions (compiled once, outside both runs) ...", flush=True)
-    r = measure([sys.executable, "-c", "from modelopt.torch.quantization.extensions import precompile; precompile()"],
-                _env(), root, log_dir / "extensions.log")
+    code = "\n".join(["import torch", "from modelopt.torch.quantization import extensions as e",
+                       "if torch.cuda.is_available():",  # on CPU ModelOpt skips them (the tiny model's run)
+                       *(f"    assert e.{f}(raise_if_failed=True) is not None" for f in EXTENSIONS)])
+    r = measure([sys.executable, "-c", code], _env(), root, log_dir / "extensions.log")
     r.pop("stdout")
-    out["extension_build"] = r
+    out["extension_build"] = {**r, "extensions": list(EXTENSIONS)}
     if a.shape != "tiny":
         print("[quant_vs_hfptq] bf16 forward floor ...", flush=True)
         out["bf16_floor"] = bf16_floor(root, ckpt, a.floor_batches)
