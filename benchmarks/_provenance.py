@@ -78,14 +78,42 @@ def source_state() -> dict:
             if dirty else None}
 
 
+def match(digest: str) -> str | None:
+    """The newest of the last 200 commits whose source files have ``digest``, or None."""
+    for commit in _git("rev-list", "--max-count=200", "HEAD").stdout.split():
+        if commit_sha256(commit) == digest:
+            return commit
+    return None
+
+
+def annotate(path: Path, note: str | None = None) -> str | None:
+    """Add ``commit_matched`` (the commit whose files have the run's ``source_sha256``) to a raw JSON file, beside
+    the ``commit`` the script saw, which is left as it is (a copy's git metadata can lag behind its files); with
+    ``note``, also a ``note``. -> the matched commit."""
+    import json
+
+    doc = json.loads(path.read_text())
+    found = match(doc["source_sha256"]) if doc.get("source_sha256") else None
+    doc["commit_matched"] = found
+    doc["commit_matched_by"] = "source_sha256 against the last 200 commits (benchmarks/_provenance.py --annotate)"
+    if note:
+        doc["note"] = note
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return found
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--match":
-        for commit in _git("rev-list", "--max-count=200", "HEAD").stdout.split():
-            if commit_sha256(commit) == argv[1]:
-                print(commit)
-                return 0
+        found = match(argv[1])
+        if found:
+            print(found)
+            return 0
         print("no commit of the last 200 has these files (uncommitted code ran)", file=sys.stderr)
         return 1
+    if len(argv) in (2, 4) and argv[0] == "--annotate" and (len(argv) == 2 or argv[2] == "--note"):
+        found = annotate(Path(argv[1]), argv[3] if len(argv) == 4 else None)
+        print(found or "no commit of the last 200 has these files (uncommitted code ran)")
+        return 0 if found else 1
     import json
 
     print(json.dumps(source_state(), indent=2))

@@ -534,6 +534,9 @@ def render(doc: dict[str, Any]) -> str:
     commit_note = doc.get("commit") or "?"
     if "+dirty" in commit_note:
         commit_note += " (uncommitted changes in the tree that ran)"
+    if doc.get("commit_matched"):
+        commit_note = (f"{doc['commit_matched'][:10]} (the files that ran have its source digest; the copy's git "
+                       f"metadata read {commit_note[:10]}{' with uncommitted changes' if doc.get('dirty') else ''})")
     lines = [f"## The quantize stage vs ModelOpt's hf_ptq.py: {prep['shape']} shape, {quant} "
              f"(`benchmarks/gpu_quant_vs_hfptq.py`)", "",
              f"{doc['date'][:16]} UTC, commit {commit_note}, {gpu}; synthetic weights "
@@ -544,8 +547,8 @@ def render(doc: dict[str, Any]) -> str:
              f"from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
              f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged with its default flow "
              f"(`hf_ptq.py {' '.join(_short(x) for x in hf.get('args', []))}`). ModelOpt's CUDA extensions "
-             f"were compiled once before both runs ({_cell(prep['extension_build'].get('process_s'))} s), so "
-             f"neither time includes the build.", "",
+             f"were built before both runs ({_cell(prep['extension_build'].get('process_s'))} s: compiled, or "
+             f"loaded from a carried build directory), so neither time includes the build.", "",
              "| | stage / process s | calibrate step s | batch | torch peak GiB (× weights) | nvidia-smi peak GiB "
              "(× weights) | host peak anonymous RSS GiB |", "|---|---|---|---|---|---|---|"]
     for name, r, key, t, cal in (
