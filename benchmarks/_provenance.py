@@ -78,22 +78,22 @@ def source_state() -> dict:
             if dirty else None}
 
 
-def match(digest: str) -> str | None:
-    """The newest of the last 200 commits whose source files have ``digest``, or None."""
-    for commit in _git("rev-list", "--max-count=200", "HEAD").stdout.split():
+def match(digest: str, max_count: int = 200) -> str | None:
+    """The newest of the last ``max_count`` commits whose source files have ``digest``, or None."""
+    for commit in _git("rev-list", f"--max-count={max_count}", "HEAD").stdout.split():
         if commit_sha256(commit) == digest:
             return commit
     return None
 
 
-def annotate(path: Path, note: str | None = None) -> str | None:
+def annotate(path: Path, note: str | None = None, max_count: int = 200) -> str | None:
     """Add ``commit_matched`` (the commit whose files have the run's ``source_sha256``) to a raw JSON file, beside
     the ``commit`` the script saw, which is left as it is (a copy's git metadata can lag behind its files); with
     ``note``, also a ``note``. -> the matched commit."""
     import json
 
     doc = json.loads(path.read_text())
-    found = match(doc["source_sha256"]) if doc.get("source_sha256") else None
+    found = match(doc["source_sha256"], max_count) if doc.get("source_sha256") else None
     doc["commit_matched"] = found
     doc["commit_matched_by"] = "source_sha256 against the last 200 commits (benchmarks/_provenance.py --annotate)"
     if note:

@@ -1,0 +1,37 @@
+"""benchmarks/_provenance.py: a raw JSON's ``commit_matched`` is the commit whose source files have the run's digest,
+found in this checkout's history; the ``commit`` the script saw stays as it was."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def prov():
+    spec = importlib.util.spec_from_file_location("_provenance", REPO / "benchmarks" / "_provenance.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_annotate_finds_the_commit_with_the_runs_files_and_keeps_what_the_script_saw(prov, tmp_path):
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    head = head.stdout.strip()
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"commit": "1e1fb7d", "dirty": True, "source_sha256": prov.commit_sha256(head)}))
+    assert prov.annotate(run, "carried build", max_count=1) == head
+    doc = json.loads(run.read_text())
+    assert doc["commit"] == "1e1fb7d" and doc["dirty"] is True  # as the script saw it
+    assert doc["commit_matched"] == head and doc["note"] == "carried build"
+    # negative control: files that no commit has match nothing
+    run.write_text(json.dumps({"commit": "1e1fb7d", "source_sha256": "0" * 64}))
+    assert prov.annotate(run, max_count=2) is None
+    assert json.loads(run.read_text())["commit_matched"] is None
