@@ -18,7 +18,7 @@ is set to 1 there, and the bench before it runs one request (it is not measured 
 
 Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>-<commit>.json`` and the section is prepended to
 ``docs/benchmarks.md``; with ``--out DIR`` the JSON goes to DIR alone (a device run's ``$OUT``; render it here later
-with ``--render``).
+with ``--render``), and when a stage fails, its logs (lm-eval's, the front end's, Triton's) are copied there too.
 """
 from __future__ import annotations
 
@@ -124,6 +124,24 @@ def measure(root: Path, overrides: list[str], shape: str | None = None) -> dict:
     return out
 
 
+FAILURE_LOGS = ("lm-eval.log", "frontend.log", "server.log", "server-error.txt", "harness-spec.json")
+
+
+def failure_logs(root: Path, dest: Path) -> list[str]:
+    """The logs of every failed evaluation stage under ``root`` (its kept reports) copied to ``dest/<report>/``;
+    -> the copied paths, relative to ``dest``."""
+    import shutil
+
+    copied = []
+    for rep in sorted((root / "reports" / "failed").glob("*eval*")):
+        for name in FAILURE_LOGS:
+            if (rep / name).is_file():
+                (dest / rep.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(rep / name, dest / rep.name / name)
+                copied.append(f"{rep.name}/{name}")
+    return copied
+
+
 def section(runs: list[dict], files: list[str]) -> str:
     r0 = runs[0]
     lines = [f"## Task evaluation time: the default tasks, baseline and quantized (`benchmarks/eval_tasks.py`)",
@@ -182,6 +200,10 @@ def main() -> None:
     name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}-{run['commit']}.json"
     path = (a.out or REPO / "benchmarks" / "results") / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    if run["returncode"]:
+        # the failed stages' logs come back with a device run's $OUT; here they stay under the root
+        run["failure_logs"] = failure_logs(root, a.out) if a.out else [
+            str(p) for p in sorted((root / "reports" / "failed").glob("*eval*/*.log"))]
     path.write_text(json.dumps(run, indent=2) + "\n")
     print(json.dumps(run, indent=2))
     if not a.no_doc and not a.out:

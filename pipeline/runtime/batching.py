@@ -67,7 +67,8 @@ class Event:
     ``token`` is None only on a last event that carries no token (cancelled, failed, or nothing to generate).
     ``log_prob`` is the log-probability of ``token`` under the distribution it was drawn from (after bias, bad words,
     penalties and temperature; before top-k/top-p truncation), when the request asked for log probs. ``logits`` is
-    the model's raw float32 logits row for this step, when it asked for generation logits.
+    the model's raw float32 logits row for this step, on the CPU whatever the model's device, when it asked for
+    generation logits.
     """
 
     index: int
@@ -81,7 +82,8 @@ class Event:
 class Handle:
     """A submitted request: iterate it for its events (unless a callback receives them), cancel it at any time.
 
-    ``context_logits`` (float32 ``[prompt_len, vocab]``) is set before the first event when the request asked for it.
+    ``context_logits`` (float32 ``[prompt_len, vocab]``, on the CPU whatever the model's device: callers hand it to
+    numpy) is set before the first event when the request asked for it.
     """
 
     def __init__(self, request: GenerationRequest, on_event: Callable[[Event], None] | None):
@@ -309,7 +311,7 @@ class BatchEngine:
         for i, s in enumerate(group):
             try:
                 if s.req.return_context_logits:
-                    s.handle.context_logits = out.logits[i, width - len(s.seen):].float().clone()
+                    s.handle.context_logits = out.logits[i, width - len(s.seen):].to("cpu", torch.float32, copy=True)
                 if self._max_new(s) == 0:
                     s.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
                     continue
@@ -456,7 +458,7 @@ class BatchEngine:
         if r.return_log_probs:
             log_prob = float(torch.log_softmax(logits, -1)[token])
         return token, Event(len(seq.generated), token, log_prob,
-                            raw.clone() if r.return_generation_logits else None)
+                            raw.to("cpu", copy=True) if r.return_generation_logits else None)
 
     def _emit_token(self, seq: _Seq, token: int, event: Event) -> None:
         r = seq.req
