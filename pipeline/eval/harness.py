@@ -84,7 +84,8 @@ def failure_cause(log: str) -> str | None:
     for ln in lines:
         m = _CALL_FAILED.search(ln)
         if m and "Session is closed" not in m.group(2):
-            return f"a request failed: {m.group(1)}({m.group(2)[:400]}"
+            rest = re.sub(r"(, \(no outputs\))?, retrying\.\s*$", "", m.group(2))
+            return f"a request failed: {m.group(1)}({rest[:400]}"
     raised = []
     for i, ln in enumerate(lines):
         if ln.startswith("Traceback (most recent call last)"):
