@@ -37,7 +37,7 @@ FINISH_STOP = "stop_words"     # the output ends with one of the request's stop 
 FINISH_LENGTH = "length"       # max_new_tokens, or the engine's max_seq_len, was reached
 FINISH_CANCELLED = "cancelled"
 FINISH_ERROR = "error"
-CONTEXT_WIDTH_STEP = 8         # log-likelihood passes are this many tokens wide, or a multiple (BatchEngine.context_shape)
+CONTEXT_WIDTH_STEP = 8         # log-likelihood passes are a multiple of this wide (BatchEngine.context_shape)
 
 
 @dataclass

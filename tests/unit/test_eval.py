@@ -238,11 +238,12 @@ def test_plan_names_a_format_without_an_allowed_drop_and_a_bad_one():
 
 # lm-eval 0.4.13's log after one request failed (api_models.py amodel_call's warning and error lines; the aiohttp
 # session left by tqdm_asyncio.gather's first exception fails every queued request, and the log ends with that)
-_LOG_HTTP = """Requesting API:   0%|          | 0/80 [00:00<?, ?it/s]API request failed! Status code: 500, Response text: \
+_LOG_HTTP = """Requesting API:   0%|          | 0/80 [00:00<?, ?it/s]API request failed! Status code: 500, \
+Response text: \
 {"error": {"message": "the model failed: TypeError: boom", "type": "internal_error", "param": null, "code": null}}. \
 Retrying...
-Exception:ClientResponseError(RequestInfo(url=URL('http://127.0.0.1:1/v1/completions')), (), status=500), (no outputs), \
-retrying.
+Exception:ClientResponseError(RequestInfo(url=URL('http://127.0.0.1:1/v1/completions')), (), status=500), \
+(no outputs), retrying.
 Exception:ServerDisconnectedError('Server disconnected'), (no outputs), retrying.
 Exception:RuntimeError('Session is closed'), (no outputs), retrying.
 Traceback (most recent call last):
