@@ -115,7 +115,7 @@ def measure(root: Path, overrides: list[str], shape: str | None = None) -> dict:
             tasks[task] = {"items": len(items), "score": sum(items.values()) / max(1, len(items)),
                            "output_types": t.get("output_types")}
         out["stages"][name] = {"stage_wall_s": r.get("stage_wall_s"), "lm_eval_wall_s": doc.get("wall_s"),
-                               "concurrency": doc.get("concurrency"), "tasks": tasks}
+                               "concurrency": doc.get("concurrency"), "tasks": tasks, "timings": doc.get("timings")}
         if name == "evaluate" and "gate" in doc:
             out["gate"] = {k: {f: v[f] for f in ("baseline", "quantized", "difference", "ci_low", "ci_high",
                                                  "verdict")} for k, v in doc["gate"]["tasks"].items()}
@@ -162,6 +162,13 @@ def section(runs: list[dict], files: list[str]) -> str:
                              f"{r['target']} | {name} ({task}) | {t['items']} | {s['lm_eval_wall_s']} | "
                              f"{s['stage_wall_s']} | {t['score']:.4f} | {r['load_avg_before'][0]} → "
                              f"{r['load_avg_after'][0]} |")
+        for name, s in r["stages"].items():
+            t = s.get("timings")
+            if t:
+                lines += ["", f"Where {name}'s time went ({r['model']}): tritonserver start {t.get('server_start_s')} s, "
+                          f"front end start {t.get('frontend_start_s')} s, lm-eval {t.get('lm_eval_s')} s (its "
+                          f"imports {t.get('import_s')} s, tasks {t.get('tasks_load_s')} s, requests and scoring "
+                          f"{t.get('evaluate_s')} s), stop {t.get('stop_s')} s."]
         for task, g in (r.get("gate") or {}).items():
             lines.append("")
             lines.append(f"Gate ({r['model']} {r['quant']}, {task}): difference {g['difference']:+.4f}, CI "

@@ -29,20 +29,30 @@ ENGINE_REL = "tensorrt_llm/1/engine"  # the tokenizer lives with the checkpoint 
 
 
 @contextlib.contextmanager
-def served(serve, repo: Path, work: Path) -> Iterator[tuple[Any, str]]:
+def served(serve, repo: Path, work: Path, timings: dict[str, float] | None = None) -> Iterator[tuple[Any, str]]:
     """Triton serving ``repo`` (``serve.launcher``: local, docker, or the server at ``serve.url``) with the OpenAI
     front end before it; yields (server, base URL ``http://HOST:PORT/v1``). Everything started is stopped on every
-    exit path."""
+    exit path. ``timings`` gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``)."""
     from pipeline.eval import endpoint
     from pipeline.triton import server as srv
     from pipeline.ui import status
 
+    timings = {} if timings is None else timings
+    stopping: list[float] = []
     with contextlib.ExitStack() as stack:
+        # the first callback registered runs last: after the front end and the server stopped
+        stack.callback(lambda: stopping and timings.update(stop_s=round(time.perf_counter() - stopping[0], 2)))
+        t0 = time.perf_counter()
         with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
             server = stack.enter_context(srv.launched(serve, repo, work))
+        t1 = time.perf_counter()
         with status("starting the OpenAI front end"):
             url = stack.enter_context(endpoint.openai(serve, server, repo, work))
-        yield server, url
+        timings.update(server_start_s=round(t1 - t0, 2), frontend_start_s=round(time.perf_counter() - t1, 2))
+        try:
+            yield server, url
+        finally:
+            stopping.append(time.perf_counter())
 
 
 def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, Any]:
@@ -53,9 +63,10 @@ def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, A
 
     log_path = None
     out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
     with frontend_log(out / FRONTEND_LOG) as fe_log:
         try:
-            with served(serve, repo, work) as (server, url):
+            with served(serve, repo, work, timings) as (server, url):
                 log_path = server.log_path
                 key = endpoint.api_key(serve)
                 model = endpoint.model_name(url, key)
@@ -65,6 +76,7 @@ def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, A
         finally:
             if log_path is not None and Path(log_path).is_file():
                 shutil.copy2(log_path, out / "server.log")
+    doc["timings"] = {**timings, "lm_eval_s": doc["wall_s"], **doc.pop("harness_timings", {})}
     return doc
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+_STARTED = time.perf_counter()  # the child's imports (lm-eval's) are timed from here
 LOGLIKELIHOOD = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
 GENERATE = ("generate_until",)
 COMPLETIONS = "pipeline-local-completions"
@@ -147,6 +148,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     _register()
+    t_tm = time.perf_counter()
     tm = TaskManager(include_path=spec.get("include_path"), include_defaults=bool(spec.get("include_defaults", True)))
     leaves: dict[str, list[Any]] = {}
     for name in spec["tasks"]:
@@ -155,6 +157,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                              f"{', '.join(sorted(n for n in tm.all_tasks if n.startswith('pipeline_')))}; "
                              f"lm-eval's: `lm-eval ls tasks`)")
         leaves[name] = list(tm.load(name)["tasks"].values())  # a group: its leaf tasks
+    t_run = time.perf_counter()
     runs: dict[bool, dict[str, Any]] = {}
     for chat in (False, True):
         todo = [t for ts in leaves.values() for t in ts if (t.config.output_type in GENERATE) == chat]
@@ -176,8 +179,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         tasks[name] = {**info, "metrics": sorted(items), "items": items,
                        "results": {k: v for k, v in (runs[ts[0].config.output_type in GENERATE]["results"]
                                                      .get(name) or {}).items() if isinstance(v, (int, float, str))}}
+    t_end = time.perf_counter()
     return {"lm_eval": md.version("lm_eval"), "tasks": tasks, "concurrency": spec["concurrency"],
-            "wall_s": round(time.perf_counter() - t0, 2)}
+            "wall_s": round(t_end - t0, 2),
+            "harness_timings": {"import_s": round(t0 - _STARTED, 2), "tasks_load_s": round(t_run - t_tm, 2),
+                                "evaluate_s": round(t_end - t_run, 2)}}
 
 
 def main(argv: list[str] | None = None) -> int:
