@@ -18,7 +18,7 @@ is set to 1 there, and the bench before it runs one request (it is not measured 
 
 Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>-<commit>.json`` and the section is prepended to
 ``docs/benchmarks.md``; with ``--out DIR`` the JSON goes to DIR alone (a device run's ``$OUT``; render it here later
-with ``--render``).
+with ``--render``), and when a stage fails, its logs (lm-eval's, the front end's, Triton's) are copied there too.
 """
 from __future__ import annotations
 
@@ -115,13 +115,31 @@ def measure(root: Path, overrides: list[str], shape: str | None = None) -> dict:
             tasks[task] = {"items": len(items), "score": sum(items.values()) / max(1, len(items)),
                            "output_types": t.get("output_types")}
         out["stages"][name] = {"stage_wall_s": r.get("stage_wall_s"), "lm_eval_wall_s": doc.get("wall_s"),
-                               "concurrency": doc.get("concurrency"), "tasks": tasks}
+                               "concurrency": doc.get("concurrency"), "tasks": tasks, "timings": doc.get("timings")}
         if name == "evaluate" and "gate" in doc:
             out["gate"] = {k: {f: v[f] for f in ("baseline", "quantized", "difference", "ci_low", "ci_high",
                                                  "verdict")} for k, v in doc["gate"]["tasks"].items()}
     if p.returncode:
         out["error"] = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"
     return out
+
+
+FAILURE_LOGS = ("lm-eval.log", "frontend.log", "server.log", "server-error.txt", "harness-spec.json")
+
+
+def failure_logs(root: Path, dest: Path) -> list[str]:
+    """The logs of every failed evaluation stage under ``root`` (its kept reports) copied to ``dest/<report>/``;
+    -> the copied paths, relative to ``dest``."""
+    import shutil
+
+    copied = []
+    for rep in sorted((root / "reports" / "failed").glob("*eval*")):
+        for name in FAILURE_LOGS:
+            if (rep / name).is_file():
+                (dest / rep.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(rep / name, dest / rep.name / name)
+                copied.append(f"{rep.name}/{name}")
+    return copied
 
 
 def section(runs: list[dict], files: list[str]) -> str:
@@ -144,6 +162,13 @@ def section(runs: list[dict], files: list[str]) -> str:
                              f"{r['target']} | {name} ({task}) | {t['items']} | {s['lm_eval_wall_s']} | "
                              f"{s['stage_wall_s']} | {t['score']:.4f} | {r['load_avg_before'][0]} → "
                              f"{r['load_avg_after'][0]} |")
+        for name, s in r["stages"].items():
+            t = s.get("timings")
+            if t:
+                lines += ["", f"Where {name}'s time went ({r['model']}): tritonserver start {t.get('server_start_s')} s, "
+                          f"front end start {t.get('frontend_start_s')} s, lm-eval {t.get('lm_eval_s')} s (its "
+                          f"imports {t.get('import_s')} s, tasks {t.get('tasks_load_s')} s, requests and scoring "
+                          f"{t.get('evaluate_s')} s), stop {t.get('stop_s')} s."]
         for task, g in (r.get("gate") or {}).items():
             lines.append("")
             lines.append(f"Gate ({r['model']} {r['quant']}, {task}): difference {g['difference']:+.4f}, CI "
@@ -182,6 +207,10 @@ def main() -> None:
     name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}-{run['commit']}.json"
     path = (a.out or REPO / "benchmarks" / "results") / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    if run["returncode"]:
+        # the failed stages' logs come back with a device run's $OUT; here they stay under the root
+        run["failure_logs"] = failure_logs(root, a.out) if a.out else [
+            str(p) for p in sorted((root / "reports" / "failed").glob("*eval*/*.log"))]
     path.write_text(json.dumps(run, indent=2) + "\n")
     print(json.dumps(run, indent=2))
     if not a.no_doc and not a.out:

@@ -1,4 +1,5 @@
-"""Log-likelihood requests in the reference runtime's batching engine: one at a time against passes of N.
+"""Log-likelihood requests in the reference runtime's batching engine: fixed-shape passes against left-padded ones,
+each in two compositions.
 
     python benchmarks/loglik_prefill.py --root ROOT [--group 8] [--dtype bfloat16]
 
@@ -6,11 +7,15 @@ The prompts are the default task's (``pipeline_facts``: each question's context 
 choices, tokenized as lm-eval does with the model's tokenizer), 540 for SmolLM2. ROOT is a build root holding the
 default model's fetch output (``python -m pipeline build until=fetch paths.root=ROOT``). Each prompt asks for every
 position's logits and one new token (what ``/v1/completions`` with ``echo`` and ``logprobs`` asks of the
-``tensorrt_llm`` model), submitted one at a time (each waits for the last), then ``--group`` at a time (submitted
-together, so they join one step boundary), interleaved ``--repeat`` times, the fastest of each way counting. Reported: the wall time of each way, the passes run, the largest and mean
-difference of the continuations' log-likelihoods between the two, and how many items' best choice differs. One torch
-thread (``serve.torch_threads``' default). Raw JSON: ``benchmarks/results/loglik_prefill-<date>-<host>-<dtype>.json``;
-the section is prepended to ``docs/benchmarks.md``.
+``tensorrt_llm`` model), ``--group`` submitted together (so they join one step boundary), in two compositions: in
+lm-eval's order (longest first) and shuffled (other companions, other rows). Two engines: the runtime's
+(``BatchEngine``: passes of a fixed shape per prompt length, right-padded) and the same engine prefilling whatever
+arrives together left-padded to the longest (``LeftPadded``, what the runtime did before). Reported per engine: the
+wall time of each composition (the fastest of ``--repeat`` interleaved runs), the passes run, and between the two
+compositions the largest and mean difference of the continuations' log-likelihoods and how many items' best choice
+differs (0 and 0 mean a prompt's score does not depend on what shares its pass). One torch thread
+(``serve.torch_threads``' default). Raw JSON: ``benchmarks/results/loglik_prefill-<date>-<host>-<dtype>.json``; the
+section is prepended to ``docs/benchmarks.md``.
 """
 from __future__ import annotations
 
@@ -41,7 +46,28 @@ def prompts(tokenizer) -> tuple[list[tuple[list[int], list[int]]], int]:
     return out, len(items)
 
 
+class _LeftPadded:
+    """The engine prefilling log-likelihood prompts that arrive together in one left-padded pass (no fixed shape)."""
+
+    @staticmethod
+    def make(batching):
+        class LeftPadded(batching.BatchEngine):
+            def _admit(self, joining):
+                ctx = sorted((s for s in joining if s.req.return_context_logits), key=lambda s: len(s.seen))
+                for s in ctx:
+                    s.handle.admitted_ns = time.time_ns()
+                rest = [s for s in joining if not s.req.return_context_logits]
+                for k in range(0, len(ctx), self.max_batch_size):
+                    self._prefill(ctx[k:k + self.max_batch_size])
+                if rest:
+                    super()._admit(rest)
+
+        return LeftPadded
+
+
 def main() -> None:
+    import random
+
     import torch
     from transformers import AutoTokenizer
 
@@ -64,19 +90,21 @@ def main() -> None:
     ckpt = next(a.root.glob(".store/smollm2-135m-fetch-*"))
     reqs, n_items = prompts(AutoTokenizer.from_pretrained(str(ckpt)))
     model = rt.load(ckpt, dtype=torch.bfloat16).to(getattr(torch, a.dtype))
-    eng = batching.BatchEngine(model, max_batch_size=max(8, a.group))
-    order = sorted(range(len(reqs)), key=lambda i: -len(reqs[i][0] + reqs[i][1]))  # lm-eval's order: longest first
+    engines = {"fixed_shape": batching.BatchEngine(model, max_batch_size=max(8, a.group)),
+               "left_padded": _LeftPadded.make(batching)(model, max_batch_size=max(8, a.group))}
+    orders = {"lm_eval_order": sorted(range(len(reqs)), key=lambda i: -len(reqs[i][0] + reqs[i][1])),
+              "shuffled": random.Random(0).sample(range(len(reqs)), len(reqs))}
 
     def loglik(h, ctx, cont) -> float:
         lp = torch.log_softmax(h.context_logits.float(), -1)
         full = ctx + cont
         return sum(float(lp[i - 1, full[i]]) for i in range(len(ctx), len(full)))
 
-    def run(group: int) -> tuple[list[float], float, int]:
+    def run(eng, order) -> tuple[list[float], float, int]:
         before, res = eng.prefills, {}
         t0 = time.perf_counter()
-        for k in range(0, len(order), group):
-            idx = order[k:k + group]
+        for k in range(0, len(order), a.group):
+            idx = order[k:k + a.group]
             with eng._cv:  # held: they join at one step boundary
                 hs = [eng.submit(batching.GenerationRequest(reqs[i][0] + reqs[i][1], 1, return_context_logits=True))
                       for i in idx]
@@ -85,34 +113,38 @@ def main() -> None:
                 res[i] = loglik(h, *reqs[i])
         return [res[i] for i in range(len(reqs))], time.perf_counter() - t0, eng.prefills - before
 
-    load0 = os.getloadavg()
-    t_ones, t_grps = [], []
-    for _ in range(a.repeat):  # interleaved, so that both ways see the same machine; the fastest of each counts
-        one, t, p_one = run(1)
-        t_ones.append(t)
-        grp, t, p_grp = run(a.group)
-        t_grps.append(t)
-    t_one, t_grp = min(t_ones), min(t_grps)
-    load1 = os.getloadavg()
-    eng.close()
-    diff = [abs(x - y) for x, y in zip(one, grp)]
-
     def picks(v):
         return [max(range(4), key=lambda j: v[4 * i + j]) for i in range(n_items)]
 
-    flips = sum(x != y for x, y in zip(picks(one), picks(grp)))
+    load0 = os.getloadavg()
+    times: dict = {(e, o): [] for e in engines for o in orders}
+    scores, passes = {}, {}
+    for _ in range(a.repeat):  # interleaved, so that every way sees the same machine; the fastest of each counts
+        for e, eng in engines.items():
+            for o, order in orders.items():
+                scores[e, o], t, passes[e, o] = run(eng, order)
+                times[e, o].append(t)
+    load1 = os.getloadavg()
+    for eng in engines.values():
+        eng.close()
+    out = {}
+    for e in engines:
+        x, y = scores[e, "lm_eval_order"], scores[e, "shuffled"]
+        diff = [abs(p - q) for p, q in zip(x, y)]
+        out[e] = {o: {"wall_s": round(min(times[e, o]), 1), "passes": passes[e, o],
+                      "runs_s": [round(t, 1) for t in times[e, o]]} for o in orders}
+        out[e].update(max_abs_loglik_diff=max(diff), mean_abs_loglik_diff=sum(diff) / len(diff),
+                      items_whose_best_choice_differs=sum(p != q for p, q in zip(picks(x), picks(y))))
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
            "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "torch": torch.__version__, "dtype": a.dtype, "torch_threads": 1, "prompts": len(reqs), "items": n_items,
-           "one_at_a_time": {"wall_s": round(t_one, 1), "passes": p_one, "runs_s": [round(t, 1) for t in t_ones]},
-           f"groups_of_{a.group}": {"wall_s": round(t_grp, 1), "passes": p_grp,
-                                    "runs_s": [round(t, 1) for t in t_grps]},
-           "speedup": round(t_one / t_grp, 2), "max_abs_loglik_diff": max(diff),
-           "mean_abs_loglik_diff": sum(diff) / len(diff), "items_whose_best_choice_differs": flips,
+           "group": a.group, "width_step": batching.CONTEXT_WIDTH_STEP, "engines": out,
+           "fixed_over_left_time": round(out["fixed_shape"]["lm_eval_order"]["wall_s"]
+                                         / out["left_padded"]["lm_eval_order"]["wall_s"], 2),
            "load_avg_before": [round(x, 2) for x in load0], "load_avg_after": [round(x, 2) for x in load1]}
-    name = f"loglik_prefill-{doc['date'][:10]}-{doc['host']}-{a.dtype}.json"
+    name = f"loglik_prefill-{doc['date'][:10]}-{doc['host']}-{a.dtype}-{commit}.json"
     path = REPO / "benchmarks" / "results" / name
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
@@ -121,23 +153,30 @@ def main() -> None:
 
 
 def section(doc: dict, path: str) -> str:
-    group = next(k for k in doc if k.startswith("groups_of_"))
-    n = group.rsplit("_", 1)[1]
+    e = doc["engines"]
+    rows = []
+    for name, label in (("fixed_shape", "fixed shape per prompt length (the runtime)"),
+                        ("left_padded", "left-padded to the longest of those arriving together")):
+        r = e[name]
+        rows.append(f"| {label} | {r['lm_eval_order']['wall_s']} ({r['lm_eval_order']['passes']}) | "
+                    f"{r['shuffled']['wall_s']} ({r['shuffled']['passes']}) | {r['max_abs_loglik_diff']:.3g} | "
+                    f"{r['items_whose_best_choice_differs']} of {doc['items']} |")
     return "\n".join([
-        f"## Log-likelihood prompts in the reference runtime: one at a time vs passes of {n} "
-        "(`benchmarks/loglik_prefill.py`)",
+        f"## Log-likelihood prompts in the reference runtime: fixed-shape passes vs left-padded ones, groups of "
+        f"{doc['group']} (`benchmarks/loglik_prefill.py`)",
         f"{doc['date'][:10]} · commit {doc['commit']} · {doc['host']} · {doc['cpus']} CPUs · Python {doc['python']} · "
         f"torch {doc['torch']} · SmolLM2-135M in {doc['dtype']}, one torch thread · load avg "
         f"{doc['load_avg_before'][0]:.1f} → {doc['load_avg_after'][0]:.1f}", "",
         f"The default task's {doc['prompts']} prompts ({doc['items']} items × 4 choices), every position's logits "
-        "each, through the batching engine in-process (no server).", "",
-        "| way | wall s (fastest of the interleaved runs) | forward passes |", "|---|---|---|",
-        f"| one at a time | {doc['one_at_a_time']['wall_s']} | {doc['one_at_a_time']['passes']} |",
-        f"| {n} submitted together | {doc[group]['wall_s']} | {doc[group]['passes']} |", "",
-        f"Ratio {doc['speedup']}× (same run). Continuation log-likelihoods differ between the two by at most "
-        f"{doc['max_abs_loglik_diff']:.3g} nats (mean {doc['mean_abs_loglik_diff']:.3g}); "
-        f"{doc['items_whose_best_choice_differs']} of {doc['items']} items' best choice differs.", "",
+        f"each, through the batching engine in-process (no server), {doc['group']} submitted together, in lm-eval's "
+        "order and shuffled (other companions, other rows).", "",
+        "| passes | wall s, lm-eval's order (passes) | wall s, shuffled (passes) | largest log-likelihood "
+        "difference between the orders (nats) | items whose best choice differs |", "|---|---|---|---|---|",
+        *rows, "",
+        f"Fixed-shape time / left-padded time: {doc['fixed_over_left_time']}× (same run, lm-eval's order; width "
+        f"step {doc['width_step']} tokens).", "",
         f"Raw data: `{path}`."])
+
 
 if __name__ == "__main__":
     main()

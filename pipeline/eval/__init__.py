@@ -24,24 +24,35 @@ from pipeline.errors import StageFailed
 from pipeline.eval import env, stats, tasks
 
 EVAL_JSON = "eval.json"
+FRONTEND_LOG = "frontend.log"
 ENGINE_REL = "tensorrt_llm/1/engine"  # the tokenizer lives with the checkpoint in every layout
 
 
 @contextlib.contextmanager
-def served(serve, repo: Path, work: Path) -> Iterator[tuple[Any, str]]:
+def served(serve, repo: Path, work: Path, timings: dict[str, float] | None = None) -> Iterator[tuple[Any, str]]:
     """Triton serving ``repo`` (``serve.launcher``: local, docker, or the server at ``serve.url``) with the OpenAI
     front end before it; yields (server, base URL ``http://HOST:PORT/v1``). Everything started is stopped on every
-    exit path."""
+    exit path. ``timings`` gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``)."""
     from pipeline.eval import endpoint
     from pipeline.triton import server as srv
     from pipeline.ui import status
 
+    timings = {} if timings is None else timings
+    stopping: list[float] = []
     with contextlib.ExitStack() as stack:
+        # the first callback registered runs last: after the front end and the server stopped
+        stack.callback(lambda: stopping and timings.update(stop_s=round(time.perf_counter() - stopping[0], 2)))
+        t0 = time.perf_counter()
         with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
             server = stack.enter_context(srv.launched(serve, repo, work))
+        t1 = time.perf_counter()
         with status("starting the OpenAI front end"):
             url = stack.enter_context(endpoint.openai(serve, server, repo, work))
-        yield server, url
+        timings.update(server_start_s=round(t1 - t0, 2), frontend_start_s=round(time.perf_counter() - t1, 2))
+        try:
+            yield server, url
+        finally:
+            stopping.append(time.perf_counter())
 
 
 def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, Any]:
@@ -51,26 +62,53 @@ def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, A
     from pipeline.ui import status
 
     log_path = None
-    try:
-        with served(serve, repo, work) as (server, url):
-            log_path = server.log_path
-            key = endpoint.api_key(serve)
-            model = endpoint.model_name(url, key)
-            with status(f"lm-eval: {', '.join(ecfg.tasks)} via {url}"):
-                doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key)
-            doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
-    finally:
-        if log_path is not None and Path(log_path).is_file():
-            shutil.copy2(log_path, out / "server.log")
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    with frontend_log(out / FRONTEND_LOG) as fe_log:
+        try:
+            with served(serve, repo, work, timings) as (server, url):
+                log_path = server.log_path
+                key = endpoint.api_key(serve)
+                model = endpoint.model_name(url, key)
+                with status(f"lm-eval: {', '.join(ecfg.tasks)} via {url}"):
+                    doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key, frontend_log=fe_log)
+                doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
+        finally:
+            if log_path is not None and Path(log_path).is_file():
+                shutil.copy2(log_path, out / "server.log")
+    doc["timings"] = {**timings, "lm_eval_s": doc["wall_s"], **doc.pop("harness_timings", {})}
     return doc
 
 
-def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *, api_key: str | None = None
-                ) -> dict[str, Any]:
+@contextlib.contextmanager
+def frontend_log(path: Path) -> Iterator[Path]:
+    """The OpenAI front end's log records (every error it answers: server faults, refused requests) also written
+    to ``path`` while the block runs."""
+    import logging
+
+    logger = logging.getLogger("pipeline.serving")
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setLevel(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield path
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
+
+
+def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *, api_key: str | None = None,
+                frontend_log: Path | None = None) -> dict[str, Any]:
     """lm-eval's tasks ``ecfg.tasks`` against the OpenAI endpoint ``base_url`` (``http://HOST:PORT/v1``), model
     ``model``, tokenized with ``tokenizer``; its log goes to ``work/lm-eval.log``. ``api_key`` reaches lm-eval as
     ``OPENAI_API_KEY`` (which its local models send as a Bearer token), in the child's environment only.
-    -> the harness's document."""
+    When lm-eval fails, the error names its cause (:func:`failure` : the first failed request, with what the front
+    end's log ``frontend_log`` says of it). -> the harness's document."""
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="eval-tasks-") as include:
         spec = {"base_url": base_url, "model": model, "tokenizer": str(tokenizer), "tasks": list(ecfg.tasks),
@@ -100,14 +138,30 @@ def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *,
                 raise StageFailed(f"lm-eval did not finish within eval.timeout_s={ecfg.timeout_s:g} s "
                                   f"(log: {log_path})") from exc
         if proc.returncode != 0 or not out_path.is_file():
-            tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
             raise StageFailed(f"lm-eval failed against {base_url} (exit {proc.returncode}): "
-                              f"{' | '.join(tail)[-600:]} (log: {log_path})")
+                              f"{failure(log_path, frontend_log)} (log: {log_path})")
         doc = json.loads(out_path.read_text())
         doc["wall_s"] = round(time.perf_counter() - t0, 2)
         spec_path.unlink()
         out_path.unlink()
         return doc
+
+
+def failure(log_path: Path, frontend_log: Path | None = None) -> str:
+    """Why lm-eval failed: the cause its log shows (``harness.failure_cause``), else the log's last lines; and the
+    first error the front end logged, when it logged one."""
+    from pipeline.eval import harness
+
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    cause = harness.failure_cause(text)
+    if cause is None:
+        cause = " | ".join([ln for ln in text.splitlines() if ln.strip()][-3:])[-600:] or "no output"
+    if frontend_log is not None and frontend_log.is_file():
+        errors = [ln.split(" ERROR ", 1)[1] for ln in frontend_log.read_text(errors="replace").splitlines()
+                  if " ERROR " in ln]
+        if errors:
+            cause += f"; the front end's first error: {errors[0][:500]}"
+    return cause
 
 
 def primary_metric(task: dict[str, Any]) -> str:

@@ -17,11 +17,13 @@ older than pyarrow needs, the child runs on the evaluation overlay (``pipeline.e
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+_STARTED = time.perf_counter()  # the child's imports (lm-eval's) are timed from here
 LOGLIKELIHOOD = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
 GENERATE = ("generate_until",)
 COMPLETIONS = "pipeline-local-completions"
@@ -49,6 +51,48 @@ def continuation_logprobs(outputs, tokens, ctxlens) -> list[tuple[float, bool]]:
             cont, top = lps[ctxlen:len(toks)], tops[ctxlen:len(toks)]
             res.append((sum(cont), all(lp >= max(t.values()) for lp, t in zip(cont, top))))
     return res
+
+
+_HTTP_FAILED = re.compile(r"API request failed! Status code: (\d+), Response text: (.*?)\. Retrying\.\.\.\s*$")
+_SYNC_FAILED = re.compile(r"API request failed with error message: (.*?)\. Retrying\.\.\.\s*$")
+_CALL_FAILED = re.compile(r"Exception:(\w+(?:Error|Exception|Timeout)\w*)\((.*)")
+_RAISED = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Timeout|Interrupt|Exit)\w*)(?::\s*(.*))?$")
+
+
+def _body_message(text: str) -> str:
+    """An OpenAI error body's ``error.message`` (the text itself when it is not one)."""
+    try:
+        doc = json.loads(text)
+        return str(doc["error"]["message"]) if isinstance(doc.get("error"), dict) else str(doc["error"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return text
+
+
+def failure_cause(log: str) -> str | None:
+    """What made lm-eval fail, from its log: the first request the server answered with an error status (its status
+    and message), else the first failed API call, else the first exception raised; None when the log shows none.
+
+    Once one request fails, lm-eval's concurrent client leaves its aiohttp session and every request still queued
+    fails with ``RuntimeError: Session is closed``, which is what the end of the log shows: never the cause."""
+    lines = log.splitlines()
+    for ln in lines:
+        m = _HTTP_FAILED.search(ln)
+        if m:
+            return f"the endpoint answered HTTP {m.group(1)}: {_body_message(m.group(2))[:500]}"
+        m = _SYNC_FAILED.search(ln)
+        if m:
+            return f"the endpoint answered with an error: {_body_message(m.group(1))[:500]}"
+    for ln in lines:
+        m = _CALL_FAILED.search(ln)
+        if m and "Session is closed" not in m.group(2):
+            rest = re.sub(r"(, \(no outputs\))?, retrying\.\s*$", "", m.group(2))
+            return f"a request failed: {m.group(1)}({rest[:400]}"
+    raised = []
+    for i, ln in enumerate(lines):
+        if ln.startswith("Traceback (most recent call last)"):
+            raised += [nxt.strip() for nxt in lines[i + 1:] if _RAISED.match(nxt)][:1]
+    raised.sort(key=lambda r: "Session is closed" in r)  # stable: the first other one, if any
+    return raised[0][:500] if raised else None
 
 
 def _register() -> None:
@@ -104,6 +148,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     _register()
+    t_tm = time.perf_counter()
     tm = TaskManager(include_path=spec.get("include_path"), include_defaults=bool(spec.get("include_defaults", True)))
     leaves: dict[str, list[Any]] = {}
     for name in spec["tasks"]:
@@ -112,6 +157,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                              f"{', '.join(sorted(n for n in tm.all_tasks if n.startswith('pipeline_')))}; "
                              f"lm-eval's: `lm-eval ls tasks`)")
         leaves[name] = list(tm.load(name)["tasks"].values())  # a group: its leaf tasks
+    t_run = time.perf_counter()
     runs: dict[bool, dict[str, Any]] = {}
     for chat in (False, True):
         todo = [t for ts in leaves.values() for t in ts if (t.config.output_type in GENERATE) == chat]
@@ -133,8 +179,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         tasks[name] = {**info, "metrics": sorted(items), "items": items,
                        "results": {k: v for k, v in (runs[ts[0].config.output_type in GENERATE]["results"]
                                                      .get(name) or {}).items() if isinstance(v, (int, float, str))}}
+    t_end = time.perf_counter()
     return {"lm_eval": md.version("lm_eval"), "tasks": tasks, "concurrency": spec["concurrency"],
-            "wall_s": round(time.perf_counter() - t0, 2)}
+            "wall_s": round(t_end - t0, 2),
+            "harness_timings": {"import_s": round(t0 - _STARTED, 2), "tasks_load_s": round(t_run - t_tm, 2),
+                                "evaluate_s": round(t_end - t_run, 2)}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,11 @@ together, left-padded, in forward passes of up to ``max_prefill_tokens`` padded 
 into the batch), advances every active sequence by one token in a single forward pass, and retires the ones that
 finished or were cancelled. Prefill and batch are left-padded: an attention mask hides the padding and explicit
 position ids keep each sequence's positions what they would be alone, so a greedy request yields the same tokens
-whether it runs alone or beside others. The forward pass is the model's own, so whatever attention
-implementation it was loaded with (the reference loader's FP8/NVFP4 KV-cache fake quantization included) is what
-the batch runs.
+whether it runs alone or beside others. Prompts that ask for every position's logits (log-likelihood requests) are
+prefilled apart, in passes of a fixed shape chosen by each prompt's own length (``BatchEngine.context_shape``), so
+that a prompt's log probabilities are the same bits whichever prompts share its pass. The forward pass is the
+model's own, so whatever attention implementation it was loaded with (the reference loader's FP8/NVFP4 KV-cache fake
+quantization included) is what the batch runs.
 
 Per request: greedy or sampled decoding (temperature, top-k, top-p, a per-request ``torch.Generator`` seeded from the
 request, so a seed reproduces its tokens whatever else is in the batch), end ids, stop words (token sequences; the
@@ -35,6 +37,7 @@ FINISH_STOP = "stop_words"     # the output ends with one of the request's stop 
 FINISH_LENGTH = "length"       # max_new_tokens, or the engine's max_seq_len, was reached
 FINISH_CANCELLED = "cancelled"
 FINISH_ERROR = "error"
+CONTEXT_WIDTH_STEP = 8         # log-likelihood passes are a multiple of this wide (BatchEngine.context_shape)
 
 
 @dataclass
@@ -67,7 +70,8 @@ class Event:
     ``token`` is None only on a last event that carries no token (cancelled, failed, or nothing to generate).
     ``log_prob`` is the log-probability of ``token`` under the distribution it was drawn from (after bias, bad words,
     penalties and temperature; before top-k/top-p truncation), when the request asked for log probs. ``logits`` is
-    the model's raw float32 logits row for this step, when it asked for generation logits.
+    the model's raw float32 logits row for this step, on the CPU whatever the model's device, when it asked for
+    generation logits.
     """
 
     index: int
@@ -81,7 +85,8 @@ class Event:
 class Handle:
     """A submitted request: iterate it for its events (unless a callback receives them), cancel it at any time.
 
-    ``context_logits`` (float32 ``[prompt_len, vocab]``) is set before the first event when the request asked for it.
+    ``context_logits`` (float32 ``[prompt_len, vocab]``, on the CPU whatever the model's device: callers hand it to
+    numpy) is set before the first event when the request asked for it.
     """
 
     def __init__(self, request: GenerationRequest, on_event: Callable[[Event], None] | None):
@@ -268,31 +273,58 @@ class BatchEngine:
                 seq.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
                 continue
             ready.append(seq)
-        # Requests for every position's logits share passes with each other only: a pass keeps every position's
-        # logits when one of its prompts asks for them, and the last position's alone otherwise.
-        for context in (True, False):
-            group: list[_Seq] = []
-            for seq in sorted((s for s in ready if s.req.return_context_logits == context), key=lambda s: len(s.seen)):
-                width = max(len(seq.seen), *(len(s.seen) for s in group)) if group else len(seq.seen)
-                if group and width * (len(group) + 1) > self.max_prefill_tokens:
-                    self._prefill(group)
-                    group = []
-                group.append(seq)
-            if group:
+        # Requests for every position's logits (log-likelihoods) share fixed-shape passes with each other only:
+        # each prompt's pass shape is a function of its own length, so its logits never depend on the others.
+        by_shape: dict[tuple[int, int], list[_Seq]] = {}
+        for seq in (s for s in ready if s.req.return_context_logits):
+            by_shape.setdefault(self.context_shape(len(seq.seen)), []).append(seq)
+        for shape, seqs in sorted(by_shape.items()):
+            for k in range(0, len(seqs), shape[0]):
+                self._prefill(seqs[k:k + shape[0]], shape)
+        group: list[_Seq] = []
+        for seq in sorted((s for s in ready if not s.req.return_context_logits), key=lambda s: len(s.seen)):
+            width = max(len(seq.seen), *(len(s.seen) for s in group)) if group else len(seq.seen)
+            if group and width * (len(group) + 1) > self.max_prefill_tokens:
                 self._prefill(group)
+                group = []
+            group.append(seq)
+        if group:
+            self._prefill(group)
 
-    def _prefill(self, group: list[_Seq]) -> None:
-        """One forward pass over the prompts of ``group``, left-padded to the longest, each at its own positions;
-        a failure is retried one sequence at a time, so that it fails only the request that causes it."""
+    def context_shape(self, length: int) -> tuple[int, int]:
+        """The (rows, width) of the pass that prefills a ``length``-token prompt asking for every position's logits:
+        the width is the length rounded up to a multiple of ``CONTEXT_WIDTH_STEP`` (within ``max_seq_len``), the
+        rows as many as the engine batches (within ``max_prefill_tokens``). Every such pass has exactly this shape,
+        padded with empty rows, and each prompt sits at the start of its row (right padding, causal attention,
+        no mask): the kernels a prompt's tokens go through are the same whatever shares its pass, so its logits are
+        those of the prompt in any pass (bf16 GEMMs and attention otherwise round by the shape of the whole batch).
+        """
+        step = CONTEXT_WIDTH_STEP
+        width = -(-length // step) * step
+        if self.max_seq_len is not None:
+            width = max(length, min(width, self.max_seq_len))
+        rows = max(1, min(self.max_batch_size, self.max_prefill_tokens // width))
+        return rows, width
+
+    def _prefill(self, group: list[_Seq], shape: tuple[int, int] | None = None) -> None:
+        """One forward pass over the prompts of ``group``: left-padded to the longest, each at its own positions;
+        or, with ``shape`` (:meth:`context_shape`), right-padded into a pass of exactly that shape. A failure is
+        retried one sequence at a time, so that it fails only the request that causes it."""
         from transformers import DynamicCache
 
-        ids, mask, positions = self._prefill_inputs(group)
+        if shape is None:
+            ids, mask, positions = self._prefill_inputs(group)
+            # one prompt runs as it would alone; a padded batch gets the mask and each row's own positions
+            padded = {} if len(group) == 1 else {"attention_mask": mask, "position_ids": positions}
+        else:
+            ids = torch.zeros(shape, dtype=torch.long, device=self.device)
+            for i, s in enumerate(group):
+                ids[i, :len(s.seen)] = torch.tensor(s.seen, dtype=torch.long)
+            padded = {}  # causal attention: a prompt's positions never see the padding after it
         width = ids.shape[1]
         context = any(s.req.return_context_logits for s in group)
         try:
             cache = DynamicCache(config=self.model.config)
-            # one prompt runs as it would alone; a padded batch gets the mask and each row's own positions
-            padded = {} if len(group) == 1 else {"attention_mask": mask, "position_ids": positions}
             with torch.inference_mode():
                 out = self.model(input_ids=ids, use_cache=True, logits_to_keep=0 if context else 1,
                                  **padded, **{self._cache_kw: cache})
@@ -301,19 +333,21 @@ class BatchEngine:
         except Exception as exc:
             if len(group) > 1:
                 for s in group:
-                    self._prefill([s])
+                    self._prefill([s], shape)
                 return
             group[0].handle._emit(Event(0, finish_reason=FINISH_ERROR, error=exc))
             return
         keep = []
         for i, s in enumerate(group):
+            n = len(s.seen)
             try:
-                if s.req.return_context_logits:
-                    s.handle.context_logits = out.logits[i, width - len(s.seen):].float().clone()
+                if s.req.return_context_logits:  # every position's logits were kept
+                    rows = slice(0, n) if shape is not None else slice(width - n, width)
+                    s.handle.context_logits = out.logits[i, rows].to("cpu", torch.float32, copy=True)
                 if self._max_new(s) == 0:
                     s.handle._emit(Event(0, finish_reason=FINISH_LENGTH))
                     continue
-                token, event = self._choose(s, out.logits[i, -1])
+                token, event = self._choose(s, out.logits[i, n - 1 if shape is not None else -1])
             except Exception as exc:  # this request alone fails
                 s.handle._emit(Event(len(s.generated), finish_reason=FINISH_ERROR, error=exc))
                 continue
@@ -322,7 +356,16 @@ class BatchEngine:
                 keep.append(i)
         if not keep:
             return
-        if len(keep) < len(group):
+        if shape is not None:  # the kept rows' KV, each cut to its prompt and left-padded as the batch keeps it
+            lengths = [len(group[i].seen) - 1 for i in keep]  # the token just chosen is not in the cache yet
+            span = max(lengths)
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            kv = [(_right_to_left(k.index_select(0, idx), lengths, span),
+                   _right_to_left(v.index_select(0, idx), lengths, span)) for k, v in kv]
+            mask = torch.zeros(len(keep), span, dtype=torch.long, device=self.device)
+            for r, n in enumerate(lengths):
+                mask[r, span - n:] = 1
+        elif len(keep) < len(group):
             idx = torch.tensor(keep, dtype=torch.long, device=self.device)
             mask = mask.index_select(0, idx)
             start = int(mask.any(0).nonzero()[0])
@@ -456,7 +499,7 @@ class BatchEngine:
         if r.return_log_probs:
             log_prob = float(torch.log_softmax(logits, -1)[token])
         return token, Event(len(seq.generated), token, log_prob,
-                            raw.clone() if r.return_generation_logits else None)
+                            raw.to("cpu", copy=True) if r.return_generation_logits else None)
 
     def _emit_token(self, seq: _Seq, token: int, event: Event) -> None:
         r = seq.req
@@ -488,6 +531,15 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _right_to_left(t: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """Rows of a right-padded cache tensor ``[B, heads, T, dim]`` (row r's first ``lengths[r]`` positions are real)
+    as a left-padded one ``[B, heads, width, dim]``."""
+    out = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])
+    for r, n in enumerate(lengths):
+        out[r, :, width - n:] = t[r, :, :n]
+    return out
 
 
 def _pad_left(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -32,6 +33,8 @@ from starlette.responses import Response as _Response
 from pipeline.serving import protocol as P
 from pipeline.serving.driver import Delta, Driver, GenRequest, TokenLogprob
 from pipeline.serving.model import ServedModel
+
+log = logging.getLogger("pipeline.serving")
 
 
 @dataclass
@@ -84,6 +87,8 @@ def _json(obj: Any) -> bytes:
 def _error_response(exc: P.APIError):
     from starlette.responses import Response
 
+    # what the client is told, logged here too: a server fault as an error, a refused request at info level
+    log.log(logging.ERROR if exc.status >= 500 else logging.INFO, "%d %s", exc.status, exc.message)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
     return Response(_json(exc.body()), status_code=exc.status, media_type="application/json", headers=headers)
 

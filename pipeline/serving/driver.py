@@ -696,12 +696,14 @@ def _transport_error(exc, url: str) -> APIError:
 
 
 def _triton_error(exc) -> APIError:
-    """A Triton error -> the status a client should see: the server not ready -> 503; a request the model refused
-    -> 400 with its message."""
+    """A Triton error -> the status a client should see: the server not ready -> 503; the model's own fault (the
+    reference runtime words it ``internal error``) -> 500; a request the model refused -> 400 with its message."""
     msg = str(exc).strip()
     low = msg.lower()
     if "failed to connect" in low or "connection refused" in low or "not ready" in low or "unavailable" in low:
         return APIError(503, f"Triton is not available: {msg.splitlines()[0][:300]}")
     if "cancel" in low:
         return APIError(499, "the request was cancelled")
+    if "internal error" in low:
+        return APIError(500, f"the model failed: {msg.splitlines()[0][:500]}")
     return APIError(400, f"the model refused the request: {msg.splitlines()[0][:500]}")

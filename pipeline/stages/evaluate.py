@@ -16,7 +16,8 @@ that endpoint (``pipeline.eval``): what is measured is what applications get.
   ``eval.max_drop[quant.format]``. ``fail`` fails the stage; ``inconclusive`` fails it only with ``eval.strict``.
 
 Output: ``eval.json`` (per task: aggregate results and per-item scores; evaluate adds the gate), ``eval.md``
-(evaluate: the table), ``lm-eval.log``. ``eval.tasks=[]`` skips both (nothing served).
+(evaluate: the table), ``lm-eval.log``, ``server.log`` (Triton's) and ``frontend.log`` (the errors the OpenAI front end
+answered). ``eval.tasks=[]`` skips both (nothing served).
 """
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ BASELINE = Stage(
     inputs=("fetch",),
     libs=("lm_eval", "transformers", "torch", "tritonclient"),
     extra=task_extra,
-    volatile=(EVAL_JSON, "lm-eval.log", "server.log"),
+    volatile=(EVAL_JSON, "lm-eval.log", "server.log", ev.FRONTEND_LOG),
     root="store",
     label=_label_baseline,
 )
@@ -222,7 +223,7 @@ STAGE = Stage(
     inputs=("package", "eval_baseline"),
     libs=("lm_eval", "transformers", "tritonclient"),
     extra=task_extra,
-    volatile=(EVAL_JSON, EVAL_MD, "lm-eval.log", "server.log"),
+    volatile=(EVAL_JSON, EVAL_MD, "lm-eval.log", "server.log", ev.FRONTEND_LOG),
     root="store",
     label=lambda cfg: ArtifactKey.of(cfg).label,
 )

@@ -111,8 +111,8 @@ def test_a_request_for_context_logits_joining_with_others_gets_every_prompt_posi
 
 
 def test_requests_for_context_logits_that_join_together_share_one_pass(model, engine):
-    """Log-likelihood requests (echo with logprobs) arrive many at a time: they are prefilled together, left-padded,
-    and each gets its own prompt's logits, those of it run alone."""
+    """Log-likelihood requests (echo with logprobs) arrive many at a time: those of one width step share a pass
+    (right-padded, of a fixed shape), and each gets its own prompt's logits, those of it run alone."""
     with engine._cv:
         handles = [engine.submit(GenerationRequest(p, 1, return_context_logits=True)) for p in PROMPTS]
         other = engine.submit(GenerationRequest(PROMPTS[0], 4))
@@ -122,7 +122,62 @@ def test_requests_for_context_logits_that_join_together_share_one_pass(model, en
             full = model(input_ids=torch.tensor([p])).logits[0].float()
         assert h.context_logits.shape == full.shape and torch.allclose(h.context_logits, full, atol=1e-4)
     assert other.tokens() == alone(model, PROMPTS[0], 4)
-    assert engine.prefills == 2  # one pass for the five (every position's logits), one for the other
+    # lengths 5, 2, 7 -> 8 wide; 12 -> 16; 30 -> 32: three passes (every position's logits), one for the other
+    assert [engine.context_shape(len(p)) for p in PROMPTS] == [(8, 8), (8, 8), (8, 32), (8, 16), (8, 8)]
+    assert engine.prefills == 4
+
+
+def test_context_logits_are_the_same_bits_whatever_shares_the_pass():
+    """bf16 kernels round by the shape of the whole pass: left-padded into passes of the prompts that happen to
+    arrive together, a prompt's logits change with its companions (the negative control, on the model directly).
+    The engine's log-likelihood passes have a shape fixed by each prompt's own length, and the prompt sits at the
+    start of its row: alone, among others, at another row, its logits are the same bits."""
+    import random
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.1)
+    bf16 = AutoModelForCausalLM.from_config(cfg).eval().to(torch.bfloat16)
+    rng = random.Random(0)
+    target = [7, 3, 9, 100, 4, 5, 200, 11, 12, 13, 14]
+    others = [[rng.randrange(256) for _ in range(rng.randrange(9, 16))] for _ in range(12)]
+
+    @torch.inference_mode()
+    def left_padded(rows):  # the prompt of row 0 in one left-padded pass with the others
+        width = max(map(len, rows))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(rows):
+            ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+        out = bf16(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+        return out[0, width - len(rows[0]):]
+
+    solo = left_padded([target])
+    assert any(not torch.equal(left_padded([target, *others[:k]]), solo) for k in (3, 7))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    eng = BatchEngine(bf16, max_batch_size=8)
+    try:
+        def context_logits(companions, row):
+            with eng._cv:  # held: they join one step boundary
+                hs = [eng.submit(GenerationRequest(p, 1, return_context_logits=True)) for p in companions[:row]]
+                h = eng.submit(GenerationRequest(target, 1, return_context_logits=True))
+                hs += [eng.submit(GenerationRequest(p, 1, return_context_logits=True)) for p in companions[row:]]
+            for x in [h, *hs]:
+                x.tokens()
+            return h.context_logits
+
+        alone_ = context_logits([], 0)
+        assert torch.equal(context_logits(others[:7], 3), alone_)
+        assert torch.equal(context_logits(others[5:9], 0), alone_)
+        assert torch.equal(context_logits(others[2:4], 2), alone_)
+    finally:
+        eng.close()
+        torch.set_num_threads(threads)
 
 
 def test_negative_control_prefill_positions_counted_over_the_padding_change_the_tokens(model):

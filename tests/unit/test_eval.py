@@ -234,3 +234,49 @@ def test_plan_names_a_format_without_an_allowed_drop_and_a_bad_one():
     assert "eval.max_drop has no entry for quant.format=nvfp4; add eval.max_drop.nvfp4=0.05 (say)" in problems
     assert "eval.max_drop.fp8=-0.1: an allowed drop of the task score lies in [0, 1]" in problems
     assert evaluate.check(config.compose(["eval.tasks=[]", "quant=nvfp4", "~eval.max_drop.nvfp4"])) == []
+
+
+# lm-eval 0.4.13's log after one request failed (api_models.py amodel_call's warning and error lines; the aiohttp
+# session left by tqdm_asyncio.gather's first exception fails every queued request, and the log ends with that)
+_LOG_HTTP = """Requesting API:   0%|          | 0/80 [00:00<?, ?it/s]API request failed! Status code: 500, \
+Response text: \
+{"error": {"message": "the model failed: TypeError: boom", "type": "internal_error", "param": null, "code": null}}. \
+Retrying...
+Exception:ClientResponseError(RequestInfo(url=URL('http://127.0.0.1:1/v1/completions')), (), status=500), \
+(no outputs), retrying.
+Exception:ServerDisconnectedError('Server disconnected'), (no outputs), retrying.
+Exception:RuntimeError('Session is closed'), (no outputs), retrying.
+Traceback (most recent call last):
+  File "/x/aiohttp/client.py", line 581, in _request
+    raise RuntimeError("Session is closed")
+RuntimeError: Session is closed
+"""
+
+
+def test_the_failure_named_is_the_first_failed_request_not_the_closed_session(tmp_path):
+    from pipeline import eval as ev
+    from pipeline.eval import harness
+
+    assert harness.failure_cause(_LOG_HTTP) == ("the endpoint answered HTTP 500: the model failed: TypeError: boom")
+    # no status line: the first failed call that is not the closed session, then the first other exception
+    no_status = "\n".join(ln for ln in _LOG_HTTP.splitlines() if "Status code" not in ln and "Retrying" not in ln)
+    assert harness.failure_cause(no_status) == ("a request failed: ClientResponseError(RequestInfo(url=URL("
+                                                "'http://127.0.0.1:1/v1/completions')), (), status=500)")
+    no_call = "\n".join(ln for ln in no_status.splitlines() if "ClientResponseError" not in ln)
+    assert harness.failure_cause(no_call) == "a request failed: ServerDisconnectedError('Server disconnected')"
+    tb = ("Traceback (most recent call last):\n  File \"a\", line 1\nRuntimeError: Session is closed\n"
+          "Traceback (most recent call last):\n  File \"b\", line 2\n"
+          "asyncio.exceptions.TimeoutError: read timed out\n")
+    assert harness.failure_cause(tb) == "asyncio.exceptions.TimeoutError: read timed out"
+    assert harness.failure_cause("Traceback (most recent call last):\nRuntimeError: Session is closed\n") == \
+        "RuntimeError: Session is closed"  # nothing better to name
+    assert harness.failure_cause("all good\n") is None
+    # with the front end's own log
+    (tmp_path / "lm-eval.log").write_text(_LOG_HTTP)
+    (tmp_path / "frontend.log").write_text("2026-12-01 10:00:00,000 INFO 400 refused\n"
+                                           "2026-12-01 10:00:01,000 ERROR 500 the model failed: TypeError: boom\n")
+    msg = ev.failure(tmp_path / "lm-eval.log", tmp_path / "frontend.log")
+    assert msg == ("the endpoint answered HTTP 500: the model failed: TypeError: boom; the front end's first error: "
+                   "500 the model failed: TypeError: boom")
+    (tmp_path / "other.log").write_text("starting\nsomething odd\nthe end\n")
+    assert ev.failure(tmp_path / "other.log") == "starting | something odd | the end"  # no cause: the tail

@@ -32,6 +32,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -303,7 +304,15 @@ class TritonPythonModel:
 
     @staticmethod
     def _fail(sender, exc):
-        msg = str(exc) if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
+        """Answer with the error. A refused request gets its reason; anything else is the runtime's own fault: its
+        traceback goes to the server's log and the client reads ``internal error`` (the front end answers 500)."""
+        if isinstance(exc, RequestError):
+            msg = str(exc)
+        else:
+            msg = f"internal error in the reference runtime: {type(exc).__name__}: {exc}"
+            print(f"tensorrt_llm (reference): {msg}", file=sys.stderr)
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            sys.stderr.flush()
         try:
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(msg)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
