@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import _docfile  # noqa: E402
+from _provenance import source_state  # noqa: E402
 
 # The bench stage runs before evaluate (stage order) but is not measured here: one request.
 QUICK_BENCH = ["bench.concurrency=[1]", "bench.requests_per_level=1", "bench.warmup_requests=0", "bench.only=[chat]",
@@ -65,11 +66,6 @@ def _versions() -> dict:
     return out
 
 
-def _commit() -> str:
-    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
-
-
 def _gpu() -> str | None:
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -97,7 +93,7 @@ def measure(root: Path, overrides: list[str], shape: str | None = None) -> dict:
     reports = sorted((root / "reports").glob("*.json"), key=lambda f: f.stat().st_mtime)
     rep = json.loads(reports[-1].read_text())
     rows = {r["stage"]: r for r in rep["stages"]}
-    out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+    out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
            "host": platform.node(), "cpus": os.cpu_count(), "gpu": _gpu(), "python": platform.python_version(),
            "versions": _versions(), "shape": shape, "prepare_s": round(prep_s, 1),
            "overrides": overrides, "model": rep["model"], "quant": rep["quant"], "target": rep["target"],
@@ -145,7 +141,7 @@ def failure_logs(root: Path, dest: Path) -> list[str]:
 def section(runs: list[dict], files: list[str]) -> str:
     r0 = runs[0]
     lines = [f"## Task evaluation time: the default tasks, baseline and quantized (`benchmarks/eval_tasks.py`)",
-             f"{r0['date'][:10]} · commit {r0['commit']} · {r0['host']} · {r0['cpus']} CPUs"
+             f"{r0['date'][:10]} · commit {(r0.get('commit') or '?')[:10]}{' (uncommitted changes)' if r0.get('dirty') else ''} · {r0['host']} · {r0['cpus']} CPUs"
              + (f" · {r0['gpu']}" if r0.get("gpu") else "") + f" · Python {r0['python']}", "",
              "Each stage serves its model on a real tritonserver behind the OpenAI front end and runs lm-eval "
              "(`local-completions`, echo + logprobs) over every item; stage time includes the server start and stop.",
@@ -204,7 +200,7 @@ def main() -> None:
     run = measure(root, overrides, a.shape)
     if a.shape:
         run["note"] = SYNTHETIC_NOTE.format(fmt=a.quant)
-    name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}-{run['commit']}.json"
+    name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}-{(run.get('commit') or 'nogit')[:7]}.json"
     path = (a.out or REPO / "benchmarks" / "results") / name
     path.parent.mkdir(parents=True, exist_ok=True)
     if run["returncode"]:
