@@ -138,10 +138,20 @@ def failure_logs(root: Path, dest: Path) -> list[str]:
     return copied
 
 
+def _commit_label(r: dict) -> str:
+    """The commit a run's files belong to: ``commit_matched`` (``_provenance.py --annotate``) where a device copy's
+    git metadata lagged behind its files, else the commit the script saw, flagged when the tree differed from it."""
+    seen = (r.get("commit") or "?")[:10]
+    if r.get("commit_matched"):
+        return (f"{r['commit_matched'][:10]} (the files that ran have its source digest; the copy's git metadata "
+                f"read {seen}{' with uncommitted changes' if r.get('dirty') else ''})")
+    return seen + (" (uncommitted changes)" if r.get("dirty") else "")
+
+
 def section(runs: list[dict], files: list[str]) -> str:
     r0 = runs[0]
     lines = [f"## Task evaluation time: the default tasks, baseline and quantized (`benchmarks/eval_tasks.py`)",
-             f"{r0['date'][:10]} · commit {(r0.get('commit') or '?')[:10]}{' (uncommitted changes)' if r0.get('dirty') else ''} · {r0['host']} · {r0['cpus']} CPUs"
+             f"{r0['date'][:10]} · commit {_commit_label(r0)} · {r0['host']} · {r0['cpus']} CPUs"
              + (f" · {r0['gpu']}" if r0.get("gpu") else "") + f" · Python {r0['python']}", "",
              "Each stage serves its model on a real tritonserver behind the OpenAI front end and runs lm-eval "
              "(`local-completions`, echo + logprobs) over every item; stage time includes the server start and stop.",
