@@ -90,6 +90,29 @@ def test_openai_sdk_streams_a_chat_answer_with_usage_from_pipeline_serve(served,
     assert comp.usage.prompt_tokens == len(tok.encode(PROMPT, add_special_tokens=False))
 
 
+def _loglik_pass_logits(model, ids: list[int], repo: Path):
+    """The logits of prompt ``ids`` as the reference runtime computes every position's: in a pass of the shape its
+    length sets (``BatchEngine.context_shape``: rows the engine batches, the width a multiple of
+    ``CONTEXT_WIDTH_STEP``), the prompt at the start of row 0, on one torch thread (``serve.torch_threads``)."""
+    import re
+
+    import torch
+
+    from pipeline.runtime import batching
+
+    rows = int(re.search(r"^max_batch_size: (\d+)", (repo / "tensorrt_llm" / "config.pbtxt").read_text(), re.M)[1])
+    step = batching.CONTEXT_WIDTH_STEP
+    x = torch.zeros(rows, -(-len(ids) // step) * step, dtype=torch.long)
+    x[0, :len(ids)] = torch.tensor(ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return model(x).logits[0, :len(ids)].float()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_completion_echo_with_logprobs_returns_the_prompt_log_probabilities(served, tiny_build):
     """The prompt's log probs as the model computes them: checked against the reference runtime run here on the
     bundle's checkpoint, with a planted off-by-one alignment that must not match."""
@@ -109,9 +132,7 @@ def test_completion_echo_with_logprobs_returns_the_prompt_log_probabilities(serv
     assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert "".join(lp.tokens[:len(ids)]) == PROMPT and lp.text_offset[1] == len(lp.tokens[0])
     model = rt.load(ckpt, dtype=torch.bfloat16)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float()
-    want = torch.log_softmax(logits, -1)
+    want = torch.log_softmax(_loglik_pass_logits(model, ids, _repo(tiny_build)), -1)
     expected = [float(want[i - 1, ids[i]]) for i in range(1, len(ids))]
     got = lp.token_logprobs[1:len(ids)]
     assert got == pytest.approx(expected, abs=0.05)
@@ -160,8 +181,7 @@ def test_echo_logprobs_keep_the_entry_of_an_end_token_generated_first(served, ti
     assert float(margin.max()) > 0.05, "no one-token extension of the prompt has the end token as its clear top"
     t = int(margin.argmax())
     ids = base + [t]
-    with torch.no_grad():
-        want = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    want = torch.log_softmax(_loglik_pass_logits(model, ids, _repo(tiny_build)), -1)
 
     c = _client(served.url)
     r = c.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
