@@ -275,8 +275,13 @@ class BatchEngine:
             ready.append(seq)
         # Requests for every position's logits (log-likelihoods) share fixed-shape passes with each other only:
         # each prompt's pass shape is a function of its own length, so its logits never depend on the others.
+        # An engine of one sequence at a time (a sliding-window model among them, whose cache keeps the last
+        # positions of a pass, padding included) prefills each alone, unpadded: nothing shares its pass.
         by_shape: dict[tuple[int, int], list[_Seq]] = {}
         for seq in (s for s in ready if s.req.return_context_logits):
+            if self.max_batch_size == 1:
+                self._prefill([seq])
+                continue
             by_shape.setdefault(self.context_shape(len(seq.seen)), []).append(seq)
         for shape, seqs in sorted(by_shape.items()):
             for k in range(0, len(seqs), shape[0]):

@@ -309,3 +309,28 @@ def test_the_kv_cache_holds_each_position_quantized_once(model, dtype):
     assert torch.equal(_greedy_logits(m, PROMPTS[2], 10)[0], fast)  # quantizing once is quantizing every step
     m.set_attn_implementation("sdpa")  # negative control: without the KV quantization the logits differ
     assert not torch.equal(_greedy_logits(m, PROMPTS[2], 10)[0], fast)
+
+
+def test_a_sliding_window_model_prefills_log_likelihood_prompts_alone_and_unpadded():
+    """A sliding-window cache keeps the last positions of a pass: a right-padded pass would keep padding and drop
+    the prompt's own positions, and the tokens decoded after it would be wrong. Such an engine decodes one sequence
+    at a time, and prefills each prompt alone, unpadded: its tokens and logits are those of the model alone."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, sliding_window=4,
+                        initializer_range=0.1)
+    m = AutoModelForCausalLM.from_config(cfg).eval()
+    eng = BatchEngine(m, max_batch_size=8)
+    try:
+        assert eng.max_batch_size == 1
+        prompt = PROMPTS[3] + [5, 9, 11]  # 15 tokens: longer than the window, not a multiple of the width step
+        h = eng.submit(GenerationRequest(prompt, 6, return_context_logits=True))
+        assert h.tokens() == alone(m, prompt, 6)
+        with torch.inference_mode():
+            full = m(input_ids=torch.tensor([prompt])).logits[0].float()
+        assert torch.allclose(h.context_logits, full, atol=1e-4)
+    finally:
+        eng.close()
+
