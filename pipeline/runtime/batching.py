@@ -495,7 +495,7 @@ class BatchEngine:
             logits = logits / r.temperature
         if torch.isneginf(logits).all():
             raise ValueError("every token is masked (bad words / min tokens): nothing can be generated")
-        if r.temperature <= 0:
+        if r.temperature <= 0 or r.top_k == 1:  # top-k 1 is greedy, as TensorRT-LLM resolves it (no softmax, no draw)
             token = int(torch.argmax(logits))
         else:
             probs = torch.softmax(_truncate(logits, r.top_k, r.top_p), -1)

@@ -208,6 +208,21 @@ def test_a_seed_reproduces_its_tokens_whatever_else_is_in_the_batch(engine):
     assert engine.generate(GenerationRequest(**req, seed=8)) != solo  # negative control: another seed differs
 
 
+def test_top_k_1_decodes_greedily_without_drawing_a_sample(model, engine, monkeypatch):
+    # TensorRT-LLM resolves top-k 1 to greedy decoding whatever the temperature (the PyTorch backend's
+    # resolve_sampling_strategy, tensorrt_llm/_torch/pyexecutor/sampling_utils.py); the OpenAI front end sends
+    # top-k 1 for temperature 0, so that request must cost what a greedy one costs
+    greedy = alone(model, PROMPTS[0], 8)
+
+    def no_draw(*a, **k):
+        raise AssertionError("sampled")
+
+    monkeypatch.setattr(torch, "multinomial", no_draw)
+    assert engine.generate(GenerationRequest(PROMPTS[0], 8, temperature=0.7, top_k=1, seed=3)) == greedy
+    with pytest.raises(Exception):  # negative control: top-k 2 samples
+        engine.generate(GenerationRequest(PROMPTS[0], 8, temperature=0.7, top_k=2, seed=3))
+
+
 def test_stop_words_end_ids_and_max_tokens(model, engine):
     ref = alone(model, PROMPTS[2], 12)
     stop = ref[3:5]
