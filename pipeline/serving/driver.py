@@ -25,11 +25,13 @@ Transport: model configs and readiness through ``tritonclient.grpc.aio``; reques
 long-lived bidirectional streams (``ModelStreamInfer``; responses routed by request id, an empty final response
 asked for), as upstream's clients keep one stream open; opening a stream per request cost a millisecond or more
 of time to first token here. A request left before its end is stopped with upstream's ``stop`` request for its id.
-A unary model gets ``ModelInfer``, cancelled with its call.
+A unary model gets ``ModelInfer``, cancelled with its call. A request whose stream stays silent for the request
+timeout is a 504; one watchdog task checks every request, so waiting for a response arms no timer.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -142,6 +144,7 @@ class Driver:
         self._muxes: list[_Mux] = []
         self._next = 0
         self.streams = 4  # shared gRPC streams (requests are spread over them)
+        self._watchdog: asyncio.Task | None = None
 
     async def start(self) -> None:
         import tritonclient.grpc.aio as grpcaio
@@ -150,6 +153,9 @@ class Driver:
         self.client = grpcaio.InferenceServerClient(self.url)
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         for m in self._muxes:
             await m.close()
         if self._channel is not None:
@@ -267,43 +273,61 @@ class Driver:
     async def _stream(self, model: str, request):
         """The responses of one request on a shared gRPC stream (:class:`_Mux`), until its final one. A request
         left before its end (a client gone, a stop string seen here) is stopped on the server."""
-        if not self._muxes:
-            self._muxes = [_Mux(self._stub) for _ in range(self.streams)]
-        mux = self._muxes[self._next % len(self._muxes)]
-        self._next += 1
+        mux = self._mux()
         rid = request.id
-        queue = await mux.submit(request)
+        inbox = await mux.submit(request)
+        self._watch()
         finished = False
         try:
             while True:
-                if not queue.empty():  # already here: no wait, no timer
-                    resp = queue.get_nowait()
-                elif _timeout is not None:  # a deadline on this wait without a task per response (wait_for's)
-                    async with _timeout(self.timeout_s):
-                        resp = await queue.get()
-                else:
-                    resp = await asyncio.wait_for(queue.get(), self.timeout_s)
+                resp = inbox.items.popleft() if inbox.items else await inbox.get()
                 if isinstance(resp, BaseException):
+                    if isinstance(resp, asyncio.TimeoutError):  # the watchdog's; the server may still generate it
+                        raise APIError(504, f"no response from Triton for {self.timeout_s:.0f}s "
+                                            f"(serve.openai.limits.request_timeout_s)")
                     finished = True
                     raise _transport_error(resp, self.url)
-                final = resp.infer_response.parameters.get("triton_final_response")
-                final = final is not None and final.bool_param
                 if resp.error_message:
                     finished = True
                     raise _triton_error(resp.error_message)
+                out = resp.infer_response
+                final = out.parameters.get("triton_final_response")
+                final = final is not None and final.bool_param
                 if final:
                     finished = True
-                if resp.infer_response.outputs:
-                    yield resp.infer_response
+                if out.outputs:
+                    yield out
                 if final:
                     return
-        except asyncio.TimeoutError:
-            raise APIError(504, f"no response from Triton for {self.timeout_s:.0f}s "
-                                f"(serve.openai.limits.request_timeout_s)") from None
         finally:
             mux.abandon(rid)
             if not finished:
                 self._stop_later(rid)
+
+    def _watch(self) -> None:
+        """Start the watchdog that fails a request whose stream has been silent for ``timeout_s`` (one task for all
+        requests, instead of a timer armed and cancelled around every wait for a response)."""
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.ensure_future(self._watchdog_loop())
+
+    async def _watchdog_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = max(0.01, min(1.0, self.timeout_s / 10))
+        while any(m.routes for m in self._muxes):
+            await asyncio.sleep(period)
+            now = loop.time()
+            for m in self._muxes:
+                for inbox in list(m.routes.values()):
+                    if now - inbox.last > self.timeout_s and not inbox.timed_out:
+                        inbox.timed_out = True
+                        inbox.put(asyncio.TimeoutError())
+
+    def _mux(self) -> "_Mux":
+        """The next shared stream (requests are spread over ``streams`` of them)."""
+        if not self._muxes:
+            self._muxes = [_Mux(self._stub) for _ in range(self.streams)]
+        self._next += 1
+        return self._muxes[self._next % len(self._muxes)]
 
     def _stop_later(self, request_id: str) -> None:
         """Stop a generation left before its end: upstream's ``stop`` request to the ``tensorrt_llm`` model with the
@@ -587,13 +611,43 @@ class Driver:
         return arr, triton_type
 
 
+class _Inbox:
+    """One request's responses as the stream's reader routes them: a deque and at most one waiting consumer (what
+    an ``asyncio.Queue`` does, without its bookkeeping per item); ``last`` is when something last arrived."""
+
+    __slots__ = ("items", "waiter", "last", "timed_out", "loop")
+
+    def __init__(self, loop):
+        self.items: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+        self.loop = loop
+        self.last = loop.time()
+        self.timed_out = False
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self.last = self.loop.time()
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def get(self):
+        while not self.items:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.items.popleft()
+
+
 class _Mux:
     """One long-lived gRPC stream (``ModelStreamInfer``) that carries many requests: responses are routed by
-    request id to each request's queue. A broken stream fails its requests and is reopened by the next one."""
+    request id to each request's inbox. A broken stream fails its requests and is reopened by the next one."""
 
     def __init__(self, stub_factory):
         self.stub_factory = stub_factory
-        self.routes: dict[str, asyncio.Queue] = {}
+        self.routes: dict[str, _Inbox] = {}
         self.outbox: asyncio.Queue | None = None
         self.reader: asyncio.Task | None = None
 
@@ -602,10 +656,10 @@ class _Mux:
             self.outbox = asyncio.Queue()
             call = self.stub_factory().ModelStreamInfer(_drain_queue(self.outbox))
             self.reader = asyncio.ensure_future(self._read(call))
-        q: asyncio.Queue = asyncio.Queue()
-        self.routes[request.id] = q
+        inbox = _Inbox(asyncio.get_running_loop())
+        self.routes[request.id] = inbox
         self.outbox.put_nowait(request)
-        return q
+        return inbox
 
     def abandon(self, request_id: str) -> None:
         self.routes.pop(request_id, None)
@@ -614,17 +668,17 @@ class _Mux:
         problem: BaseException | None = None
         try:
             async for resp in call:
-                q = self.routes.get(resp.infer_response.id)
-                if q is not None:
-                    q.put_nowait(resp)
+                inbox = self.routes.get(resp.infer_response.id)
+                if inbox is not None:
+                    inbox.put(resp)
         except asyncio.CancelledError:
             call.cancel()
             raise
         except BaseException as exc:  # the stream broke (server gone): every request on it fails
             problem = exc
         problem = problem or ConnectionError("the gRPC stream to Triton closed")
-        for q in self.routes.values():
-            q.put_nowait(problem)
+        for inbox in self.routes.values():
+            inbox.put(problem)
         self.routes.clear()
 
     async def close(self) -> None:
@@ -645,9 +699,6 @@ async def _drain_queue(q: asyncio.Queue):
 
 async def _once(msg):
     yield msg
-
-
-_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 def _text_delta(resp) -> Delta | None:

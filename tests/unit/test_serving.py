@@ -118,3 +118,90 @@ def test_text_chunks_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
     bad.raw_output_contents[0] = bad.raw_output_contents[0][:-2]  # a length prefix that runs past the buffer
     assert _text_delta(bad) is None
     assert _text_delta(resp(["hello"], 1, ttype="FP32")) is None
+
+
+class _SilentMux:
+    """A stand-in for one shared gRPC stream to Triton (a server that hangs cannot be arranged here): it accepts the
+    request and delivers only what the test puts into the request's inbox."""
+
+    def __init__(self):
+        from pipeline.serving import driver
+
+        self.routes, self.inbox, self.driver = {}, None, driver
+
+    async def submit(self, request):
+        import asyncio
+
+        self.inbox = self.driver._Inbox(asyncio.get_running_loop())
+        self.routes[request.id] = self.inbox
+        return self.inbox
+
+    def abandon(self, rid):
+        self.routes.pop(rid, None)
+
+    async def close(self):
+        pass
+
+
+def _driver(timeout_s):
+    from types import SimpleNamespace
+
+    from pipeline.serving.driver import Driver
+
+    d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"), timeout_s=timeout_s)
+    mux = _SilentMux()
+    d._muxes = [mux]
+    return d, mux
+
+
+def _response(final: bool, text: bytes = b""):
+    from tritonclient.grpc import service_pb2
+
+    r = service_pb2.ModelStreamInferResponse()
+    r.infer_response.id = "r1"
+    if text:
+        out = r.infer_response.outputs.add()
+        out.name, out.datatype = "text_output", "BYTES"
+        r.infer_response.raw_output_contents.append(len(text).to_bytes(4, "little") + text)
+    r.infer_response.parameters["triton_final_response"].bool_param = final
+    return r
+
+
+def test_a_silent_stream_is_a_504_after_the_request_timeout_and_a_steady_one_is_not():
+    import asyncio
+    import time
+
+    from tritonclient.grpc import service_pb2
+
+    async def silent():
+        d, _ = _driver(0.3)
+        t0 = time.monotonic()
+        with pytest.raises(P.APIError) as err:
+            async for _ in d._stream("ensemble", service_pb2.ModelInferRequest(model_name="ensemble", id="r1")):
+                pass
+        await d.close()
+        return err.value, time.monotonic() - t0
+
+    err, waited = asyncio.run(asyncio.wait_for(silent(), 5))  # no watchdog: a TimeoutError here, not a hang
+    assert err.status == 504 and "request_timeout_s" in err.message and 0.3 <= waited < 1.5
+
+    async def steady():  # negative control: a response every 0.1 s for 0.8 s (longer than the timeout), then final
+        d, mux = _driver(0.3)
+        got = []
+
+        async def feed():
+            while mux.inbox is None:
+                await asyncio.sleep(0.01)
+            for _ in range(8):
+                await asyncio.sleep(0.1)
+                mux.inbox.put(_response(False, b"x"))
+            mux.inbox.put(_response(True))
+
+        task = asyncio.ensure_future(feed())
+        async for out in d._stream("ensemble", service_pb2.ModelInferRequest(model_name="ensemble", id="r1")):
+            got.append(out.raw_output_contents[0][4:])
+        await task
+        await d.close()
+        return got
+
+    assert asyncio.run(steady()) == [b"x"] * 8
