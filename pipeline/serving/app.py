@@ -505,28 +505,36 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                     yield piece_chunk(first)
                     async for piece in gen:
                         yield piece_chunk(piece)
-                yield chunk(job, None if chat else "", job.finish, piece_logprobs(job, seen)
-                            if (job.logprobs or [])[seen[0]:] else None)
+                yield _Final(chunk(job, None if chat else "", job.finish, piece_logprobs(job, seen)
+                                   if (job.logprobs or [])[seen[0]:] else None))
             except P.APIError as exc:
                 yield b"data: " + _json(exc.body()) + b"\n\n"
             finally:
                 await gen.aclose()
 
-        def closing() -> list[bytes]:
-            out = []
+        def closing(before: bytes = b"") -> "_Last":
+            """The last events (the usage chunk, ``[DONE]``) after ``before``, sent in one write with the stream's
+            end."""
+            usage = b""
             if include_usage:
-                out.append(b"data: " + _json({"id": rid, "object": obj, "created": created, "model": served.name,
-                                              "system_fingerprint": None, "choices": [],
-                                              "usage": fe._usage(jobs)}) + b"\n\n")
-            return out + [b"data: [DONE]\n\n"]
+                usage = b"data: " + _json({"id": rid, "object": obj, "created": created, "model": served.name,
+                                           "system_fingerprint": None, "choices": [],
+                                           "usage": fe._usage(jobs)}) + b"\n\n"
+            return _Last(before + usage + b"data: [DONE]\n\n")
 
         async def events_one():
             it = job_events(jobs[0], gens[0], firsts[0])
+            final = b""
             try:
                 async for item in it:
+                    if type(item) is _Final:  # the finish chunk goes out with the closing events
+                        final = item
+                        continue
+                    if final:  # an error event after it (not expected): keep the order
+                        yield final
+                        final = b""
                     yield item
-                for item in closing():
-                    yield item
+                yield closing(final)
             finally:  # the client went away: stop the generation
                 await it.aclose()
 
@@ -547,8 +555,7 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                         done += 1
                         continue
                     yield item
-                for item in closing():
-                    yield item
+                yield closing()
             finally:  # the client went away (the event stream closes this generator): stop every generation
                 for t in tasks:
                     t.cancel()
@@ -558,6 +565,14 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
 
 
     return app
+
+
+class _Final(bytes):
+    """A job's finish chunk (its ``finish_reason``)."""
+
+
+class _Last(bytes):
+    """The stream's closing events: the response body ends with them."""
 
 
 class _EventStream(_Response):
@@ -586,9 +601,14 @@ class _EventStream(_Response):
         watcher = asyncio.ensure_future(watch())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            last = False
             async for event in self.events:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                last = type(event) is _Last  # the closing events end the body in the same write
+                await send({"type": "http.response.body", "body": event, "more_body": not last})
+                if last:
+                    break
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not state["gone"]:
                 raise  # cancelled from outside (shutdown): not ours to swallow
