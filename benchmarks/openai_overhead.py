@@ -10,6 +10,8 @@ tritonclient gRPC streams: the bench's own generator) and OpenAI (``/v1/completi
 text, greedy on both paths), so drift on the shared 2 cores hits both alike. Output tokens are counted from each
 returned text with the model's tokenizer on both paths. Targets: TTFT p50 within 2 ms or 5 % (whichever is larger)
 of the direct path, inter-token latency p50 within 5 %, output tokens/s at least 0.95x the direct path.
+Each path's CPU time is recorded by process (the Triton server with its python stubs, the front end, this process's
+load generators) per output token, with the load average before and after.
 Writes ``benchmarks/results/openai_overhead-DATE-COMMIT.json`` and a section of ``docs/benchmarks.md``.
 """
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -37,6 +41,39 @@ def _build(root: Path) -> Path:
     if proc.returncode:
         raise SystemExit(f"tiny build failed:\n{proc.stderr[-3000:]}")
     return next(root.glob("triton_repo/*-package-*/manifest.json")).parent
+
+
+def _session_cpu_s(sid: int | None) -> float:
+    """User + system CPU seconds of every live process in session ``sid`` (a server and its python stubs)."""
+    import psutil
+
+    total = 0.0
+    if sid is None:
+        return total
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except (psutil.Error, OSError):
+            pass
+    return total
+
+
+def _listener_session(url: str) -> int | None:
+    """The session of the process listening on ``url``'s port (the front end runs in a session of its own)."""
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    for c in psutil.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid:
+            return os.getsid(c.pid)
+    return None
+
+
+def _self_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
@@ -64,6 +101,7 @@ def main() -> None:
     from pipeline.serving import run as front
     from pipeline.triton import client, server
 
+    load_before = os.getloadavg()
     prompts = [f"Question {i}: write one sentence about the number {i * 13} and the colour of the sky."
                for i in range(64)]
     levels = []
@@ -75,24 +113,40 @@ def main() -> None:
         with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp / "w", timeout_s=600) as s, \
                 front.child(repo, s.grpc_url, [f"serve.openai.model_name={served.name}"], tmp / "front.log") as url:
             entry = client.entry_point(s.grpc_url, "ensemble", "inflight_batcher_llm")
+            # CPU seconds per path, by process: the Triton server with its python stubs (the model), the front end,
+            # and this process (both load generators; each path's rounds run alone)
+            sessions = {"triton": os.getsid(s.proc.pid), "front_end": _listener_session(url)}
             warm = list(range(8))
             client.run_level(s.grpc_url, entry, prompts, warm, 2, args.max_tokens, 120)
             oa_client.run_level(url, served.name, prompts, warm, 2, args.max_tokens, 120, chat=False)
             for conc in (int(c) for c in args.concurrency.split(",")):
                 got = {"grpc": ([], []), "openai": ([], [])}
+                cpu = {p: {"triton": 0.0, "front_end": 0.0, "load_generator": 0.0} for p in got}
                 for rnd in range(args.rounds):
                     order = [(rnd * args.requests + k) % len(prompts) for k in range(args.requests)]
                     for path in (("grpc", "openai") if rnd % 2 == 0 else ("openai", "grpc")):
+                        c0 = {k: _session_cpu_s(v) for k, v in sessions.items()} | {"load_generator": _self_cpu_s()}
                         if path == "grpc":
                             recs, wall = client.run_level(s.grpc_url, entry, prompts, order, conc, args.max_tokens,
                                                           120)
                         else:
                             recs, wall = oa_client.run_level(url, served.name, prompts, order, conc,
                                                              args.max_tokens, 120, chat=False)
+                        c1 = {k: _session_cpu_s(v) for k, v in sessions.items()} | {"load_generator": _self_cpu_s()}
+                        for k in c1:
+                            cpu[path][k] += c1[k] - c0[k]
                         client.count_output_tokens(recs, tok)
                         got[path][0].append(recs)
                         got[path][1].append(wall)
                 summary = {p: _pooled(*got[p]) for p in got}
+                for p in got:
+                    toks = sum(r.output_tokens or 0 for rs in got[p][0] for r in rs if r.error is None)
+                    nreq = sum(len(rs) for rs in got[p][0])
+                    summary[p]["cpu"] = {
+                        "seconds": {k: round(v, 3) for k, v in cpu[p].items()},
+                        "us_per_output_token": {k: round(1e6 * v / max(1, toks), 1) for k, v in cpu[p].items()},
+                        "ms_per_request": {k: round(1e3 * v / max(1, nreq), 3) for k, v in cpu[p].items()},
+                        "cores_busy": round(sum(cpu[p].values()) / max(1e-9, sum(got[p][1])), 3)}
                 raw = {p: [r.as_dict() | {"round": k} for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
                 levels.append({"concurrency": conc, "summary": summary, "requests": raw})
                 g, o = summary["grpc"], summary["openai"]
@@ -102,6 +156,7 @@ def main() -> None:
                       f"{o['output_token_throughput']['avg']:.1f}, errors {g['error_count']} / {o['error_count']}",
                       file=sys.stderr)
 
+    load_after = os.getloadavg()
     rows, verdicts = [], []
     for lv in levels:
         g, o = lv["summary"]["grpc"], lv["summary"]["openai"]
@@ -122,6 +177,7 @@ def main() -> None:
     result = {"benchmark": "openai_overhead", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
               "machine": machine(), "max_tokens": args.max_tokens, "requests_per_round": args.requests,
               "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
+              "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
               "levels": levels, "all_targets_met": all(verdicts)}
     out = REPO / "benchmarks" / "results" / f"openai_overhead-{stamp:%Y-%m-%d}-{sha}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
@@ -134,7 +190,8 @@ def main() -> None:
              f"tritonserver; the front end in its own process (`python -m pipeline.serving`), the load generators "
              f"in this one, all on the same cores. {args.rounds} alternating rounds of {args.requests} requests per "
              f"path and level, {args.max_tokens} tokens max, greedy, the same prompt text on both paths "
-             f"(`/v1/completions` streamed vs `ensemble` over gRPC streams).", "",
+             f"(`/v1/completions` streamed vs `ensemble` over gRPC streams). Load average (1 min) "
+             f"{load_before[0]:.2f} → {load_after[0]:.2f}.", "",
              "| concurrency | path | TTFT p50 (ms) | ITL p50 (ms) | request latency p50 / p95 (ms) | output tokens/s | "
              "errors |", "|---|---|---|---|---|---|---|"]
     for conc, g, o, t in rows:
@@ -149,6 +206,14 @@ def main() -> None:
                      f"{'met' if t['ttft_met'] else 'NOT met'}); ITL p50 {t['itl_p50_ratio']:.3f}× (target ≤ 1.05×: "
                      f"{'met' if t['itl_met'] else 'NOT met'}); throughput {t['throughput_ratio']:.3f}× (target ≥ "
                      f"0.95×: {'met' if t['throughput_met'] else 'NOT met'}).")
+    lines += ["", "CPU per output token (µs, user + system, measured per path over its rounds) and cores busy:", "",
+              "| concurrency | path | Triton server + stubs | front end | load generator | total | cores busy |",
+              "|---|---|---|---|---|---|---|"]
+    for conc, g, o, t in rows:
+        for name, sm in (("direct gRPC", g), ("OpenAI", o)):
+            u = sm["cpu"]["us_per_output_token"]
+            lines.append(f"| {conc} | {name} | {u['triton']:.0f} | {u['front_end']:.0f} | {u['load_generator']:.0f} | "
+                         f"{sum(u.values()):.0f} | {sm['cpu']['cores_busy']:.2f} |")
     lines.append(f"\nRaw data: `{out.relative_to(REPO).as_posix()}`.")
     text = "\n".join(lines) + "\n"
     if not args.no_doc:
