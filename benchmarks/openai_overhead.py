@@ -76,6 +76,28 @@ def _self_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _paired(got: dict) -> dict:
+    """Each round's OpenAI figures against the direct round run next to it (the same prompts, back to back), and
+    their medians: a view that a burst of load from elsewhere, which hits a few rounds, moves less than the pooled
+    figures."""
+    import statistics
+
+    from pipeline.triton import client
+
+    rounds = []
+    for (g_recs, o_recs), (g_wall, o_wall) in zip(zip(got["grpc"][0], got["openai"][0]),
+                                                   zip(got["grpc"][1], got["openai"][1])):
+        g, o = client.summarize(g_recs, g_wall), client.summarize(o_recs, o_wall)
+        try:
+            rounds.append({"ttft_p50_ms_added": o["time_to_first_token"]["p50"] - g["time_to_first_token"]["p50"],
+                           "itl_p50_ratio": o["inter_token_latency"]["p50"] / g["inter_token_latency"]["p50"],
+                           "throughput_ratio": o["output_token_throughput"]["avg"] / g["output_token_throughput"]["avg"]})
+        except (TypeError, ZeroDivisionError):  # a round without figures (every request failed)
+            continue
+    return {"rounds": rounds, "median": {k: statistics.median(r[k] for r in rounds) for k in
+                                         ("ttft_p50_ms_added", "itl_p50_ratio", "throughput_ratio")} if rounds else {}}
+
+
 def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
     from pipeline.triton import client
 
@@ -148,7 +170,8 @@ def main() -> None:
                         "ms_per_request": {k: round(1e3 * v / max(1, nreq), 3) for k, v in cpu[p].items()},
                         "cores_busy": round(sum(cpu[p].values()) / max(1e-9, sum(got[p][1])), 3)}
                 raw = {p: [r.as_dict() | {"round": k} for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
-                levels.append({"concurrency": conc, "summary": summary, "requests": raw})
+                levels.append({"concurrency": conc, "summary": summary, "paired_rounds": _paired(got),
+                               "requests": raw})
                 g, o = summary["grpc"], summary["openai"]
                 print(f"c={conc}: TTFT p50 {g['time_to_first_token']['p50']:.2f} / "
                       f"{o['time_to_first_token']['p50']:.2f} ms, ITL p50 {g['inter_token_latency']['p50']:.2f} / "
@@ -206,6 +229,19 @@ def main() -> None:
                      f"{'met' if t['ttft_met'] else 'NOT met'}); ITL p50 {t['itl_p50_ratio']:.3f}× (target ≤ 1.05×: "
                      f"{'met' if t['itl_met'] else 'NOT met'}); throughput {t['throughput_ratio']:.3f}× (target ≥ "
                      f"0.95×: {'met' if t['throughput_met'] else 'NOT met'}).")
+    lines.append("")
+    for lv in levels:
+        pr = lv["paired_rounds"]
+        if pr["median"]:
+            m = pr["median"]
+            span = {k: (min(r[k] for r in pr["rounds"]), max(r[k] for r in pr["rounds"])) for k in m}
+            lines.append(f"- concurrency {lv['concurrency']}, each round against the direct round beside it (median "
+                         f"of {len(pr['rounds'])}, min–max; not the targets' figures): TTFT p50 "
+                         f"+{m['ttft_p50_ms_added']:.2f} ms ({span['ttft_p50_ms_added'][0]:+.2f} to "
+                         f"{span['ttft_p50_ms_added'][1]:+.2f}), ITL p50 {m['itl_p50_ratio']:.3f}× "
+                         f"({span['itl_p50_ratio'][0]:.3f}–{span['itl_p50_ratio'][1]:.3f}), throughput "
+                         f"{m['throughput_ratio']:.3f}× ({span['throughput_ratio'][0]:.3f}–"
+                         f"{span['throughput_ratio'][1]:.3f}).")
     lines += ["", "CPU per output token (µs, user + system, measured per path over its rounds) and cores busy:", "",
               "| concurrency | path | Triton server + stubs | front end | load generator | total | cores busy |",
               "|---|---|---|---|---|---|---|"]
