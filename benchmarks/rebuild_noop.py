@@ -37,8 +37,14 @@ def machine() -> str:
 
 
 def commit() -> str:
-    out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
+    """The commit the source files (``_provenance.SOURCES``) belong to, ``-dirty`` when they differ from it; a
+    changed doc or result file does not count."""
+    from _provenance import source_state
+
+    state = source_state()
+    if not state["commit"]:
+        return "unknown"
+    return state["commit"][:7] + ("-dirty" if state["dirty"] else "")
 
 
 def main() -> None:
