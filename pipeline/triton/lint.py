@@ -149,7 +149,8 @@ def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any])
     other than upstream's, required parameters that are absent or empty."""
     rel = f"{name}/config.pbtxt"
     src = recorded.get("source") or {}
-    where = f"{src.get('repo', 'upstream')} {src.get('path', '')} @ {str(src.get('commit', ''))[:10]}".strip()
+    commit = str(src.get("commit") or "")[:10]
+    where = " ".join(filter(None, (src.get("repo") or "upstream", src.get("path"), commit and f"@ {commit}")))
     out = []
     for kind, have in (("inputs", cfg.input), ("outputs", cfg.output)):
         is_input = kind == "inputs"

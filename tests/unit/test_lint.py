@@ -213,15 +213,29 @@ def test_a_bls_batch_size_above_the_models_is_named(rendered, tmp_path):
     assert any("tensorrt_llm_bls/config.pbtxt: max_batch_size 64 exceeds tensorrt_llm's 8" in f for f in findings)
 
 
-@pytest.mark.parametrize("layout", ["engine", "llmapi"])
-def test_a_parse_error_is_reported_once(rendered, tmp_path, layout):
-    """One missing brace is one finding, not every ensemble step and output that follows from the unparsed model;
-    in the llmapi layout the unparsed model leaves the layout unknown, and that is still the only finding."""
+def _drop_a_brace(text: str) -> str:
+    i = text.index("}")
+    return text[:i] + text[i + 1:]
+
+
+def _unquote_a_path(text: str) -> str:
+    """A path value written without its quotes: the parse error quotes the line, slashes and all."""
+    import re
+
+    m = re.search(r'string_value:\s*"([^"]*/[^"]*)"', text)
+    assert m, "no path value to unquote"
+    return text[: m.start()] + f"string_value: {m.group(1)}" + text[m.end():]
+
+
+@pytest.mark.parametrize("layout, damage", [("engine", _drop_a_brace), ("llmapi", _drop_a_brace),
+                                            ("engine", _unquote_a_path)])
+def test_a_parse_error_is_reported_once(rendered, tmp_path, layout, damage):
+    """One missing brace (or one unquoted path, whose error message holds slashes of its own) is one finding, not
+    every ensemble step and output that follows from the unparsed model; in the llmapi layout the unparsed model
+    leaves the layout unknown, and that is still the only finding."""
     repo = copy(rendered, layout, tmp_path)
     p = repo / "tensorrt_llm" / "config.pbtxt"
-    text = p.read_text()
-    i = text.index("}")
-    p.write_text(text[:i] + text[i + 1:])
+    p.write_text(damage(p.read_text()))
     findings = lint.lint(repo, trtllm_version="1.2.1")
     assert len(findings) == 1 and findings[0].startswith("tensorrt_llm/config.pbtxt: not a valid Triton model"), \
         findings
@@ -332,3 +346,14 @@ def test_a_config_with_bytes_that_are_not_utf8_is_read_not_refused(rendered, tmp
     p = repo / "postprocessing" / "config.pbtxt"
     p.write_bytes(p.read_bytes() + b"\n# \xff\n")
     assert lint.lint(repo, trtllm_version="1.2.1") == []
+
+
+def test_a_config_with_bytes_that_are_not_utf8_is_still_checked_for_loading(rendered, tmp_path):
+    """The loadability rules read the config as the parse did (undecodable bytes replaced), not skip it."""
+    repo = copy(rendered, "engine", tmp_path)
+    p = repo / "tensorrt_llm_bls" / "config.pbtxt"
+    edit(p, "max_batch_size: 8", "max_batch_size: 64")
+    p.write_bytes(p.read_bytes() + b"\n# \xff\n")
+    findings = lint.lint(repo, trtllm_version="1.2.1")
+    assert any(f.startswith("tensorrt_llm_bls/config.pbtxt: max_batch_size 64 exceeds tensorrt_llm's 8")
+               for f in findings), findings

@@ -76,6 +76,14 @@ def test_every_bad_step_is_named_not_only_the_first():
     assert f'{REL}: step 1 uses model "y", which is not in the repository' in got
 
 
+def test_every_output_a_step_maps_but_its_model_lacks_is_named_not_only_the_first():
+    two = ENSEMBLE.replace('output_map { key: "OUT" value: "ids" }',
+                           'output_map { key: "A" value: "a" } output_map { key: "OUT" value: "ids" } '
+                           'output_map { key: "B" value: "b" }', 1)
+    got = findings(two)
+    assert sorted(got) == [f'{REL}: step "m" maps output "{k}", which the model does not have' for k in "AB"], got
+
+
 def test_a_data_type_mismatch_between_steps_and_outputs_is_named():
     post = POST.replace('{ name: "IDS" data_type: TYPE_INT32', '{ name: "IDS" data_type: TYPE_INT64')
     assert findings(post=post) == [f'{REL}: "ids" is TYPE_INT32 but "p" input "IDS" is TYPE_INT64']
