@@ -12,7 +12,7 @@ Each module is mutated in a scratch copy of the working tree (``--work``, defaul
 ``setup.cfg [mutmut]`` written there: ``only_mutate`` is that one file, the tests are the fast test files that
 cover it (``MODULES``), and only the mutants of the functions that make the check (``MODULES[...]["functions"]``) are
 run. mutmut records which tests reach each function and runs only those for each mutant. One worker
-(``--max-children 1``) under ``nice -n 15`` by default: a run shares the machine.
+(``--max-children 1``) under ``nice -n 19`` by default: a run shares the machine with timing benchmarks.
 
 A mutant is *killed* when a test fails on it (or it times out), *survived* when every covering test passes, *no
 tests* when no selected test reaches its function. The score of a module is killed / (all mutants in scope minus
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("modules", nargs="*", help=f"of {', '.join(MODULES)} (default: all)")
     ap.add_argument("--work", type=Path, help="scratch directory (default: a new temporary one, removed after)")
-    ap.add_argument("--nice", type=int, default=15)
+    ap.add_argument("--nice", type=int, default=19)
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per module")
     ap.add_argument("--sample", type=int, default=0, metavar="N",
                     help="run N mutants per module, evenly spaced over those in scope (0: all)")
