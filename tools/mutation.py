@@ -14,7 +14,8 @@ cover it (``MODULES``), and only the mutants of the functions that make the chec
 run. mutmut records which tests reach each function and runs only those for each mutant. One worker
 (``--max-children 1``) under ``nice -n 19`` by default: a run shares the machine with timing benchmarks.
 
-A mutant is *killed* when a test fails on it (or it times out), *survived* when every covering test passes, *no
+A mutant is *killed* when a test fails on it (or its tests run past mutmut's CPU-time limit: those are listed, with
+their change, so that a kill by timeout can be read), *survived* when every covering test passes, *no
 tests* when no selected test reaches its function. The score of a module is killed / (all mutants in scope minus
 the survivors recorded as equivalent in ``tools/mutation_equivalent.yaml``, each with the mutated line it applies
 to and why no test can tell it apart). Raw results, survivors with their diffs included, go to
@@ -105,7 +106,13 @@ MODULES: dict[str, dict] = {
 }
 
 # mutmut's exit codes (mutmut/stats.py status_by_exit_code), folded into the outcomes reported here
-KILLED = {1, 3, 36, -24, 24, 152, 255}  # a failing test, pytest's internal error, or a timeout
+TIMED_OUT = {36, -24, 24, 152, 255}  # the tests ran past their CPU-time limit (SIGXCPU): mutmut counts it killed
+KILLED = {1, 3} | TIMED_OUT  # a failing test, pytest's internal error, or a timeout
+# mutmut's CPU-time limit for a mutant is (the tests' recorded call time + timeout_constant) * timeout_multiplier * 2;
+# the recorded time leaves fixtures out (rendering model repositories, building exports), so the constant covers them:
+# a survivor must be able to run all its tests within the limit, or a mutant no test tells apart is counted killed.
+TIMEOUT_MULTIPLIER = 5.0
+TIMEOUT_CONSTANT = 15.0
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 
@@ -135,7 +142,8 @@ def _setup_cfg(module: dict, basetemp: Path) -> str:
             f"also_copy ={lines(['conf', 'hydra_plugins', 'benchmarks', 'tools'])}\n"
             f"pytest_add_cli_args_test_selection ={lines(module['tests'])}\n"
             f"pytest_add_cli_args ={lines(addopts)}\n"
-            "timeout_multiplier = 5.0\n"
+            f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
+            f"timeout_constant = {TIMEOUT_CONSTANT}\n"
             "use_git_change_detection = false\n")
 
 
@@ -236,10 +244,13 @@ def run_module(key: str, work_root: Path, *, nice: int, timeout: float, sample: 
                 if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     equivalent = EQUIVALENTS if EQUIVALENTS is not None else _load_equivalent()
     outcome = {"killed": [], "survived": [], "no_tests": [], "other": []}
-    survivors = []
+    survivors, timed_out = [], []
     for name, code in sorted(in_scope.items()):
         if code in KILLED:
             outcome["killed"].append(name)
+            if code in TIMED_OUT:  # listed with its change: a timeout is a kill only if the mutant really hangs
+                diff = _diff(work, name, env)
+                timed_out.append({"mutant": name, "changed_line": _changed_line(diff), "diff": diff})
         elif code in SURVIVED:
             outcome["survived"].append(name)
             diff = _diff(work, name, env)
@@ -255,14 +266,15 @@ def run_module(key: str, work_root: Path, *, nice: int, timeout: float, sample: 
     n_eq = sum(s["equivalent"] for s in survivors)
     scored = len(in_scope) - n_eq
     score = len(outcome["killed"]) / scored if scored else None
-    print(f"[{key}] {len(outcome['killed'])}/{scored} killed ({n_eq} equivalent survivors left out), "
+    print(f"[{key}] {len(outcome['killed'])}/{scored} killed ({len(timed_out)} by timeout; {n_eq} equivalent "
+          f"survivors left out), "
           f"{wall:.0f} s", flush=True)
     return {"module": module["path"], "functions": module["functions"], "tests": module["tests"],
             "mutants": len(in_scope), "sampled_from": population, "killed": len(outcome["killed"]), "survived": len(outcome["survived"]),
             "no_tests": len(outcome["no_tests"]), "other": outcome["other"], "equivalent": n_eq,
             "score": round(score, 4) if score is not None else None, "meets_target": score is not None and
             score >= TARGET, "wall_s": round(wall, 1), "mutmut_exit": proc.returncode,
-            "survivors": survivors, "untested": outcome["no_tests"]}
+            "timed_out": timed_out, "survivors": survivors, "untested": outcome["no_tests"]}
 
 
 def commit_info() -> dict:
@@ -289,17 +301,23 @@ def render(doc: dict) -> None:
     for key, r in doc["modules"].items():
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "n/a"
         scope = f"{r['mutants']}" + (f" (sample of {r['sampled_from']})" if r.get("sampled_from") else "")
-        lines.append(f"| {key} (`{r['module']}`) | {scope} | {r['killed']} | {r['survived']} "
+        timeouts = len(r.get("timed_out", []))
+        killed = f"{r['killed']}" + (f" ({timeouts} by timeout)" if timeouts else "")
+        lines.append(f"| {key} (`{r['module']}`) | {scope} | {killed} | {r['survived']} "
                      f"({r['equivalent']}) | {r['no_tests']} | {score} | {'met' if r['meets_target'] else 'NOT met'} "
                      f"| {', '.join(f'`{t}`' for t in r['tests'])} | {r['wall_s']:.0f} s "
                      f"| `{(r.get('commit') or '?')[:10]}`{' (uncommitted changes)' if r.get('dirty') else ''} |")
-    lines += ["", "Survivors (equivalent ones with the reason; the others are gaps):", ""]
+    lines += ["", "Survivors (equivalent ones with the reason; the others are gaps), and mutants killed only by a "
+                  "timeout:", ""]
     for key, r in doc["modules"].items():
         for s in r["survivors"]:
             why = f"equivalent: {s['reason']}" if s["equivalent"] else "**not killed**"
             lines.append(f"- {key}: `{s['mutant']}`: `{s['changed_line']}`: {why}")
         for name in r["untested"]:
             lines.append(f"- {key}: `{name}`: no selected test reaches it")
+        for t in r.get("timed_out", []):
+            lines.append(f"- {key}: `{t['mutant']}`: `{t['changed_line']}`: counted killed by a timeout (its tests "
+                         f"ran past mutmut's CPU-time limit)")
     replace_block("mutation", "\n".join(lines), DOC)
 
 
