@@ -6,7 +6,7 @@ import itertools
 from pathlib import Path
 from typing import Any, Iterable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import schema
@@ -169,6 +169,23 @@ def _unknown_keys(node: Any, owner: type, prefix: str) -> list[str]:
     return problems
 
 
+def _unresolvable_key(node: Any, prefix: str = "") -> str | None:
+    """The first key under ``node`` whose value cannot be resolved, or None."""
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return None
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        full = f"{prefix}{key}" if isinstance(node, DictConfig) else f"{prefix.rstrip('.')}[{key}]"
+        try:
+            child = node[key]
+        except OmegaConfBaseException:
+            return full
+        found = _unresolvable_key(child, f"{full}.")
+        if found:
+            return found
+    return None
+
+
 def validate(cfg: DictConfig) -> list[str]:
     """Every problem with a composed config, at once: missing values, ranges, stage names, resolution."""
     problems: list[str] = []
@@ -177,8 +194,10 @@ def validate(cfg: DictConfig) -> list[str]:
         return unset
     try:
         OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
-    except Exception as exc:
-        problems.append(f"cannot resolve config: {explain(exc)}")
+    except Exception as exc:  # the checks below would read the unresolvable value: this problem alone
+        key = _unresolvable_key(cfg)
+        return [f"cannot resolve config{f' key {key}' if key else ''}: {explain(exc)}; an interpolation "
+                f"${{...}} must name a config key that exists (e.g. ${{build.max_seq_len}})"]
     for key in OmegaConf.missing_keys(cfg):
         problems.append(f"{key} is required but not set")
     problems.extend(_unknown_keys(cfg, schema.PipelineConfig, ""))

@@ -166,3 +166,15 @@ def test_validate_summarises_expected_refusals_in_one_line_per_target():
         "each)",
         "target=h100: 3 combinations refused by the compatibility rules (2× NVFP4 needs sm100 [Blackwell]; 1 other "
         "reason; validate --json lists each)"]
+
+
+@pytest.mark.parametrize("override, key", [("build.max_batch_size=${0}", "build.max_batch_size"),
+                                           ("bench.concurrency=[1,${oops}]", "bench.concurrency[1]")])
+def test_an_interpolation_to_a_missing_key_is_one_problem_naming_the_key(override, key):
+    with pytest.raises(UserError) as exc:
+        config.compose([override])
+    msg = str(exc.value)
+    assert msg.startswith(f"cannot resolve config key {key}: Interpolation key ")
+    assert "must name a config key that exists" in msg and "\n" not in msg
+    # negative control: an interpolation to a key that exists resolves
+    assert config.compose(["build.max_batch_size=${build.max_input_len}"]).build.max_batch_size > 0
