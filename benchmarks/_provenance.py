@@ -78,6 +78,19 @@ def source_state() -> dict:
             if dirty else None}
 
 
+def commit_label(doc: dict, width: int = 10) -> str:
+    """A raw JSON's commit as a doc section states it: ``commit_matched`` where :func:`annotate` found the commit a
+    lagging copy's files belong to, else the commit the script saw, flagged when its source files differed."""
+    seen = str(doc.get("commit") or "?")
+    if "+dirty" in seen:  # records of an older form
+        return seen + " (uncommitted changes in the tree that ran)"
+    dirty = bool(doc.get("dirty"))
+    if doc.get("commit_matched"):
+        return (f"{doc['commit_matched'][:width]} (the files that ran have its source digest; the copy's git "
+                f"metadata read {seen[:width]}{' with uncommitted changes' if dirty else ''})")
+    return seen[:width] + (" (uncommitted changes)" if dirty else "")
+
+
 def match(digest: str, max_count: int = 200) -> str | None:
     """The newest of the last ``max_count`` commits whose source files have ``digest``, or None."""
     for commit in _git("rev-list", f"--max-count={max_count}", "HEAD").stdout.split():

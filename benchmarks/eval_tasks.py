@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import _docfile  # noqa: E402
-from _provenance import source_state  # noqa: E402
+from _provenance import commit_label, source_state  # noqa: E402
 
 # The bench stage runs before evaluate (stage order) but is not measured here: one request.
 QUICK_BENCH = ["bench.concurrency=[1]", "bench.requests_per_level=1", "bench.warmup_requests=0", "bench.only=[chat]",
@@ -138,20 +138,10 @@ def failure_logs(root: Path, dest: Path) -> list[str]:
     return copied
 
 
-def _commit_label(r: dict) -> str:
-    """The commit a run's files belong to: ``commit_matched`` (``_provenance.py --annotate``) where a device copy's
-    git metadata lagged behind its files, else the commit the script saw, flagged when the tree differed from it."""
-    seen = (r.get("commit") or "?")[:10]
-    if r.get("commit_matched"):
-        return (f"{r['commit_matched'][:10]} (the files that ran have its source digest; the copy's git metadata "
-                f"read {seen}{' with uncommitted changes' if r.get('dirty') else ''})")
-    return seen + (" (uncommitted changes)" if r.get("dirty") else "")
-
-
 def section(runs: list[dict], files: list[str]) -> str:
     r0 = runs[0]
     lines = [f"## Task evaluation time: the default tasks, baseline and quantized (`benchmarks/eval_tasks.py`)",
-             f"{r0['date'][:10]} · commit {_commit_label(r0)} · {r0['host']} · {r0['cpus']} CPUs"
+             f"{r0['date'][:10]} · commit {commit_label(r0)} · {r0['host']} · {r0['cpus']} CPUs"
              + (f" · {r0['gpu']}" if r0.get("gpu") else "") + f" · Python {r0['python']}", "",
              "Each stage serves its model on a real tritonserver behind the OpenAI front end and runs lm-eval "
              "(`local-completions`, echo + logprobs) over every item; stage time includes the server start and stop.",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docfile import replace_block  # noqa: E402
-from _provenance import source_state  # noqa: E402
+from _provenance import commit_label, source_state  # noqa: E402
 from rebuild_noop import REPO, machine  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "export_proof_bounds.json"
@@ -111,7 +111,7 @@ def render(doc: dict) -> None:
     the bounds conf/quant/*.yaml holds now (the bounds a run itself used are in the JSON too)."""
     rows = doc["rows"]
     bounds = {r["format"]: _bounds(r["format"]) for r in rows}
-    stamp = f"{doc['date']} · commit {str(doc.get('commit'))[:10]}{' (uncommitted changes)' if doc.get('dirty') else ''} · {doc['machine']} · raw JSON: `benchmarks/results/export_proof_bounds.json`"
+    stamp = f"{doc['date']} · commit {commit_label(doc)} · {doc['machine']} · raw JSON: `benchmarks/results/export_proof_bounds.json`"
     lines = ["## Export proof margins (`benchmarks/export_proof_bounds.py`)", stamp, "",
              "The quantize stage on CPU, per model and format (FP8 KV cache; 16×128 calibration tokens, held-out rows "
              "of the shipped corpus). K = KL(unquantized ‖ fake-quant); E = KL(fake-quant ‖ deployed export, reloaded "

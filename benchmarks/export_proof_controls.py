@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from _docfile import replace_block  # noqa: E402
-from _provenance import source_state  # noqa: E402
+from _provenance import commit_label, source_state  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "export_proof_controls.json"
 BOUNDS = REPO / "benchmarks" / "results" / "export_proof_bounds.json"
@@ -76,8 +76,7 @@ def measure() -> dict:
 
 
 def render(doc: dict) -> None:
-    lines = [f"{doc['date'][:16]} UTC · commit {(doc.get('commit') or '?')[:10]}"
-             f"{' (uncommitted changes)' if doc.get('dirty') else ''} · `python benchmarks/export_proof_controls.py`"
+    lines = [f"{doc['date'][:16]} UTC · commit {commit_label(doc)} · `python benchmarks/export_proof_controls.py`"
              f" · raw JSON: `benchmarks/results/export_proof_controls.json`", "",
              "| format | export | layer ratio | shipped bound | ratio / bound | verdict |", "|---|---|---|---|---|---|"]
     for r in doc["controls"]:

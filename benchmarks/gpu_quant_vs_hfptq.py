@@ -57,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docfile import prepend  # noqa: E402
-from _provenance import source_state  # noqa: E402
+from _provenance import commit_label, source_state  # noqa: E402
 from gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, gpu_info, overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -531,12 +531,7 @@ def render(doc: dict[str, Any]) -> str:
     gpu = doc["gpu"].get("name")
     quant = doc.get("quant", "fp8")
     fl = prep.get("bf16_floor") or {}
-    commit_note = doc.get("commit") or "?"
-    if "+dirty" in commit_note:
-        commit_note += " (uncommitted changes in the tree that ran)"
-    if doc.get("commit_matched"):
-        commit_note = (f"{doc['commit_matched'][:10]} (the files that ran have its source digest; the copy's git "
-                       f"metadata read {commit_note[:10]}{' with uncommitted changes' if doc.get('dirty') else ''})")
+    commit_note = commit_label(doc)
     lines = [f"## The quantize stage vs ModelOpt's hf_ptq.py: {prep['shape']} shape, {quant} "
              f"(`benchmarks/gpu_quant_vs_hfptq.py`)", "",
              f"{doc['date'][:16]} UTC, commit {commit_note}, {gpu}; synthetic weights "

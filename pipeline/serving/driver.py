@@ -702,9 +702,13 @@ async def _once(msg):
 
 
 def _text_delta(resp) -> Delta | None:
-    """``text_output`` (BYTES: each element a little-endian uint32 length, then its bytes) and
-    ``num_output_tokens`` (INT32/INT64) of a text response, straight from ``raw_output_contents``; None when the
-    response is not in that form (the caller falls back to ``InferResult``)."""
+    """``text_output`` (BYTES) and ``num_output_tokens`` (INT32/INT64) of a text response, straight from
+    ``raw_output_contents`` (tritonclient's ``deserialize_bytes_tensor``, without ``InferResult``'s numpy arrays per
+    output); None when the response is not in that form (the caller falls back to ``InferResult``)."""
+    import struct
+
+    from tritonclient.utils import deserialize_bytes_tensor
+
     raw = resp.raw_output_contents
     if len(raw) != len(resp.outputs):
         return None
@@ -713,14 +717,10 @@ def _text_delta(resp) -> Delta | None:
         if out.name == "text_output":
             if out.datatype != "BYTES":
                 return None
-            parts, pos, end = [], 0, len(buf)
-            while pos + 4 <= end:
-                size = int.from_bytes(buf[pos:pos + 4], "little")
-                parts.append(buf[pos + 4:pos + 4 + size])
-                pos += 4 + size
-            if pos != end:
+            try:
+                text = b"".join(deserialize_bytes_tensor(buf)).decode("utf-8", "replace")
+            except struct.error:  # a length prefix that runs past the buffer
                 return None
-            text = b"".join(parts).decode("utf-8", "replace")
         elif out.name == "num_output_tokens":
             width = {"INT32": 4, "INT64": 8}.get(out.datatype)
             if width is None or len(buf) < width:

@@ -35,3 +35,14 @@ def test_annotate_finds_the_commit_with_the_runs_files_and_keeps_what_the_script
     run.write_text(json.dumps({"commit": "1e1fb7d", "source_sha256": "0" * 64}))
     assert prov.annotate(run, max_count=2) is None
     assert json.loads(run.read_text())["commit_matched"] is None
+
+
+def test_the_commit_label_says_which_commit_the_files_were_and_whether_they_differed(prov):
+    sha, other = "a" * 40, "b" * 40
+    assert prov.commit_label({"commit": sha, "dirty": False}) == "a" * 10
+    assert prov.commit_label({"commit": sha, "dirty": True}) == "a" * 10 + " (uncommitted changes)"
+    assert prov.commit_label({"commit": sha, "dirty": True, "commit_matched": other}) == (
+        "b" * 10 + " (the files that ran have its source digest; the copy's git metadata read " + "a" * 10
+        + " with uncommitted changes)")
+    assert prov.commit_label({"commit": "abc+dirty"}) == "abc+dirty (uncommitted changes in the tree that ran)"
+    assert prov.commit_label({"commit": None}) == "?"
