@@ -225,7 +225,7 @@ def main() -> None:
                          f"{sm['output_token_throughput']['avg']:.1f} | {sm['error_count']} |")
     lines.append("")
     for conc, g, o, t in rows:
-        lines.append(f"- concurrency {conc}: TTFT p50 +{t['ttft_p50_ms_added']:.2f} ms (target ≤ max(2 ms, 5 %): "
+        lines.append(f"- concurrency {conc}: TTFT p50 {t['ttft_p50_ms_added']:+.2f} ms (target ≤ max(2 ms, 5 %): "
                      f"{'met' if t['ttft_met'] else 'NOT met'}); ITL p50 {t['itl_p50_ratio']:.3f}× (target ≤ 1.05×: "
                      f"{'met' if t['itl_met'] else 'NOT met'}); throughput {t['throughput_ratio']:.3f}× (target ≥ "
                      f"0.95×: {'met' if t['throughput_met'] else 'NOT met'}).")
@@ -237,7 +237,7 @@ def main() -> None:
             span = {k: (min(r[k] for r in pr["rounds"]), max(r[k] for r in pr["rounds"])) for k in m}
             lines.append(f"- concurrency {lv['concurrency']}, each round against the direct round beside it (median "
                          f"of {len(pr['rounds'])}, min–max; not the targets' figures): TTFT p50 "
-                         f"+{m['ttft_p50_ms_added']:.2f} ms ({span['ttft_p50_ms_added'][0]:+.2f} to "
+                         f"{m['ttft_p50_ms_added']:+.2f} ms ({span['ttft_p50_ms_added'][0]:+.2f} to "
                          f"{span['ttft_p50_ms_added'][1]:+.2f}), ITL p50 {m['itl_p50_ratio']:.3f}× "
                          f"({span['itl_p50_ratio'][0]:.3f}–{span['itl_p50_ratio'][1]:.3f}), throughput "
                          f"{m['throughput_ratio']:.3f}× ({span['throughput_ratio'][0]:.3f}–"

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP front end (FastAPI): ``GET /v1/models``, ``POST /v1/completions``,
+"""The OpenAI-compatible HTTP front end (Starlette): ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /health``.
 
 - Chat prompts are rendered with the model's own chat template (``chat_template_kwargs`` passed through, e.g.
@@ -24,7 +24,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -99,7 +99,7 @@ class _Job:
 
     index: int
     gen: GenRequest
-    prompt_tokens: int
+    prompt_tokens: int | None  # None until counted (:meth:`FrontEnd.settle`)
     echo_text: str  # the prompt text, when echoed
     text: str = ""
     finish: str | None = None
@@ -108,6 +108,8 @@ class _Job:
     prompt_logprobs: list[TokenLogprob] | None = None
     completion_tokens: int = 0
     zero: bool = False  # max_tokens=0 with echo: the prompt's log probs only
+    check: "Callable[[int], Any] | None" = None  # the prompt's checks that need its token count, run once counted
+    problem: "P.APIError | None" = None  # what those checks found
 
 
 class FrontEnd:
@@ -151,8 +153,12 @@ class FrontEnd:
             raise P.APIError(404, f"The model '{name}' does not exist; this server serves '{self.served.name}' "
                                   f"(GET /v1/models)", param="model", code="model_not_found")
 
-    def _budget(self, prompt_tokens: int, asked: int | None, param: str) -> int:
+    def _budget(self, prompt_tokens: int | None, asked: int | None, param: str) -> int:
+        """``max_tokens`` for a prompt of ``prompt_tokens`` (None: not counted yet, which :meth:`_can_count_later`
+        allows only where the answer does not depend on it); a prompt that does not fit is a 400."""
         ctx = self.served.max_seq_len
+        if prompt_tokens is None:
+            return asked if asked is not None else self.settings.max_tokens
         if ctx is not None and prompt_tokens >= ctx:
             raise P.APIError(400, f"This model's maximum context length is {ctx} tokens; the prompt has "
                                   f"{prompt_tokens} tokens", param="messages" if param == "max_completion_tokens"
@@ -190,16 +196,21 @@ class FrontEnd:
             text = self.served.render_chat(messages, req.add_generation_prompt, req.chat_template_kwargs)
         except Exception as exc:  # jinja raises TemplateError (and the template's own raise_exception)
             raise P.APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
-        ids = self.served.encode_prompt(text)
-        max_tokens = self._budget(len(ids), req.limit(), "max_completion_tokens" if req.max_completion_tokens
-                                  is not None else "max_tokens")
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         token_level = req.num_logprobs() is not None
+        if not token_level and self._can_count_later(req.limit()):
+            job = _Job(0, self._gen(req, text, None, self._budget(None, req.limit(), param), False), None, "")
+            self._count_later(job, text, lambda n: self._budget(n, req.limit(), param))
+            return [job]
+        ids = self.served.encode_prompt(text)
+        max_tokens = self._budget(len(ids), req.limit(), param)
         return [_Job(0, self._gen(req, text, ids if token_level else None, max_tokens, False), len(ids), "")]
 
     def completion_jobs(self, req: P.CompletionRequest) -> list[_Job]:
         jobs = []
         prompt_logprobs = bool(req.echo and req.logprobs is not None)
-        for i, p in enumerate(req.prompts()):
+        prompts = req.prompts()
+        for i, p in enumerate(prompts):
             if isinstance(p, list):
                 if not p or not all(isinstance(x, int) for x in p):
                     raise P.APIError(400, f"prompt[{i}]: a token prompt is a non-empty list of token ids",
@@ -214,19 +225,51 @@ class FrontEnd:
                 text, ids = p, None
             if ids is None and (prompt_logprobs or req.logprobs is not None):
                 ids = self.served.encode_prompt(text)
-            count = len(ids) if ids is not None else len(self.served.encode_prompt(text))
-            if count == 0:
-                raise P.APIError(400, f"prompt[{i}] is empty" if len(req.prompts()) > 1 else "prompt is empty",
-                                 param="prompt")
             asked = req.limit()
             if asked == 0 and not req.echo:
                 raise P.APIError(400, "max_tokens=0 generates nothing; it is allowed only with echo", param="max_tokens")
-            max_tokens = self._budget(count, asked or (1 if asked == 0 else None), "max_tokens")
-            gen = self._gen(req, text, ids, max_tokens, prompt_logprobs)
-            job = _Job(i, gen, count, text if req.echo else "")
+            budget = asked or (1 if asked == 0 else None)
+            empty = f"prompt[{i}] is empty" if len(prompts) > 1 else "prompt is empty"
+
+            def checks(count: int, budget=budget, empty=empty) -> int:
+                if count == 0:
+                    raise P.APIError(400, empty, param="prompt")
+                return self._budget(count, budget, "max_tokens")
+
+            if ids is None and text and self._can_count_later(budget):  # an empty text: counted now
+                job = _Job(i, self._gen(req, text, None, self._budget(None, budget, "max_tokens"), False), None,
+                           text if req.echo else "")
+                self._count_later(job, text, checks)
+            else:
+                count = len(ids) if ids is not None else len(self.served.encode_prompt(text))
+                job = _Job(i, self._gen(req, text, ids, checks(count), prompt_logprobs), count,
+                           text if req.echo else "")
             job.zero = asked == 0  # echo only: the one token generated for the prompt's log probs is not returned
             jobs.append(job)
         return jobs
+
+    # --- the prompt's token count, while Triton works on it --------------------------------------------------
+    def _can_count_later(self, asked: int | None) -> bool:
+        """Whether the request to Triton can be made without the prompt's token count: its ``max_tokens`` is
+        given, or the context length is unknown (the default is then the configured cap). The count, and the
+        checks that need it, then run once the request is on its way (:meth:`settle`)."""
+        return asked is not None or self.served.max_seq_len is None
+
+    def _count_later(self, job: _Job, text: str, checks: Callable[[int], Any]) -> None:
+        job.check = checks
+        job.gen.after_send = lambda: self.settle(job, text)
+
+    def settle(self, job: _Job, text: str | None = None) -> P.APIError | None:
+        """Count the prompt's tokens (once) and run the checks that need the count. A failed check is kept in
+        ``job.problem`` and returned: the driver then ends the request, and :meth:`run` answers with it before
+        anything else."""
+        if job.prompt_tokens is None:
+            job.prompt_tokens = len(self.served.encode_prompt(job.gen.prompt_text if text is None else text))
+            try:
+                job.check(job.prompt_tokens)
+            except P.APIError as exc:
+                job.problem = exc
+        return job.problem
 
     # --- generation -------------------------------------------------------------------------------------------
     async def run(self, job: _Job) -> AsyncIterator[str]:
@@ -235,8 +278,13 @@ class FrontEnd:
         zero = job.zero
         reason = None
         agen = self.driver.generate(job.gen)
+        settled = job.check is None
         try:
             async for d in agen:
+                if not settled:  # the prompt's own checks come before anything it returns
+                    settled = True
+                    if self.settle(job) is not None:
+                        raise job.problem
                 if d.prompt_logprobs is not None:
                     job.prompt_logprobs = d.prompt_logprobs
                 if zero:
@@ -253,8 +301,14 @@ class FrontEnd:
                     yield piece
                 if scanner.hit:
                     break
+        except P.APIError:
+            if not settled and self.settle(job) is not None:  # refused for its count (by the checks or Triton)
+                raise job.problem from None
+            raise
         finally:
             await agen.aclose()  # a stop string or a client gone: the Triton request is cancelled
+        if not settled and self.settle(job) is not None:  # nothing came back at all
+            raise job.problem
         if not scanner.hit:
             tail = scanner.flush()
             if tail:
@@ -318,9 +372,12 @@ class FrontEnd:
 
 # ------------------------------------------------------------------------------------------------------ app
 def create_app(served: ServedModel, driver: Driver, settings: Settings | None = None):
-    from fastapi import FastAPI
+    """The ASGI application: plain Starlette routes (request in, response out, no dependency injection on the
+    request path), OpenAI's error schema for every error."""
+    from starlette.applications import Starlette
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
 
     settings = settings or Settings()
     fe = FrontEnd(served, driver, settings)
@@ -334,26 +391,18 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
         finally:
             await driver.close()
 
-    app = FastAPI(title="llm-pipeline OpenAI front end", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.state.front_end = fe
-
-    @app.exception_handler(P.APIError)
     async def _api_error(request, exc: P.APIError):
         return _error_response(exc)
 
-    @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
         status = exc.status_code
         msg = f"no route {request.method} {request.url.path}" if status in (404, 405) else str(exc.detail)
         return _error_response(P.APIError(status, msg))
 
-    @app.exception_handler(Exception)
     async def _internal(request, exc):
         return _error_response(P.APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
-    @app.get("/health")
-    async def health():
+    async def health(request: Request):
         if await driver.ready():
             return JSONResponse({"status": "ok"})
         return _error_response(P.APIError(503, f"Triton at {driver.url} is not ready"))
@@ -363,15 +412,13 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                 "root": served.name, "max_model_len": served.max_seq_len,
                 "metadata": {k: v for k, v in served.metadata.items() if v is not None}}
 
-    @app.get("/v1/models")
     async def models(request: Request):
         fe.authorize(request)
         return JSONResponse({"object": "list", "data": [model_card()]})
 
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str, request: Request):
+    async def model(request: Request):
         fe.authorize(request)
-        fe.check_model(name)
+        fe.check_model(request.path_params["name"])
         return JSONResponse(model_card())
 
     async def parse(request: Request, cls):
@@ -393,7 +440,6 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                                "system_fingerprint": None, "choices": [choice(j) for j in jobs],
                                "usage": fe._usage(jobs)}), media_type="application/json")
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
         req = await parse(request, P.CompletionRequest)
         jobs = fe.completion_jobs(req)
@@ -404,7 +450,6 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
             "index": j.index, "text": (j.echo_text if req.echo else "") + j.text,
             "logprobs": fe.completion_logprobs(j, req.echo), "finish_reason": j.finish})
 
-    @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = await parse(request, P.ChatRequest)
         jobs = fe.chat_jobs(req)
@@ -563,7 +608,13 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
 
         return _EventStream(events_one() if len(jobs) == 1 else events())
 
-
+    routes = [Route("/health", health, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{name:path}", model, methods=["GET"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        P.APIError: _api_error, StarletteHTTPException: _http_error, Exception: _internal})
+    app.state.front_end = fe
     return app
 
 
@@ -583,7 +634,7 @@ class _EventStream(_Response):
     headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
-    def __init__(self, events: AsyncIterator[bytes]):  # a Response (FastAPI returns it as is), with no body
+    def __init__(self, events: AsyncIterator[bytes]):  # a Response (Starlette calls it as is), with no body
         self.events = events
         self.background = None
 

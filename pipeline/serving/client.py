@@ -5,7 +5,8 @@ Each request is a streamed ``POST /v1/chat/completions`` (or ``/v1/completions``
 as the gRPC entry point decodes by default) and ``max_tokens``; TTFT is the first server-sent chunk that carries
 text, inter-chunk gaps are the gaps between such chunks, the request ends at ``data: [DONE]``. Output tokens are
 counted from the returned text with the model's tokenizer afterwards (``count_output_tokens``), exactly as for the
-gRPC rows. ``concurrency`` workers share one connection pool in one event loop on a thread of its own.
+gRPC rows. ``concurrency`` workers share one connection pool in one event loop on a thread of its own: uvloop's
+where it is installed (as aiperf runs its aiohttp workers), else asyncio's.
 """
 from __future__ import annotations
 
@@ -105,4 +106,8 @@ def run_level(base_url: str, model: str, prompts: list[str], order: list[int], c
             await asyncio.gather(*(worker(k) for k in range(concurrency)))
             return records, time.perf_counter() - t0
 
-    return asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    return uvloop.run(main())

@@ -34,7 +34,7 @@ import asyncio
 import collections
 import math
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
@@ -89,6 +89,8 @@ class GenRequest:
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus the k most likely
     prompt_logprobs: bool = False  # echo with logprobs: the prompt tokens' log probabilities
     request_id: str = ""
+    # called once the request is on its way to Triton; an error it returns ends the request (stopped on the server)
+    after_send: Callable[[], BaseException | None] | None = None
 
     @property
     def token_level(self) -> bool:
@@ -145,6 +147,7 @@ class Driver:
         self._next = 0
         self.streams = 4  # shared gRPC streams (requests are spread over them)
         self._watchdog: asyncio.Task | None = None
+        self._templates: dict[tuple, Any] = {}  # request protobufs of scalar inputs and outputs (:meth:`_request`)
 
     async def start(self) -> None:
         import tritonclient.grpc.aio as grpcaio
@@ -225,10 +228,10 @@ class Driver:
         request = self._request(spec, inputs, [o for o in (outputs or []) if o in spec.outputs], req.request_id)
         state = {"ids": [], "sent_text": "", "so_far": "", "prompt_done": False}
         if spec.decoupled:
-            async for resp in self._stream(spec.name, request):
+            async for resp in self._stream(spec.name, request, req.after_send):
                 yield self._delta(kind, resp, req, state)
         else:
-            yield self._delta(kind, await self._unary(request), req, state)
+            yield self._delta(kind, await self._unary(request, req.after_send), req, state)
         tail = self._flush(kind, state)
         if tail:
             yield Delta(text=tail)
@@ -239,26 +242,44 @@ class Driver:
     # --- transport ---------------------------------------------------------------------------------------------
     def _request(self, spec: Spec, inputs: dict[str, Any], outputs: list[str], request_id: str):
         """A ``ModelInferRequest`` (Triton's protobuf, as ``tritonclient.grpc`` ships it) with the inputs in
-        ``raw_input_contents``; a decoupled model is asked for its empty final response, so the end is known."""
+        ``raw_input_contents``; a decoupled model is asked for its empty final response, so the end is known.
+        The part made of scalar inputs (``max_tokens``, ``stream``, ``top_k``: the same few values on most
+        requests) and the outputs is built once per combination and copied; the prompt is added to the copy."""
         from tritonclient.grpc import service_pb2
+
+        scalars = tuple((n, type(v), v) for n, v in inputs.items() if type(v) in _SCALARS)
+        key = (spec.name, scalars, tuple(outputs))
+        template = self._templates.get(key)
+        if template is None:
+            template = service_pb2.ModelInferRequest(model_name=spec.name)
+            for name, _, value in scalars:
+                self._add_input(template, spec, name, value)
+            for name in outputs:
+                template.outputs.add().name = name
+            if spec.decoupled:
+                template.parameters["triton_enable_empty_final_response"].bool_param = True
+            if len(self._templates) < 1024:  # bounded: per-request values (a seed) are not kept
+                self._templates[key] = template
+        msg = service_pb2.ModelInferRequest()
+        msg.CopyFrom(template)
+        msg.id = request_id
+        for name, value in inputs.items():
+            if type(value) not in _SCALARS:
+                self._add_input(msg, spec, name, value)
+        return msg
+
+    def _add_input(self, msg, spec: Spec, name: str, value: Any) -> None:
         from tritonclient.utils import serialize_byte_tensor
 
-        msg = service_pb2.ModelInferRequest(model_name=spec.name, id=request_id)
-        for name, value in inputs.items():
-            arr, triton_type = self._array(spec, name, value)
-            t = msg.inputs.add()
-            t.name, t.datatype = name, triton_type
-            t.shape.extend(arr.shape)
-            if triton_type == "BYTES":
-                raw = serialize_byte_tensor(arr)
-                msg.raw_input_contents.append(raw.item() if raw.size else b"")
-            else:
-                msg.raw_input_contents.append(arr.tobytes())
-        for name in outputs:
-            msg.outputs.add().name = name
-        if spec.decoupled:
-            msg.parameters["triton_enable_empty_final_response"].bool_param = True
-        return msg
+        arr, triton_type = self._array(spec, name, value)
+        t = msg.inputs.add()
+        t.name, t.datatype = name, triton_type
+        t.shape.extend(arr.shape)
+        if triton_type == "BYTES":
+            raw = serialize_byte_tensor(arr)
+            msg.raw_input_contents.append(raw.item() if raw.size else b"")
+        else:
+            msg.raw_input_contents.append(arr.tobytes())
 
     def _stub(self):
         if self._channel is None:
@@ -270,18 +291,21 @@ class Driver:
             self._stub_obj = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         return self._stub_obj
 
-    async def _stream(self, model: str, request):
-        """The responses of one request on a shared gRPC stream (:class:`_Mux`), until its final one. A request
-        left before its end (a client gone, a stop string seen here) is stopped on the server."""
+    async def _stream(self, model: str, request, after_send=None):
+        """The responses of one request on a shared gRPC stream (:class:`_Mux`), until its final one
+        (``after_send`` runs once gRPC has written the request). A request left before its end (a client gone, a
+        stop string seen here) is stopped on the server."""
         mux = self._mux()
         rid = request.id
-        inbox = await mux.submit(request)
+        inbox = await mux.submit(request, after_send)
         self._watch()
         finished = False
         try:
             while True:
                 resp = inbox.items.popleft() if inbox.items else await inbox.get()
                 if isinstance(resp, BaseException):
+                    if isinstance(resp, APIError):  # the request's own after_send refused it
+                        raise resp
                     if isinstance(resp, asyncio.TimeoutError):  # the watchdog's; the server may still generate it
                         raise APIError(504, f"no response from Triton for {self.timeout_s:.0f}s "
                                             f"(serve.openai.limits.request_timeout_s)")
@@ -360,11 +384,18 @@ class Driver:
         except Exception:
             pass  # best effort: the generation may have ended meanwhile
 
-    async def _unary(self, request):
+    async def _unary(self, request, after_send=None):
         import grpc
 
         try:
-            resp = await self._stub().ModelInfer(request, timeout=self.timeout_s)
+            call = self._stub().ModelInfer(request, timeout=self.timeout_s)
+            if after_send is not None:
+                await asyncio.sleep(0)  # the call starts
+                problem = after_send()
+                if problem is not None:
+                    call.cancel()
+                    raise problem
+            resp = await call
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise _transport_error(exc, self.url) from None
@@ -611,6 +642,9 @@ class Driver:
         return arr, triton_type
 
 
+_SCALARS = (bool, int, float)
+
+
 class _Inbox:
     """One request's responses as the stream's reader routes them: a deque and at most one waiting consumer (what
     an ``asyncio.Queue`` does, without its bookkeeping per item); ``last`` is when something last arrived."""
@@ -651,18 +685,37 @@ class _Mux:
         self.outbox: asyncio.Queue | None = None
         self.reader: asyncio.Task | None = None
 
-    async def submit(self, request) -> asyncio.Queue:
+    async def submit(self, request, after_send=None) -> _Inbox:
         if self.reader is None or self.reader.done():
             self.outbox = asyncio.Queue()
-            call = self.stub_factory().ModelStreamInfer(_drain_queue(self.outbox))
+            call = self.stub_factory().ModelStreamInfer(self._outgoing(self.outbox))
             self.reader = asyncio.ensure_future(self._read(call))
         inbox = _Inbox(asyncio.get_running_loop())
         self.routes[request.id] = inbox
-        self.outbox.put_nowait(request)
+        self.outbox.put_nowait((request, after_send))
         return inbox
 
     def abandon(self, request_id: str) -> None:
         self.routes.pop(request_id, None)
+
+    async def _outgoing(self, outbox: asyncio.Queue):
+        """The requests put on the outbox, for gRPC to write. Each one's ``after_send`` runs when gRPC asks for the
+        next, which it does once this one is written: work that can wait for the response is done while Triton
+        works. An error it returns goes to the request's inbox."""
+        while True:
+            item = await outbox.get()
+            if item is None:
+                return
+            request, after_send = item
+            yield request
+            if after_send is not None:
+                try:
+                    problem = after_send()
+                except Exception as exc:  # noqa: BLE001 - the request fails with it, not the shared stream
+                    problem = exc
+                inbox = self.routes.get(request.id)
+                if problem is not None and inbox is not None:
+                    inbox.put(problem)
 
     async def _read(self, call) -> None:
         problem: BaseException | None = None
@@ -687,14 +740,6 @@ class _Mux:
         if self.reader is not None:
             self.reader.cancel()
             await asyncio.gather(self.reader, return_exceptions=True)
-
-
-async def _drain_queue(q: asyncio.Queue):
-    while True:
-        item = await q.get()
-        if item is None:
-            return
-        yield item
 
 
 async def _once(msg):

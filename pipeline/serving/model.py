@@ -65,13 +65,25 @@ class ServedModel:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     # --- tokens --------------------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``tokenizer.encode(text, add_special_tokens=...)``. A fast tokenizer is asked directly (its Rust
+        ``Tokenizer.encode``, the call ``encode`` ends in, without the batch of one and the checks around it) while
+        its backend has no truncation or padding set and splits special tokens as the wrapper would; the ids are the
+        same."""
+        tok = self.tokenizer
+        backend = getattr(tok, "_tokenizer", None) if getattr(tok, "is_fast", False) else None
+        if backend is not None and backend.truncation is None and backend.padding is None and \
+                backend.encode_special_tokens == bool(getattr(tok, "split_special_tokens", False)):
+            return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return tok.encode(text, add_special_tokens=add_special_tokens)
+
     def encode_prompt(self, text: str) -> list[int]:
         """The prompt's token ids as the layout's own tokenizer step makes them."""
-        return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        return self.encode(text, self.add_special_tokens)
 
     def count(self, text: str) -> int:
         """Tokens of generated text, counted as the bench (and genai-perf, aiperf) count them."""
-        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+        return len(self.encode(text, False)) if text else 0
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

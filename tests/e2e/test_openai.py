@@ -272,10 +272,8 @@ def test_32_concurrent_streams_lose_and_mix_nothing(served):
     assert len(ids) == 32
 
 
-def test_a_client_that_disconnects_mid_stream_cancels_its_generation(served):
-    """A long stream dropped after two chunks: the Triton side stops working (its python stubs go idle) instead
-    of generating the remaining tokens; the same request kept open keeps them busy (the control)."""
-    import httpx
+def _stubs_busy(served):
+    """``busy(seconds)``: the CPU percent the served Triton's python stubs (the model) used over ``seconds``."""
     import psutil
 
     stubs = [p for p in psutil.Process(served.proc.pid).children(recursive=True)
@@ -288,6 +286,15 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_generation(served):
         time.sleep(seconds)
         return sum(p.cpu_percent(None) for p in stubs)
 
+    return busy
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_generation(served):
+    """A long stream dropped after two chunks: the Triton side stops working (its python stubs go idle) instead
+    of generating the remaining tokens; the same request kept open keeps them busy (the control)."""
+    import httpx
+
+    busy = _stubs_busy(served)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
             "stream": True}
     with httpx.Client(timeout=60) as h:
@@ -343,6 +350,47 @@ def test_each_kind_of_bad_request_gets_its_status_and_names_the_problem(served):
     r = httpx.get(served.url + "/nowhere")
     assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
     assert httpx.get(served.url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_a_prompt_too_long_for_the_context_is_a_400_also_when_counted_while_triton_works(served, tiny_build):
+    """With ``max_tokens`` given, the front end counts the prompt once its request is on its way to Triton. A
+    prompt that does not fit is still refused before anything is returned, streamed or not, naming the counts;
+    and its generation is stopped on the server."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_repo(tiny_build) / "tensorrt_llm" / "1" / "engine"))
+    ctx = httpx.get(served.url + "/models").json()["data"][0]["max_model_len"]
+    assert isinstance(ctx, int) and ctx > 16
+    words = " ".join(f"w{i % 50}" for i in range(4 * ctx))
+    ids = tok.encode(words, add_special_tokens=False)
+    over = tok.decode(ids[:ctx + 5])  # more tokens than the context holds
+    near = tok.decode(ids[:ctx - 8])  # fits alone, not with 32 more
+    n_over, n_near = (len(tok.encode(t, add_special_tokens=False)) for t in (over, near))
+    assert n_over >= ctx and n_near + 32 > ctx >= n_near + 1
+    for stream in (False, True):
+        code, out = _post(served.url, "/completions", {"model": MODEL, "prompt": over, "max_tokens": 4,
+                                                       "stream": stream})
+        assert code == 400 and out["error"]["code"] == "context_length_exceeded", (stream, out)
+        assert f"maximum context length is {ctx} tokens; the prompt has {n_over} tokens" in out["error"]["message"]
+        code, out = _post(served.url, "/completions", {"model": MODEL, "prompt": near, "max_tokens": 32,
+                                                       "ignore_eos": True, "stream": stream})
+        assert code == 400 and out["error"]["param"] == "max_tokens", (stream, out)
+        assert f"you requested {n_near + 32} tokens ({n_near} in the prompt, 32 in the completion)" in \
+            out["error"]["message"]
+    # a prompt the engine takes (max_input_len) with more new tokens than the context leaves: the refusal comes
+    # from the count, not from Triton
+    short = tok.decode(ids[:200])
+    n_short = len(tok.encode(short, add_special_tokens=False))
+    code, out = _post(served.url, "/completions", {"model": MODEL, "prompt": short, "max_tokens": ctx - n_short + 1,
+                                                   "ignore_eos": True})
+    assert code == 400 and f"you requested {ctx + 1} tokens ({n_short} in the prompt" in out["error"]["message"], out
+    time.sleep(0.5)  # the stop reaches the model; left running, it would generate for seconds
+    assert _stubs_busy(served)(1.0) < 15.0
+    # the server goes on answering: a prompt that fits is served, and its usage counts it exactly
+    fits = short
+    code, out = _post(served.url, "/completions", {"model": MODEL, "prompt": fits, "max_tokens": 8})
+    assert code == 200 and out["usage"]["prompt_tokens"] == len(tok.encode(fits, add_special_tokens=False)), out
 
 
 def _front(repo: Path, grpc: str, *overrides: str):

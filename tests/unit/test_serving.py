@@ -129,7 +129,7 @@ class _SilentMux:
 
         self.routes, self.inbox, self.driver = {}, None, driver
 
-    async def submit(self, request):
+    async def submit(self, request, after_send=None):
         import asyncio
 
         self.inbox = self.driver._Inbox(asyncio.get_running_loop())
@@ -205,3 +205,117 @@ def test_a_silent_stream_is_a_504_after_the_request_timeout_and_a_steady_one_is_
         return got
 
     assert asyncio.run(steady()) == [b"x"] * 8
+
+
+# ------------------------------------------------------------------------------ requests as tritonclient makes them
+def _upstream_spec(model: str, decoupled: bool = True):
+    """The recorded upstream interface of one ``inflight_batcher_llm`` model, as the driver reads a served config."""
+    from pipeline import upstream
+    from pipeline.serving.driver import Spec
+
+    rec = upstream.interface()[model]
+    return Spec.from_config({"name": model, "max_batch_size": 8, "input": rec["inputs"], "output": rec["outputs"],
+                             "model_transaction_policy": {"decoupled": decoupled}})
+
+
+def _canonical(msg) -> dict:
+    """A ``ModelInferRequest`` as what Triton reads from it: each input's type, shape and raw bytes by name (the
+    order of the inputs is not part of the protocol), the outputs asked for, the parameters, the id."""
+    inputs = {t.name: (t.datatype, list(t.shape), bytes(raw)) for t, raw in zip(msg.inputs, msg.raw_input_contents)}
+    assert len(msg.inputs) == len(msg.raw_input_contents) == len(inputs)
+    return {"model": msg.model_name, "id": msg.id, "inputs": inputs, "outputs": sorted(o.name for o in msg.outputs),
+            "parameters": {k: v.bool_param for k, v in msg.parameters.items()}}
+
+
+def _tritonclient_request(spec, inputs: dict, outputs: list[str], request_id: str):
+    """The same request built by tritonclient's own gRPC client code (``InferInput`` and ``_get_inference_request``,
+    with the empty final response asked for as its ``async_stream_infer`` asks)."""
+    from tritonclient.grpc import InferInput, InferRequestedOutput
+    from tritonclient.grpc._utils import _get_inference_request
+
+    from pipeline.serving.driver import NP
+
+    objs = []
+    for name, value in inputs.items():
+        np_type, triton_type = NP[spec.inputs[name][0]]
+        vals = value if isinstance(value, list) else [value]
+        arr = np.array([v.encode() if isinstance(v, str) else v for v in vals], dtype=np_type).reshape(1, -1)
+        obj = InferInput(name, list(arr.shape), triton_type)
+        obj.set_data_from_numpy(arr)
+        objs.append(obj)
+    req = _get_inference_request(spec.name, objs, "", request_id, [InferRequestedOutput(o) for o in outputs], 0,
+                                 False, False, 0, None, None)
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    return req
+
+
+def test_request_protobufs_are_what_tritonclient_builds_also_after_other_requests_reused_their_parts():
+    """The driver copies a kept protobuf of a request's scalar inputs; every request must still be exactly the one
+    tritonclient builds, whatever was sent before it."""
+    from types import SimpleNamespace
+
+    from pipeline.serving.driver import Driver, GenRequest
+
+    d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
+    spec = _upstream_spec("ensemble")
+    outputs = ["text_output", "num_output_tokens"]
+    asks = [GenRequest("Hello there", None, 32, True, temperature=0.0),
+            GenRequest("Hello there", None, 32, True, temperature=0.0),  # the same parts again: a copy
+            GenRequest("Another prompt", None, 7, True, temperature=0.7, top_p=0.9, seed=3, stop=["\n", "END"]),
+            GenRequest("Hello there", None, 32, True, temperature=0.0, ignore_eos=True, min_tokens=4),
+            GenRequest("Ünïcode ✓", None, 32, False, temperature=0.0)]
+    seen = []
+    for k, g in enumerate(asks):
+        inputs = d._text_inputs(spec, g)
+        inputs["stream"] = g.stream
+        ours = _canonical(d._request(spec, inputs, outputs, f"r{k}"))
+        assert ours == _canonical(_tritonclient_request(spec, inputs, outputs, f"r{k}")), g
+        seen.append(ours)
+    # the comparison tells requests apart: the same prompt with other scalars, and the same scalars again
+    assert seen[0]["inputs"] != seen[3]["inputs"] and seen[0]["inputs"] == seen[1]["inputs"]
+    assert seen[3]["inputs"]["end_id"][2] == np.array([-1], dtype=np.int32).tobytes()
+    assert "top_p" not in seen[3]["inputs"] and "seed" in seen[2]["inputs"]
+
+
+def test_a_planted_wrong_part_in_a_kept_request_is_seen_by_the_comparison():
+    """Negative control for the test above: a kept protobuf changed behind the driver's back makes its next
+    request differ from tritonclient's."""
+    from types import SimpleNamespace
+
+    from pipeline.serving.driver import Driver, GenRequest
+
+    d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
+    spec = _upstream_spec("ensemble")
+    g = GenRequest("Hello there", None, 32, True, temperature=0.0)
+    inputs = d._text_inputs(spec, g)
+    d._request(spec, inputs, ["text_output"], "r0")
+    (template,) = d._templates.values()
+    template.raw_input_contents[0] = (999).to_bytes(4, "little", signed=True)  # max_tokens 999, planted
+    assert _canonical(d._request(spec, inputs, ["text_output"], "r1")) != \
+        _canonical(_tritonclient_request(spec, inputs, ["text_output"], "r1"))
+
+
+# ------------------------------------------------------------------------------------------- prompt token counts
+def test_served_encode_is_the_tokenizers_own_encode_and_falls_back_where_the_backend_is_set_otherwise():
+    from pathlib import Path
+
+    from pipeline.serving.model import ServedModel
+    from pipeline.stages.fetch import train_tokenizer
+
+    tok = train_tokenizer(512)
+    served = ServedModel(Path("."), "inflight_batcher_llm", "m", Path("."), 64, True, tokenizer=tok)
+    texts = ["", "Hello there, general Kenobi.", "<|im_start|>user\nhi<|im_end|>\n", "héllo 世界 \n\n  x" * 3,
+             "   leading and trailing   "]
+    for text in texts:
+        for special in (True, False):
+            assert served.encode(text, special) == tok.encode(text, add_special_tokens=special), (text, special)
+    long_text = "one two three four five six seven eight"
+    # a backend left truncating (by another caller's tokenizer(..., truncation=True)): the wrapper's own encode
+    # resets it, so the count must not be cut
+    tok._tokenizer.enable_truncation(max_length=3)
+    assert len(tok._tokenizer.encode(long_text).ids) == 3  # the planted state cuts a direct call
+    assert served.encode(long_text, False) == tok.encode(long_text, add_special_tokens=False)
+    assert len(served.encode(long_text, False)) > 3
+    tok.split_special_tokens = True  # special tokens split as text: the wrapper's rule, followed
+    assert served.encode("<|im_start|>", False) == tok.encode("<|im_start|>", add_special_tokens=False)
+    assert len(served.encode("<|im_start|>", False)) > 1
