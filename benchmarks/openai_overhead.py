@@ -1,7 +1,7 @@
 """The OpenAI front end's overhead: the same requests, side by side in one run, through the OpenAI endpoint and
 directly to Triton over gRPC, on the tiny model (so the model's own compute is small).
 
-    python benchmarks/openai_overhead.py [--repo TRITON_REPO] [--requests 24] [--rounds 3] [--max-tokens 32]
+    python benchmarks/openai_overhead.py [--repo TRITON_REPO] [--requests 24] [--rounds 20] [--max-tokens 32]
 
 Without ``--repo`` the tiny-qwen3 build is made first (until the package stage) in a temporary root. One Triton
 server serves the repository; the front end runs in a process of its own (``python -m pipeline.serving``), as
@@ -9,10 +9,13 @@ server serves the repository; the front end runs in a process of its own (``pyth
 tritonclient gRPC streams: the bench's own generator) and OpenAI (``/v1/completions``, streamed, the same prompt
 text, greedy on both paths), so drift on the shared 2 cores hits both alike. Output tokens are counted from each
 returned text with the model's tokenizer on both paths. Targets: TTFT p50 within 2 ms or 5 % (whichever is larger)
-of the direct path, inter-token latency p50 within 5 %, output tokens/s at least 0.95x the direct path.
+of the direct path, inter-token latency p50 within 5 %, output tokens/s at least 0.95x the direct path. Each
+figure comes with a 95 % bootstrap interval over rounds (scipy's ``bootstrap``; a round and the direct round beside
+it are drawn together), so run-to-run noise on a shared machine is on the page beside the verdict.
 Each path's CPU time is recorded by process (the Triton server with its python stubs, the front end, this process's
 load generators) per output token, with the load average before and after.
-Writes ``benchmarks/results/openai_overhead-DATE-COMMIT.json`` and a section of ``docs/benchmarks.md``.
+Writes ``benchmarks/results/openai_overhead-DATE-TIME-COMMIT.json`` and a section of ``docs/benchmarks.md``
+(``--no-doc``: neither; the section is printed).
 """
 from __future__ import annotations
 
@@ -98,6 +101,44 @@ def _paired(got: dict) -> dict:
                                          ("ttft_p50_ms_added", "itl_p50_ratio", "throughput_ratio")} if rounds else {}}
 
 
+def _intervals(got: dict) -> dict:
+    """95 % bootstrap intervals of the three target figures (pooled over rounds, as the targets are), resampling
+    whole rounds: a round of each path is drawn with the direct round it ran beside, so load that hit a few rounds
+    widens the interval instead of hiding in one number."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    def per_round(path):
+        out = []
+        for recs, wall in zip(*got[path]):
+            ok = [r for r in recs if r.error is None]
+            out.append((np.array([1e3 * r.ttft for r in ok if r.ttft is not None]),
+                        np.array([1e3 * r.itl for r in ok if r.itl is not None]),
+                        sum(r.output_tokens or 0 for r in ok), wall))
+        return out
+
+    g, o = per_round("grpc"), per_round("openai")
+    if len(g) < 2:
+        return {}
+
+    def pooled(rounds, idx, k):
+        return np.percentile(np.concatenate([rounds[i][k] for i in idx]), 50)
+
+    def tps(rounds, idx):
+        return sum(rounds[i][2] for i in idx) / sum(rounds[i][3] for i in idx)
+
+    figures = {"ttft_p50_ms_added": lambda idx: pooled(o, idx, 0) - pooled(g, idx, 0),
+               "itl_p50_ratio": lambda idx: pooled(o, idx, 1) / pooled(g, idx, 1),
+               "throughput_ratio": lambda idx: tps(o, idx) / tps(g, idx)}
+    out = {}
+    for name, fn in figures.items():
+        res = bootstrap((np.arange(len(g)),), lambda idx: fn(idx.astype(int)), vectorized=False,
+                        n_resamples=2000, confidence_level=0.95, method="percentile",
+                        random_state=np.random.default_rng(0))
+        out[name] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return out
+
+
 def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
     from pipeline.triton import client
 
@@ -110,7 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", type=Path, help="a packaged inflight_batcher_llm repository (default: build tiny)")
     ap.add_argument("--requests", type=int, default=24, help="requests per round and path")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=20, help="alternating rounds per level (each path once a round)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--no-doc", action="store_true", help="print only; do not write docs/benchmarks.md")
@@ -171,7 +212,7 @@ def main() -> None:
                         "cores_busy": round(sum(cpu[p].values()) / max(1e-9, sum(got[p][1])), 3)}
                 raw = {p: [r.as_dict() | {"round": k} for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
                 levels.append({"concurrency": conc, "summary": summary, "paired_rounds": _paired(got),
-                               "requests": raw})
+                               "interval_95": _intervals(got), "requests": raw})
                 g, o = summary["grpc"], summary["openai"]
                 print(f"c={conc}: TTFT p50 {g['time_to_first_token']['p50']:.2f} / "
                       f"{o['time_to_first_token']['p50']:.2f} ms, ITL p50 {g['inter_token_latency']['p50']:.2f} / "
@@ -202,8 +243,7 @@ def main() -> None:
               "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
               "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
               "levels": levels, "all_targets_met": all(verdicts)}
-    out = REPO / "benchmarks" / "results" / f"openai_overhead-{stamp:%Y-%m-%d}-{sha}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = REPO / "benchmarks" / "results" / f"openai_overhead-{stamp:%Y-%m-%d-%H%M}-{sha}.json"
 
     def ms(x):
         return f"{x:.2f}"
@@ -224,11 +264,20 @@ def main() -> None:
                          f"{ms(sm['inter_token_latency']['p50'])} | {ms(lat['p50'])} / {ms(lat['p95'])} | "
                          f"{sm['output_token_throughput']['avg']:.1f} | {sm['error_count']} |")
     lines.append("")
-    for conc, g, o, t in rows:
-        lines.append(f"- concurrency {conc}: TTFT p50 {t['ttft_p50_ms_added']:+.2f} ms (target ≤ max(2 ms, 5 %): "
-                     f"{'met' if t['ttft_met'] else 'NOT met'}); ITL p50 {t['itl_p50_ratio']:.3f}× (target ≤ 1.05×: "
-                     f"{'met' if t['itl_met'] else 'NOT met'}); throughput {t['throughput_ratio']:.3f}× (target ≥ "
-                     f"0.95×: {'met' if t['throughput_met'] else 'NOT met'}).")
+    for lv, (conc, g, o, t) in zip(levels, rows):
+        iv = lv["interval_95"]
+
+        def within(name, fmt):
+            return f", 95 % interval {fmt(iv[name][0])} to {fmt(iv[name][1])}" if name in iv else ""
+
+        lines.append(f"- concurrency {conc}: TTFT p50 {t['ttft_p50_ms_added']:+.2f} ms"
+                     f"{within('ttft_p50_ms_added', lambda x: f'{x:+.2f}')} (target ≤ max(2 ms, 5 %): "
+                     f"{'met' if t['ttft_met'] else 'NOT met'}); ITL p50 {t['itl_p50_ratio']:.3f}×"
+                     f"{within('itl_p50_ratio', lambda x: f'{x:.3f}')} (target ≤ 1.05×: "
+                     f"{'met' if t['itl_met'] else 'NOT met'}); throughput {t['throughput_ratio']:.3f}×"
+                     f"{within('throughput_ratio', lambda x: f'{x:.3f}')} (target ≥ 0.95×: "
+                     f"{'met' if t['throughput_met'] else 'NOT met'}).")
+    lines.append("  (Verdicts on the pooled figures, as the targets are stated; intervals: bootstrap over rounds.)")
     lines.append("")
     for lv in levels:
         pr = lv["paired_rounds"]
@@ -250,9 +299,11 @@ def main() -> None:
             u = sm["cpu"]["us_per_output_token"]
             lines.append(f"| {conc} | {name} | {u['triton']:.0f} | {u['front_end']:.0f} | {u['load_generator']:.0f} | "
                          f"{sum(u.values()):.0f} | {sm['cpu']['cores_busy']:.2f} |")
-    lines.append(f"\nRaw data: `{out.relative_to(REPO).as_posix()}`.")
+    lines.append(f"\nRaw data: `{out.relative_to(REPO).as_posix()}`." if not args.no_doc else
+                 "\nRaw data: not written (--no-doc).")
     text = "\n".join(lines) + "\n"
     if not args.no_doc:
+        out.write_text(json.dumps(result, indent=1) + "\n")
         prepend(text)
     print(text)
 
