@@ -251,6 +251,9 @@ class OpenAILimits:
     max_body_bytes: int = rng(8 << 20, 1024, 1 << 30)  # larger bodies get a 413
     max_tokens: int = rng(4096, 1, 10_000_000)  # the default max_tokens: the remaining context, capped here
     request_timeout_s: float = rng(600.0, 1.0, 86_400.0)  # one generation's limit on the Triton side
+    # a stream's status line waits this long for Triton's verdict on the request, then the headers go out while the
+    # first token is made (a refusal after it arrives as an error event)
+    stream_status_wait_ms: float = rng(5.0, 0.0, 600_000.0)
 
 
 @dataclass

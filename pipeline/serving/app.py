@@ -10,8 +10,10 @@
 - Stop strings are sent to the model and also enforced on the text (a stop string whose tokens differ in context
   still stops), and are not part of the returned text, as in OpenAI's API.
 - Streaming: server-sent events, ``data: [DONE]`` last; ``stream_options.include_usage`` adds a final chunk with the
-  usage and no choices (``continuous_usage_stats``: usage in every chunk). Problems found before the first token are
-  answered with their HTTP status; later ones as an ``error`` event.
+  usage and no choices (``continuous_usage_stats``: usage in every chunk). A stream's status line goes out once the
+  front end's own checks have passed and Triton has either answered or been working on the request for
+  ``limits.stream_status_wait_ms`` (the client reads the headers while the first token is made): a problem found
+  before that is answered with its HTTP status, a later one as an ``error`` event.
 - Errors use OpenAI's schema; a client that goes away cancels its generation on the Triton server.
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Settings:
     max_body_bytes: int = 8 << 20
     max_tokens: int = 4096  # the default max_tokens is the remaining context, capped here
     request_timeout_s: float = 600.0
+    stream_status_wait_s: float = 0.005  # a stream's status waits this long for Triton's verdict (module docstring)
 
 
 # ------------------------------------------------------------------------------------------------ stop strings
@@ -110,6 +113,7 @@ class _Job:
     zero: bool = False  # max_tokens=0 with echo: the prompt's log probs only
     check: "Callable[[int], Any] | None" = None  # the prompt's checks that need its token count, run once counted
     problem: "P.APIError | None" = None  # what those checks found
+    counted: "asyncio.Future | None" = None  # done once those checks have run
 
 
 class FrontEnd:
@@ -257,6 +261,7 @@ class FrontEnd:
 
     def _count_later(self, job: _Job, text: str, checks: Callable[[int], Any]) -> None:
         job.check = checks
+        job.counted = asyncio.get_running_loop().create_future()
         job.gen.after_send = lambda: self.settle(job, text)
 
     def settle(self, job: _Job, text: str | None = None) -> P.APIError | None:
@@ -269,6 +274,8 @@ class FrontEnd:
                 job.check(job.prompt_tokens)
             except P.APIError as exc:
                 job.problem = exc
+            if job.counted is not None and not job.counted.done():
+                job.counted.set_result(None)
         return job.problem
 
     # --- generation -------------------------------------------------------------------------------------------
@@ -462,19 +469,15 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
             "finish_reason": j.finish})
 
     async def _stream(request, jobs: list[_Job], req, rid: str, created: int, chat: bool):
-        """Prime every job (errors before the first token keep their status), then stream server-sent events."""
+        """Start every job (problems found while :func:`_prime` waits keep their status), then stream server-sent
+        events."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         obj = "chat.completion.chunk" if chat else "text_completion"
         queue: asyncio.Queue = asyncio.Queue()
         gens = [fe.run(j) for j in jobs]
-        firsts: list[Any] = []
         try:
-            for g in gens:
-                try:
-                    firsts.append(await g.__anext__())
-                except StopAsyncIteration:
-                    firsts.append(None)
+            firsts = await _prime(jobs, gens, settings.stream_status_wait_s)
         except BaseException:
             for g in gens:
                 await g.aclose()
@@ -518,7 +521,10 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
             return fe.completion_logprobs(tmp, False)
 
         async def job_events(job: _Job, gen, first):
-            """One job's chunks, as bytes; a problem after the first token becomes an ``error`` event."""
+            """One job's chunks, as bytes (``first``: its first piece, or a future of it); a problem after the status
+            line becomes an ``error`` event."""
+            pending = first if isinstance(first, asyncio.Future) else None
+            waited = pending
             seen = [0, 0]
             fast = None
             if job.gen.logprobs is None and not continuous:  # the common chunk, built around the text alone
@@ -539,6 +545,8 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                 if chat:
                     yield chunk(job, "", None, role=True)
                 elif req.echo and job.echo_text:  # the prompt, with its own log probs only
+                    if pending is not None and job.gen.prompt_logprobs:  # they come with the first answer
+                        first, pending = await pending, None
                     lps = None
                     if job.prompt_logprobs and job.gen.logprobs is not None:
                         tmp = _Job(job.index, job.gen, 0, "")
@@ -546,6 +554,8 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                         lps = fe.completion_logprobs(tmp, False)
                     yield chunk(job, job.echo_text, None, lps)
                     seen[1] = 1
+                if pending is not None:
+                    first = await pending
                 if first is not None:
                     yield piece_chunk(first)
                     async for piece in gen:
@@ -555,6 +565,9 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
             except P.APIError as exc:
                 yield b"data: " + _json(exc.body()) + b"\n\n"
             finally:
+                if waited is not None and not waited.done():  # closed before its first piece (a client gone)
+                    waited.cancel()
+                    await asyncio.gather(waited, return_exceptions=True)
                 await gen.aclose()
 
         def closing(before: bytes = b"") -> "_Last":
@@ -667,6 +680,44 @@ class _EventStream(_Response):
             state["open"] = False
             watcher.cancel()
             await self.events.aclose()  # a generation still running stops here
+
+
+async def _prime(jobs: list[_Job], gens: list, wait_s: float) -> list[Any]:
+    """Each job's first piece (None: it ended without one) where it came in time, else a future of it. The wait
+    ends when every job has its first piece, or when every job's own checks have run (its prompt counted, see
+    :meth:`FrontEnd.settle`) and ``wait_s`` has passed. A problem found meanwhile is raised here, so that the
+    response carries its status; the streamed response's headers go out after this."""
+    loop = asyncio.get_running_loop()
+    firsts = [asyncio.ensure_future(_first(g)) for g in gens]
+    deadline = loop.time() + wait_s
+    try:
+        while True:
+            for job in jobs:
+                if job.problem is not None:
+                    raise job.problem
+            for f in firsts:
+                if f.done() and f.exception() is not None:
+                    raise f.exception()
+            waiting = [f for f in firsts if not f.done()]
+            checks = [j.counted for j in jobs if j.counted is not None and not j.counted.done()]
+            left = deadline - loop.time()
+            if not waiting or (left <= 0 and not checks):
+                break
+            await asyncio.wait(waiting + checks, timeout=left if left > 0 else None,
+                               return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        for f in firsts:
+            f.cancel()
+        await asyncio.gather(*firsts, return_exceptions=True)
+        raise
+    return [f.result() if f.done() else f for f in firsts]
+
+
+async def _first(gen) -> Any:
+    try:
+        return await gen.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 async def _drain(agen) -> None:

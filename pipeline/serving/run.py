@@ -27,7 +27,8 @@ def settings(openai_cfg):
                             f"the key in it, or set serve.openai.api_key_env=null to serve without a key")
     lim = openai_cfg.limits
     return Settings(api_key=key, max_body_bytes=int(lim.max_body_bytes), max_tokens=int(lim.max_tokens),
-                    request_timeout_s=float(lim.request_timeout_s))
+                    request_timeout_s=float(lim.request_timeout_s),
+                    stream_status_wait_s=float(lim.stream_status_wait_ms) / 1000)
 
 
 def bind(host: str, port: int) -> socket.socket:

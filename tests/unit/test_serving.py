@@ -2,6 +2,7 @@
 is tested end to end in tests/e2e/test_openai*.py)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -319,3 +320,89 @@ def test_served_encode_is_the_tokenizers_own_encode_and_falls_back_where_the_bac
     tok.split_special_tokens = True  # special tokens split as text: the wrapper's rule, followed
     assert served.encode("<|im_start|>", False) == tok.encode("<|im_start|>", add_special_tokens=False)
     assert len(served.encode("<|im_start|>", False)) > 1
+
+
+# ------------------------------------------------------------------------ a stream's status line and Triton's verdict
+class _RefusingMux(_SilentMux):
+    """A stand-in for one shared gRPC stream to Triton whose model refuses the request ``after_s`` after it was
+    written (a refusal at a chosen moment cannot be arranged on a real server: the front end checks every field the
+    models refuse before it sends). Like the driver's own stream, it runs the request's ``after_send`` first."""
+
+    def __init__(self, after_s: float):
+        super().__init__()
+        self.after_s = after_s
+
+    async def submit(self, request, after_send=None):
+        import asyncio
+
+        from tritonclient.grpc import service_pb2
+
+        inbox = await super().submit(request)
+
+        async def later():
+            problem = after_send() if after_send is not None else None
+            if problem is not None:
+                inbox.put(problem)
+                return
+            await asyncio.sleep(self.after_s)
+            resp = service_pb2.ModelStreamInferResponse(error_message="RequestError: planted refusal")
+            resp.infer_response.id = request.id
+            inbox.put(resp)
+
+        self.task = asyncio.ensure_future(later())
+        return inbox
+
+
+def _refusing_app(after_s: float, wait_s: float, max_seq_len: int = 4096):
+    from pathlib import Path
+
+    from pipeline.serving.app import Settings, create_app
+    from pipeline.serving.driver import Driver
+    from pipeline.serving.model import ServedModel
+    from pipeline.stages.fetch import train_tokenizer
+
+    served = ServedModel(Path("."), "inflight_batcher_llm", "m", Path("."), max_seq_len, True,
+                         tokenizer=train_tokenizer(512))
+    driver = Driver("127.0.0.1:1", served)
+    driver.entry = _upstream_spec("ensemble")
+    driver._muxes = [_RefusingMux(after_s)]
+    return create_app(served, driver, Settings(stream_status_wait_s=wait_s))
+
+
+def _post_stream(app, body: dict) -> tuple[int, str]:
+    import asyncio
+
+    import httpx
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            r = await c.post("/v1/completions", json=body)
+            return r.status_code, r.text
+
+    return asyncio.run(go())
+
+
+def test_a_refusal_within_the_status_wait_is_its_status_and_a_later_one_an_error_event():
+    body = {"model": "m", "prompt": "Hello there", "max_tokens": 8, "stream": True}
+    code, text = _post_stream(_refusing_app(after_s=0.01, wait_s=0.3), body)
+    assert code == 400 and "planted refusal" in json.loads(text)["error"]["message"], (code, text)
+    # refused after the wait: the headers (200) are out, the refusal is the stream's error event, then [DONE]
+    code, text = _post_stream(_refusing_app(after_s=0.3, wait_s=0.01), body)
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert code == 200 and "planted refusal" in json.loads(events[0])["error"]["message"], (code, text)
+    assert events[-1] == "[DONE]"
+    # control: the same late refusal within a longer wait keeps its status
+    code, text = _post_stream(_refusing_app(after_s=0.3, wait_s=2.0), body)
+    assert code == 400 and "planted refusal" in text, (code, text)
+
+
+def test_the_front_ends_own_checks_keep_their_status_without_any_wait():
+    """The prompt's count (made once the request is on its way) is waited for even with no wait at all: a prompt
+    that does not fit the context is a 400, never an error event."""
+    body = {"model": "m", "prompt": "one two three four five six seven eight nine ten " * 4, "max_tokens": 4,
+            "stream": True}
+    code, text = _post_stream(_refusing_app(after_s=5.0, wait_s=0.0, max_seq_len=16), body)
+    assert code == 400 and json.loads(text)["error"]["code"] == "context_length_exceeded", (code, text)
+    # control: the same prompt in a context it fits streams (the refusal planted 5 s later is not waited for)
+    code, text = _post_stream(_refusing_app(after_s=0.05, wait_s=0.0, max_seq_len=4096), body)
+    assert code == 200 and "planted refusal" in text, (code, text)
