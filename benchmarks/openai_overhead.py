@@ -139,6 +139,23 @@ def _intervals(got: dict) -> dict:
     return out
 
 
+def _opening(got: dict, concurrency: int) -> dict:
+    """TTFT p50 per path of each round's opening requests (its first ``concurrency``, sent at once) and of the rest
+    (each sent as an earlier one ended): where the added time to first token sits."""
+    import numpy as np
+
+    out = {}
+    for path, (rounds, _) in got.items():
+        first, rest = [], []
+        for recs in rounds:
+            ok = sorted((r for r in recs if r.error is None and r.ttft is not None), key=lambda r: r.sent)
+            first += [1e3 * r.ttft for r in ok[:concurrency]]
+            rest += [1e3 * r.ttft for r in ok[concurrency:]]
+        out[path] = {"opening_ttft_p50_ms": float(np.percentile(first, 50)) if first else None,
+                     "rest_ttft_p50_ms": float(np.percentile(rest, 50)) if rest else None}
+    return out
+
+
 def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
     from pipeline.triton import client
 
@@ -212,7 +229,8 @@ def main() -> None:
                         "cores_busy": round(sum(cpu[p].values()) / max(1e-9, sum(got[p][1])), 3)}
                 raw = {p: [r.as_dict() | {"round": k} for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
                 levels.append({"concurrency": conc, "summary": summary, "paired_rounds": _paired(got),
-                               "interval_95": _intervals(got), "requests": raw})
+                               "interval_95": _intervals(got), "opening_vs_rest": _opening(got, conc),
+                               "requests": raw})
                 g, o = summary["grpc"], summary["openai"]
                 print(f"c={conc}: TTFT p50 {g['time_to_first_token']['p50']:.2f} / "
                       f"{o['time_to_first_token']['p50']:.2f} ms, ITL p50 {g['inter_token_latency']['p50']:.2f} / "
@@ -291,6 +309,15 @@ def main() -> None:
                          f"({span['itl_p50_ratio'][0]:.3f}–{span['itl_p50_ratio'][1]:.3f}), throughput "
                          f"{m['throughput_ratio']:.3f}× ({span['throughput_ratio'][0]:.3f}–"
                          f"{span['throughput_ratio'][1]:.3f}).")
+    for lv in levels:
+        sp = lv["opening_vs_rest"]
+        if lv["concurrency"] > 1 and all(v["rest_ttft_p50_ms"] is not None for v in sp.values()):
+            g, o = sp["grpc"], sp["openai"]
+            lines.append(f"- concurrency {lv['concurrency']}, TTFT p50 of each round's opening {lv['concurrency']} "
+                         f"requests (sent at once) and of the rest (each sent as one ended), direct / OpenAI: "
+                         f"{g['opening_ttft_p50_ms']:.2f} / {o['opening_ttft_p50_ms']:.2f} ms "
+                         f"({o['opening_ttft_p50_ms'] - g['opening_ttft_p50_ms']:+.2f}) and {g['rest_ttft_p50_ms']:.2f} / "
+                         f"{o['rest_ttft_p50_ms']:.2f} ms ({o['rest_ttft_p50_ms'] - g['rest_ttft_p50_ms']:+.2f}).")
     lines += ["", "CPU per output token (µs, user + system, measured per path over its rounds) and cores busy:", "",
               "| concurrency | path | Triton server + stubs | front end | load generator | total | cores busy |",
               "|---|---|---|---|---|---|---|"]
