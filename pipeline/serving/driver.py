@@ -156,6 +156,10 @@ class Driver:
         self.client = grpcaio.InferenceServerClient(self.url)
 
     async def close(self) -> None:
+        pending = list(self._pending)  # stop requests and their retries
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
@@ -299,10 +303,11 @@ class Driver:
         rid = request.id
         inbox = await mux.submit(request, after_send)
         self._watch()
-        finished = False
+        finished = heard = False
         try:
             while True:
                 resp = inbox.items.popleft() if inbox.items else await inbox.get()
+                heard = heard or not isinstance(resp, BaseException)
                 if isinstance(resp, BaseException):
                     if isinstance(resp, APIError):  # the request's own after_send refused it
                         raise resp
@@ -327,6 +332,8 @@ class Driver:
             mux.abandon(rid)
             if not finished:
                 self._stop_later(rid)
+                if not heard:
+                    self._stop_again(mux, rid)
 
     def _watch(self) -> None:
         """Start the watchdog that fails a request whose stream has been silent for ``timeout_s`` (one task for all
@@ -362,6 +369,30 @@ class Driver:
         if target is None or "stop" not in target.inputs:
             return
         task = asyncio.ensure_future(self._stop(target, request_id))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _stop_again(self, mux: "_Mux", request_id: str) -> None:
+        """For a request left before Triton answered it: the stop may reach the model before the request does (the
+        ensemble's preprocessing runs first), and a model does not know an id it has not seen. So stop it again
+        after 0.05, 0.25 and 1 s, until Triton answers for it; then once more, unless that answer was its last."""
+        answered = []
+
+        def on_answer(final: bool) -> None:
+            answered.append(True)
+            if not final:
+                self._stop_later(request_id)
+
+        async def retry() -> None:
+            for delay in (0.05, 0.2, 0.75):
+                await asyncio.sleep(delay)
+                if answered:
+                    return
+                self._stop_later(request_id)
+            mux.later.pop(request_id, None)
+
+        mux.on_first_answer(request_id, on_answer)
+        task = asyncio.ensure_future(retry())
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -684,6 +715,13 @@ class _Mux:
         self.routes: dict[str, _Inbox] = {}
         self.outbox: asyncio.Queue | None = None
         self.reader: asyncio.Task | None = None
+        self.later: collections.OrderedDict[str, Any] = collections.OrderedDict()  # see on_first_answer
+
+    def on_first_answer(self, request_id: str, then) -> None:
+        """Call ``then(final)`` when the first response for an abandoned request arrives (at most 1024 kept)."""
+        self.later[request_id] = then
+        while len(self.later) > 1024:
+            self.later.popitem(last=False)
 
     async def submit(self, request, after_send=None) -> _Inbox:
         if self.reader is None or self.reader.done():
@@ -699,9 +737,10 @@ class _Mux:
         self.routes.pop(request_id, None)
 
     async def _outgoing(self, outbox: asyncio.Queue):
-        """The requests put on the outbox, for gRPC to write. Each one's ``after_send`` runs when gRPC asks for the
-        next, which it does once this one is written: work that can wait for the response is done while Triton
-        works. An error it returns goes to the request's inbox."""
+        """The requests put on the outbox, for gRPC to write. Each one's ``after_send`` is scheduled when gRPC asks
+        for the next, which it does once this one is written: work that can wait for the response is done while
+        Triton works, and the next request on this stream is not held up by it."""
+        loop = asyncio.get_running_loop()
         while True:
             item = await outbox.get()
             if item is None:
@@ -709,21 +748,31 @@ class _Mux:
             request, after_send = item
             yield request
             if after_send is not None:
-                try:
-                    problem = after_send()
-                except Exception as exc:  # noqa: BLE001 - the request fails with it, not the shared stream
-                    problem = exc
-                inbox = self.routes.get(request.id)
-                if problem is not None and inbox is not None:
-                    inbox.put(problem)
+                loop.call_soon(self._after_send, request.id, after_send)
+
+    def _after_send(self, request_id: str, after_send) -> None:
+        """Run a request's ``after_send``; an error it returns (or raises) goes to the request's inbox."""
+        try:
+            problem = after_send()
+        except Exception as exc:  # noqa: BLE001 - the request fails with it, not the shared stream
+            problem = exc
+        inbox = self.routes.get(request_id)
+        if problem is not None and inbox is not None:
+            inbox.put(problem)
 
     async def _read(self, call) -> None:
         problem: BaseException | None = None
         try:
             async for resp in call:
-                inbox = self.routes.get(resp.infer_response.id)
+                rid = resp.infer_response.id
+                inbox = self.routes.get(rid)
                 if inbox is not None:
                     inbox.put(resp)
+                elif self.later:
+                    then = self.later.pop(rid, None)
+                    if then is not None:
+                        final = resp.infer_response.parameters.get("triton_final_response")
+                        then(final is not None and final.bool_param)
         except asyncio.CancelledError:
             call.cancel()
             raise

@@ -140,6 +140,9 @@ class _SilentMux:
     def abandon(self, rid):
         self.routes.pop(rid, None)
 
+    def on_first_answer(self, rid, then):
+        pass  # nothing more comes on this stand-in
+
     async def close(self):
         pass
 
