@@ -409,3 +409,70 @@ def test_the_front_ends_own_checks_keep_their_status_without_any_wait():
     # control: the same prompt in a context it fits streams (the refusal planted 5 s later is not waited for)
     code, text = _post_stream(_refusing_app(after_s=0.05, wait_s=0.0, max_seq_len=4096), body)
     assert code == 200 and "planted refusal" in text, (code, text)
+
+
+class _TalkingMux(_SilentMux):
+    """A stand-in for one shared gRPC stream to Triton whose model answers each request with two text pieces, the
+    first ``after_s`` after the request was written, then its final response (the order and timing across several
+    prompts of one request are what the test needs; a real server's would vary)."""
+
+    def __init__(self, after_s: float):
+        super().__init__()
+        self.after_s = after_s
+
+    async def submit(self, request, after_send=None):
+        import asyncio
+
+        from tritonclient.grpc import service_pb2
+
+        inbox = await super().submit(request)
+        prompt = request.raw_input_contents[[t.name for t in request.inputs].index("text_input")][4:].decode()
+
+        def resp(final: bool, text: str = ""):
+            r = service_pb2.ModelStreamInferResponse()
+            r.infer_response.id = request.id
+            if text:
+                out = r.infer_response.outputs.add()
+                out.name, out.datatype = "text_output", "BYTES"
+                r.infer_response.raw_output_contents.append(len(text.encode()).to_bytes(4, "little") + text.encode())
+            r.infer_response.parameters["triton_final_response"].bool_param = final
+            return r
+
+        async def later():
+            if after_send is not None:
+                after_send()
+            await asyncio.sleep(self.after_s)
+            for piece in (f" <{prompt}>", " end"):
+                inbox.put(resp(False, piece))
+                await asyncio.sleep(0.01)
+            inbox.put(resp(True))
+
+        self.task = asyncio.ensure_future(later())
+        return inbox
+
+
+def test_several_prompts_stream_each_its_own_text_whether_the_first_pieces_came_before_the_headers_or_after():
+    from pathlib import Path
+
+    from pipeline.serving.app import Settings, create_app
+    from pipeline.serving.driver import Driver
+    from pipeline.serving.model import ServedModel
+    from pipeline.stages.fetch import train_tokenizer
+
+    served = ServedModel(Path("."), "inflight_batcher_llm", "m", Path("."), 4096, True, tokenizer=train_tokenizer(512))
+    prompts = ["alpha", "beta", "gamma"]
+    got = {}
+    for wait_s in (0.0, 1.0):  # headers before any first piece / after all of them
+        driver = Driver("127.0.0.1:1", served)
+        driver.entry = _upstream_spec("ensemble")
+        driver._muxes = [_TalkingMux(0.05)]
+        app = create_app(served, driver, Settings(stream_status_wait_s=wait_s))
+        code, text = _post_stream(app, {"model": "m", "prompt": prompts, "max_tokens": 8, "stream": True})
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert code == 200 and events[-1] == "[DONE]", (code, text)
+        texts = {i: "" for i in range(len(prompts))}
+        for e in events[:-1]:
+            for ch in json.loads(e)["choices"]:
+                texts[ch["index"]] += ch["text"]
+        got[wait_s] = texts
+    assert got[0.0] == got[1.0] == {i: f" <{p}> end" for i, p in enumerate(prompts)}
