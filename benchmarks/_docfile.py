@@ -1,6 +1,7 @@
-"""docs/benchmarks.md, newest first: every benchmark script records its section through these two functions."""
+"""docs/benchmarks.md, newest first: every benchmark script records its section through these functions."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -27,3 +28,15 @@ def replace_block(marker: str, body: str, doc: Path = DOC) -> None:
         doc.write_text(text[: text.index(begin)] + block + text[text.index(end) + len(end):])
     else:
         prepend(block, doc)
+
+
+def publish(lines: list[str], out: Path, result: dict, no_doc: bool, repo: Path = DOC.parents[1]) -> str:
+    """End a section with its raw-data line, then (unless ``no_doc``) write ``result`` to ``out`` and put the section
+    first in the page. Returns the section's text, for printing."""
+    where = f"`{out.relative_to(repo).as_posix()}`" if not no_doc else "not written (--no-doc)"
+    text = "\n".join([*lines, "", f"Raw data: {where}."]) + "\n"
+    if not no_doc:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        prepend(text)
+    return text

@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openai_overhead import _build  # noqa: E402
-from rebuild_noop import REPO, commit, machine, prepend  # noqa: E402
+from _docfile import publish  # noqa: E402
+from rebuild_noop import REPO, commit, machine  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -164,14 +165,8 @@ def main() -> None:
                   f"({(ttft_oa - ttft_direct) / 1e3:+.2f} ms; the traced front end pays for its own timestamps).",
               f"- Bursts of 8: the last request handed to gRPC {spread / 1e3:.2f} ms (p50) after the first one's "
               f"bytes arrived; their TTFT p50 {burst_ttft:.2f} ms." if spread is not None else
-              "- Bursts of 8: no complete burst in the marks.",
-              "", f"Raw data: `{out.relative_to(REPO).as_posix()}`." if not args.no_doc else
-              "Raw data: not written (--no-doc)."]
-    text = "\n".join(lines) + "\n"
-    if not args.no_doc:
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        prepend(text)
-    print(text)
+              "- Bursts of 8: no complete burst in the marks."]
+    print(publish(lines, out, result, args.no_doc))
 
 
 if __name__ == "__main__":

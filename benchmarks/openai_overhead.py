@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rebuild_noop import REPO, commit, machine, prepend  # noqa: E402
+from _docfile import publish  # noqa: E402
+from rebuild_noop import REPO, commit, machine  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -326,13 +327,7 @@ def main() -> None:
             u = sm["cpu"]["us_per_output_token"]
             lines.append(f"| {conc} | {name} | {u['triton']:.0f} | {u['front_end']:.0f} | {u['load_generator']:.0f} | "
                          f"{sum(u.values()):.0f} | {sm['cpu']['cores_busy']:.2f} |")
-    lines.append(f"\nRaw data: `{out.relative_to(REPO).as_posix()}`." if not args.no_doc else
-                 "\nRaw data: not written (--no-doc).")
-    text = "\n".join(lines) + "\n"
-    if not args.no_doc:
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        prepend(text)
-    print(text)
+    print(publish(lines, out, result, args.no_doc))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response as _Response
 
 from pipeline.serving import protocol as P
-from pipeline.serving.driver import Delta, Driver, GenRequest, TokenLogprob
+from pipeline.serving.driver import SENT, Delta, Driver, GenRequest, TokenLogprob
 from pipeline.serving.model import ServedModel
 
 log = logging.getLogger("pipeline.serving")
@@ -114,6 +114,7 @@ class _Job:
     check: "Callable[[int], Any] | None" = None  # the prompt's checks that need its token count, run once counted
     problem: "P.APIError | None" = None  # what those checks found
     counted: "asyncio.Future | None" = None  # done once those checks have run
+    agen: "AsyncIterator[Delta] | None" = None  # the driver's generation, once started (:meth:`FrontEnd.start`)
 
 
 class FrontEnd:
@@ -279,12 +280,35 @@ class FrontEnd:
         return job.problem
 
     # --- generation -------------------------------------------------------------------------------------------
+    async def start(self, jobs: list[_Job]) -> None:
+        """Send each job's request to Triton now, in the caller's task: the first request of a burst is on its way
+        before the next one is parsed. A job that cannot start (a 400 of the driver's) closes those started."""
+        try:
+            for job in jobs:
+                job.agen = self.driver.generate(job.gen)
+                if await job.agen.__anext__() is not SENT:
+                    raise RuntimeError("the driver's generation did not start with SENT")
+        except BaseException:
+            await self.close(jobs)
+            raise
+
+    @staticmethod
+    async def close(jobs: list[_Job]) -> None:
+        """Close every job's generation (a request still running is stopped on the server; closing one that has
+        ended does nothing)."""
+        for job in jobs:
+            if job.agen is not None:
+                await job.agen.aclose()
+
     async def run(self, job: _Job) -> AsyncIterator[str]:
-        """Yield the job's new text pieces (stop strings applied) and keep its record up to date."""
+        """Yield the job's new text pieces (stop strings applied) and keep its record up to date (the job is
+        started first where :meth:`start` has not)."""
         scanner = StopScanner(job.gen.stop)
         zero = job.zero
         reason = None
-        agen = self.driver.generate(job.gen)
+        if job.agen is None:
+            await self.start([job])
+        agen = job.agen
         settled = job.check is None
         try:
             async for d in agen:
@@ -442,7 +466,11 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
     async def _whole(request, jobs: list[_Job], rid: str, created: int, obj: str, choice) -> Response:
         """A non-streamed answer: every job run to its end (cancelled if the client leaves), then one body with
         ``choice(job)`` for each."""
-        await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
+        await fe.start(jobs)
+        try:
+            await _until_done_or_gone(request, [_drain(fe.run(j)) for j in jobs])
+        finally:
+            await fe.close(jobs)  # also those whose task was cancelled before it began
         return Response(_json({"id": rid, "object": obj, "created": created, "model": served.name,
                                "system_fingerprint": None, "choices": [choice(j) for j in jobs],
                                "usage": fe._usage(jobs)}), media_type="application/json")
@@ -475,12 +503,14 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         obj = "chat.completion.chunk" if chat else "text_completion"
         queue: asyncio.Queue = asyncio.Queue()
+        await fe.start(jobs)
         gens = [fe.run(j) for j in jobs]
         try:
             firsts = await _prime(jobs, gens, settings.stream_status_wait_s)
         except BaseException:
             for g in gens:
                 await g.aclose()
+            await fe.close(jobs)
             raise
 
         def chunk(job: _Job, text: str | None, finish: str | None, logprobs=None, role: bool = False) -> bytes:
@@ -595,6 +625,7 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                 yield closing(final)
             finally:  # the client went away: stop the generation
                 await it.aclose()
+                await fe.close(jobs)
 
         async def pump(job: _Job, gen, first):
             try:
@@ -618,6 +649,7 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                await fe.close(jobs)  # also those whose task was cancelled before it began
 
         return _EventStream(events_one() if len(jobs) == 1 else events())
 

@@ -21,10 +21,12 @@ unless given: TensorRT-LLM decodes greedily when top-k and top-p are both unset)
 input for is a 400 naming the field and the missing tensor.
 
 Transport: model configs and readiness through ``tritonclient.grpc.aio``; requests as Triton's own protobufs (the
-``service_pb2`` that ``tritonclient.grpc`` ships) on ``grpc.aio``. A decoupled model's requests share a few
-long-lived bidirectional streams (``ModelStreamInfer``; responses routed by request id, an empty final response
-asked for), as upstream's clients keep one stream open; opening a stream per request cost a millisecond or more
-of time to first token here. A request left before its end is stopped with upstream's ``stop`` request for its id.
+``service_pb2`` that ``tritonclient.grpc`` ships) on ``grpc.aio``. A decoupled model's requests share long-lived
+bidirectional streams (``ModelStreamInfer``; responses routed by request id, an empty final response asked for),
+as upstream's clients keep one stream open; opening a stream per request cost a millisecond or more of time to
+first token here. The task that makes a request writes it at once, on a stream with no write in flight (more
+streams are opened, up to ``Driver.streams``, while every one is writing): handing it to a writer task instead
+held each request of a burst until the whole burst had been parsed. A request left before its end is stopped with upstream's ``stop`` request for its id.
 A unary model gets ``ModelInfer``, cancelled with its call. A request whose stream stays silent for the request
 timeout is a 504; one watchdog task checks every request, so waiting for a response arms no timer.
 """
@@ -145,7 +147,7 @@ class Driver:
         self._stub_obj = None
         self._muxes: list[_Mux] = []
         self._next = 0
-        self.streams = 4  # shared gRPC streams (requests are spread over them)
+        self.streams = 16  # the most shared gRPC streams (one more is opened while every one is writing)
         self._watchdog: asyncio.Task | None = None
         self._templates: dict[tuple, Any] = {}  # request protobufs of scalar inputs and outputs (:meth:`_request`)
 
@@ -205,6 +207,8 @@ class Driver:
 
     # --- requests ----------------------------------------------------------------------------------------------
     async def generate(self, req: GenRequest) -> AsyncIterator[Delta]:
+        """:data:`SENT` once the request is on its way to Triton (the caller advances to it in the task that made
+        the request), then what each response adds. Closing the generator before the end stops the request."""
         entry, llm = await self.specs()
         if self.served.layout == "llmapi":
             if req.token_level:
@@ -233,8 +237,9 @@ class Driver:
         state = {"ids": [], "sent_text": "", "so_far": "", "prompt_done": False}
         if spec.decoupled:
             async for resp in self._stream(spec.name, request, req.after_send):
-                yield self._delta(kind, resp, req, state)
+                yield SENT if resp is SENT else self._delta(kind, resp, req, state)
         else:
+            yield SENT  # a unary call starts when it is awaited
             yield self._delta(kind, await self._unary(request, req.after_send), req, state)
         tail = self._flush(kind, state)
         if tail:
@@ -305,6 +310,7 @@ class Driver:
         self._watch()
         finished = heard = False
         try:
+            yield SENT
             while True:
                 resp = inbox.items.popleft() if inbox.items else await inbox.get()
                 heard = heard or not isinstance(resp, BaseException)
@@ -354,11 +360,18 @@ class Driver:
                         inbox.put(asyncio.TimeoutError())
 
     def _mux(self) -> "_Mux":
-        """The next shared stream (requests are spread over ``streams`` of them)."""
-        if not self._muxes:
-            self._muxes = [_Mux(self._stub) for _ in range(self.streams)]
-        self._next += 1
-        return self._muxes[self._next % len(self._muxes)]
+        """A shared stream with no write in flight (taken in turn); a new one while every stream is writing, up to
+        ``streams``; else the one with the fewest requests waiting to be written."""
+        n = len(self._muxes)
+        for k in range(n):
+            m = self._muxes[(self._next + k) % n]
+            if not m.writing:
+                self._next = (self._next + k + 1) % n
+                return m
+        if n < self.streams:
+            self._muxes.append(_Mux(self._stub))
+            return self._muxes[-1]
+        return min(self._muxes, key=lambda m: len(m.backlog))
 
     def _stop_later(self, request_id: str) -> None:
         """Stop a generation left before its end: upstream's ``stop`` request to the ``tensorrt_llm`` model with the
@@ -676,6 +689,9 @@ class Driver:
 _SCALARS = (bool, int, float)
 
 
+SENT = object()  # what :meth:`Driver.generate` yields first: the request is on its way
+
+
 class _Inbox:
     """One request's responses as the stream's reader routes them: a deque and at most one waiting consumer (what
     an ``asyncio.Queue`` does, without its bookkeeping per item); ``last`` is when something last arrived."""
@@ -708,13 +724,17 @@ class _Inbox:
 
 class _Mux:
     """One long-lived gRPC stream (``ModelStreamInfer``) that carries many requests: responses are routed by
-    request id to each request's inbox. A broken stream fails its requests and is reopened by the next one."""
+    request id to each request's inbox. A request is written by the task that submits it, at once, unless a write
+    is in flight on this stream (gRPC allows one at a time): it then waits in ``backlog`` and the writing task
+    writes it next. A broken stream fails its requests and is reopened by the next one."""
 
     def __init__(self, stub_factory):
         self.stub_factory = stub_factory
         self.routes: dict[str, _Inbox] = {}
-        self.outbox: asyncio.Queue | None = None
+        self.call = None
         self.reader: asyncio.Task | None = None
+        self.writing = False
+        self.backlog: collections.deque = collections.deque()  # (request, after_send) waiting for the write
         self.later: collections.OrderedDict[str, Any] = collections.OrderedDict()  # see on_first_answer
 
     def on_first_answer(self, request_id: str, then) -> None:
@@ -724,31 +744,40 @@ class _Mux:
             self.later.popitem(last=False)
 
     async def submit(self, request, after_send=None) -> _Inbox:
+        """Route the request's responses to a new inbox and write the request (or leave it to the write in flight).
+        Its ``after_send`` runs once it is written: work that can wait for the response is done while Triton works,
+        and the next request is not held up by it."""
         if self.reader is None or self.reader.done():
-            self.outbox = asyncio.Queue()
-            call = self.stub_factory().ModelStreamInfer(self._outgoing(self.outbox))
-            self.reader = asyncio.ensure_future(self._read(call))
+            self.call = self.stub_factory().ModelStreamInfer()  # no request iterator: written with call.write
+            self.reader = asyncio.ensure_future(self._read(self.call))
+            self.backlog.clear()  # a broken stream's reader has failed their requests
         inbox = _Inbox(asyncio.get_running_loop())
         self.routes[request.id] = inbox
-        self.outbox.put_nowait((request, after_send))
+        if self.writing:
+            self.backlog.append((request, after_send))
+            return inbox
+        self.writing = True
+        call, item = self.call, (request, after_send)
+        try:
+            while item is not None:
+                msg, then = item
+                try:
+                    await call.write(msg)
+                except Exception as exc:  # noqa: BLE001 - the stream broke: this request and those waiting fail
+                    for m, _ in [item, *self.backlog]:
+                        if m.id in self.routes:
+                            self.routes[m.id].put(exc)
+                    self.backlog.clear()
+                    break
+                if then is not None:
+                    self._after_send(msg.id, then)
+                item = self.backlog.popleft() if self.backlog else None
+        finally:
+            self.writing = False
         return inbox
 
     def abandon(self, request_id: str) -> None:
         self.routes.pop(request_id, None)
-
-    async def _outgoing(self, outbox: asyncio.Queue):
-        """The requests put on the outbox, for gRPC to write. Each one's ``after_send`` is scheduled when gRPC asks
-        for the next, which it does once this one is written: work that can wait for the response is done while
-        Triton works, and the next request on this stream is not held up by it."""
-        loop = asyncio.get_running_loop()
-        while True:
-            item = await outbox.get()
-            if item is None:
-                return
-            request, after_send = item
-            yield request
-            if after_send is not None:
-                loop.call_soon(self._after_send, request.id, after_send)
 
     def _after_send(self, request_id: str, after_send) -> None:
         """Run a request's ``after_send``; an error it returns (or raises) goes to the request's inbox."""
@@ -784,10 +813,8 @@ class _Mux:
         self.routes.clear()
 
     async def close(self) -> None:
-        if self.outbox is not None:
-            self.outbox.put_nowait(None)
         if self.reader is not None:
-            self.reader.cancel()
+            self.reader.cancel()  # cancels the call
             await asyncio.gather(self.reader, return_exceptions=True)
 
 
