@@ -480,3 +480,105 @@ def test_several_prompts_stream_each_its_own_text_whether_the_first_pieces_came_
                 texts[ch["index"]] += ch["text"]
         got[wait_s] = texts
     assert got[0.0] == got[1.0] == {i: f" <{p}> end" for i, p in enumerate(prompts)}
+
+
+class _RecordingCall:
+    """Stands in for gRPC's ``ModelStreamInfer`` call (what the test needs is the order of the writes against the
+    front end's own work, which a real server's timing would blur): it logs each write and answers the request with
+    one text piece and its final response."""
+
+    def __init__(self, log: list):
+        import asyncio
+
+        self.log, self.answers = log, asyncio.Queue()
+
+    async def write(self, msg) -> None:
+        import asyncio
+
+        from tritonclient.grpc import service_pb2
+
+        self.log.append(("write", msg.id))
+        await asyncio.sleep(0)  # gRPC's write completes later
+        for final in (False, True):
+            r = service_pb2.ModelStreamInferResponse()
+            r.infer_response.id = msg.id
+            if not final:
+                out = r.infer_response.outputs.add()
+                out.name, out.datatype = "text_output", "BYTES"
+                r.infer_response.raw_output_contents.append((2).to_bytes(4, "little") + b"ok")
+            r.infer_response.parameters["triton_final_response"].bool_param = final
+            self.answers.put_nowait(r)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self.answers.get()
+
+    def cancel(self) -> None:
+        pass
+
+
+def _burst_order(mux_cls) -> list[tuple[str, int]]:
+    """Four streamed completions posted at once to an app whose streams are ``mux_cls`` on recording calls: the log
+    of each request's parse (its jobs made) and each write, in order."""
+    import asyncio
+    from pathlib import Path
+
+    import httpx
+
+    from pipeline.serving import app as A
+    from pipeline.serving.driver import Driver
+    from pipeline.serving.model import ServedModel
+    from pipeline.stages.fetch import train_tokenizer
+
+    served = ServedModel(Path("."), "inflight_batcher_llm", "m", Path("."), 4096, True, tokenizer=train_tokenizer(512))
+    log: list = []
+    driver = Driver("127.0.0.1:1", served)
+    driver.entry = _upstream_spec("ensemble")
+    driver._stub = lambda: type("Stub", (), {"ModelStreamInfer": lambda self: _RecordingCall(log)})()
+    driver.streams = 1  # one stream: a write in flight makes the others wait for it
+    driver._muxes = [mux_cls(driver._stub)]
+    app = A.create_app(served, driver, A.Settings(stream_status_wait_s=0.0))
+    fe = app.state.front_end
+    jobs = fe.completion_jobs
+
+    def logged(req):
+        log.append(("parsed", int(req.prompt.split()[-1])))
+        return jobs(req)
+
+    fe.completion_jobs = logged
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            rs = await asyncio.gather(*(c.post("/v1/completions", json={
+                "model": "m", "prompt": f"request {i}", "max_tokens": 4, "stream": True}) for i in range(4)))
+        assert all(r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") for r in rs), [r.text for r in rs]
+
+    asyncio.run(go())
+    return [(kind, x if kind == "parsed" else -1) for kind, x in log]
+
+
+def test_a_burst_s_first_request_is_written_before_the_next_one_is_parsed():
+    """Requests arriving together: each is written to gRPC by the task that parsed it, before the next request is
+    parsed (a write in flight on the one stream makes the next wait for it, not for the whole burst)."""
+    from pipeline.serving import driver as D
+
+    order = _burst_order(D._Mux)
+    assert order[:3] == [("parsed", 0), ("write", -1), ("parsed", 1)], order
+    assert order.count(("write", -1)) == 4
+
+    class _WriterTask(D._Mux):  # negative control: the writes handed to a task of their own, as a request iterator
+        async def submit(self, request, after_send=None):
+            import asyncio
+
+            if self.reader is None or self.reader.done():
+                self.call = self.stub_factory().ModelStreamInfer()
+                self.reader = asyncio.ensure_future(self._read(self.call))
+            inbox = D._Inbox(asyncio.get_running_loop())
+            self.routes[request.id] = inbox
+            asyncio.ensure_future(self.call.write(request))
+            return inbox
+
+    late = _burst_order(_WriterTask)
+    assert late[:4] == [("parsed", i) for i in range(4)], late
