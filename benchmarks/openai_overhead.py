@@ -141,19 +141,28 @@ def _intervals(got: dict) -> dict:
 
 
 def _opening(got: dict, concurrency: int) -> dict:
-    """TTFT p50 per path of each round's opening requests (its first ``concurrency``, sent at once) and of the rest
-    (each sent as an earlier one ended): where the added time to first token sits."""
+    """Per path: TTFT p50 of each round's opening requests (its first ``concurrency``, sent at once) and of the rest
+    (each sent as an earlier one ended), where the added time to first token sits; for the opening ones also how
+    far apart their load generator sent them (p50 over rounds of last send - first send) and their first token's
+    time from the round's first send (p50): a request its generator sends later waits less from its own send."""
     import numpy as np
+
+    def p50(xs):
+        return float(np.percentile(xs, 50)) if xs else None
 
     out = {}
     for path, (rounds, _) in got.items():
-        first, rest = [], []
+        first, rest, spread, from_start = [], [], [], []
         for recs in rounds:
             ok = sorted((r for r in recs if r.error is None and r.ttft is not None), key=lambda r: r.sent)
             first += [1e3 * r.ttft for r in ok[:concurrency]]
             rest += [1e3 * r.ttft for r in ok[concurrency:]]
-        out[path] = {"opening_ttft_p50_ms": float(np.percentile(first, 50)) if first else None,
-                     "rest_ttft_p50_ms": float(np.percentile(rest, 50)) if rest else None}
+            if len(ok) >= concurrency:
+                t0 = ok[0].sent
+                spread.append(1e3 * (ok[concurrency - 1].sent - t0))
+                from_start += [1e3 * (r.first - t0) for r in ok[:concurrency]]
+        out[path] = {"opening_ttft_p50_ms": p50(first), "rest_ttft_p50_ms": p50(rest),
+                     "opening_send_spread_p50_ms": p50(spread), "opening_first_token_from_start_p50_ms": p50(from_start)}
     return out
 
 
@@ -318,7 +327,12 @@ def main() -> None:
                          f"requests (sent at once) and of the rest (each sent as one ended), direct / OpenAI: "
                          f"{g['opening_ttft_p50_ms']:.2f} / {o['opening_ttft_p50_ms']:.2f} ms "
                          f"({o['opening_ttft_p50_ms'] - g['opening_ttft_p50_ms']:+.2f}) and {g['rest_ttft_p50_ms']:.2f} / "
-                         f"{o['rest_ttft_p50_ms']:.2f} ms ({o['rest_ttft_p50_ms'] - g['rest_ttft_p50_ms']:+.2f}).")
+                         f"{o['rest_ttft_p50_ms']:.2f} ms ({o['rest_ttft_p50_ms'] - g['rest_ttft_p50_ms']:+.2f}). "
+                         f"The opening requests left their load generator within {g['opening_send_spread_p50_ms']:.2f} "
+                         f"/ {o['opening_send_spread_p50_ms']:.2f} ms (p50 of last send - first); their first token "
+                         f"came {g['opening_first_token_from_start_p50_ms']:.2f} / "
+                         f"{o['opening_first_token_from_start_p50_ms']:.2f} ms after the round's first send "
+                         f"({o['opening_first_token_from_start_p50_ms'] - g['opening_first_token_from_start_p50_ms']:+.2f}).")
     lines += ["", "CPU per output token (µs, user + system, measured per path over its rounds) and cores busy:", "",
               "| concurrency | path | Triton server + stubs | front end | load generator | total | cores busy |",
               "|---|---|---|---|---|---|---|"]

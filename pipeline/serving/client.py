@@ -6,7 +6,10 @@ as the gRPC entry point decodes by default) and ``max_tokens``; TTFT is the firs
 text, inter-chunk gaps are the gaps between such chunks, the request ends at ``data: [DONE]``. Output tokens are
 counted from the returned text with the model's tokenizer afterwards (``count_output_tokens``), exactly as for the
 gRPC rows. ``concurrency`` workers share one connection pool in one event loop on a thread of its own: uvloop's
-where it is installed (as aiperf runs its aiohttp workers), else asyncio's.
+where it is installed (as aiperf runs its aiohttp workers), else asyncio's. The pool's ``concurrency`` connections
+are opened before the clock starts (a ``GET /v1/models`` on each), as the gRPC generator opens its streams before
+its first request and as an application keeps its connections: the time to first token of a level's first
+requests is then not a TCP connect and a new HTTP connection.
 """
 from __future__ import annotations
 
@@ -16,6 +19,21 @@ import time
 from typing import Callable
 
 from pipeline.triton.client import RequestRecord
+
+
+async def _open(session, base_url: str, n: int) -> None:
+    """Open ``n`` pooled connections: ``n`` concurrent ``GET /v1/models`` (whatever their status; a server that does
+    not answer is reported by the timed requests)."""
+    import aiohttp
+
+    async def one() -> None:
+        try:
+            async with session.get(f"{base_url}/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                await r.read()
+        except Exception:
+            pass
+
+    await asyncio.gather(*(one() for _ in range(n)))
 
 
 async def _one(session, url: str, body: dict, rec: RequestRecord, chat: bool, timeout_s: float) -> None:
@@ -71,9 +89,10 @@ async def _one(session, url: str, body: dict, rec: RequestRecord, chat: bool, ti
 
 def run_level(base_url: str, model: str, prompts: list[str], order: list[int], concurrency: int, max_tokens: int,
               timeout_s: float, chat: bool = True, extra: dict | None = None,
-              on_done: Callable[[], None] | None = None) -> tuple[list[RequestRecord], float]:
+              on_done: Callable[[], None] | None = None, preconnect: bool = True) -> tuple[list[RequestRecord], float]:
     """Send ``order`` (indices into ``prompts``) with ``concurrency`` workers to the OpenAI endpoint at
-    ``base_url`` (``http://HOST:PORT/v1``). Returns the records and the wall time."""
+    ``base_url`` (``http://HOST:PORT/v1``), on connections opened first (``preconnect``). Returns the records and
+    the wall time."""
     import aiohttp
 
     url = f"{base_url}/chat/completions" if chat else f"{base_url}/completions"
@@ -93,6 +112,9 @@ def run_level(base_url: str, model: str, prompts: list[str], order: list[int], c
         records: list[RequestRecord] = []
         conn = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
         async with aiohttp.ClientSession(connector=conn) as session:
+            if preconnect:
+                await _open(session, base_url, max(1, concurrency))
+
             async def worker(k: int) -> None:
                 while not todo.empty():
                     i = todo.get_nowait()
