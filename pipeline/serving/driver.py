@@ -22,13 +22,13 @@ input for is a 400 naming the field and the missing tensor.
 
 Transport: model configs and readiness through ``tritonclient.grpc.aio``; requests as Triton's own protobufs (the
 ``service_pb2`` that ``tritonclient.grpc`` ships) on ``grpc.aio``. A decoupled model's requests share long-lived
-bidirectional streams (``ModelStreamInfer``; responses routed by request id, an empty final response asked for),
-as upstream's clients keep one stream open; opening a stream per request cost a millisecond or more of time to
-first token here. The task that makes a request writes it at once, on a stream with no write in flight (more
-streams are opened, up to ``Driver.streams``, while every one is writing): handing it to a writer task instead
-held each request of a burst until the whole burst had been parsed. A request left before its end is stopped with upstream's ``stop`` request for its id.
-A unary model gets ``ModelInfer``, cancelled with its call. A request whose stream stays silent for the request
-timeout is a 504; one watchdog task checks every request, so waiting for a response arms no timer.
+bidirectional streams (``ModelStreamInfer``; responses routed by request id, an empty final response asked for), as
+upstream's clients keep one stream open; opening a stream per request cost a millisecond or more of time to first
+token here. The task that makes a request writes it at once, on a stream with no write in flight (more streams are
+opened, up to ``Driver.streams``, while every one is writing): handing it to a writer task instead held each request
+of a burst until the whole burst had been parsed. A request left before its end is stopped with upstream's ``stop``
+request for its id. A unary model gets ``ModelInfer``, cancelled with its call. A request whose stream stays silent
+for the request timeout is a 504; one watchdog task checks every request, so waiting for a response arms no timer.
 """
 from __future__ import annotations
 
