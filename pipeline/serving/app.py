@@ -301,13 +301,11 @@ class FrontEnd:
                 await job.agen.aclose()
 
     async def run(self, job: _Job) -> AsyncIterator[str]:
-        """Yield the job's new text pieces (stop strings applied) and keep its record up to date (the job is
-        started first where :meth:`start` has not)."""
+        """Yield the job's new text pieces (stop strings applied) and keep its record up to date; the job was
+        started by :meth:`start`."""
         scanner = StopScanner(job.gen.stop)
         zero = job.zero
         reason = None
-        if job.agen is None:
-            await self.start([job])
         agen = job.agen
         settled = job.check is None
         try:
@@ -625,7 +623,6 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                 yield closing(final)
             finally:  # the client went away: stop the generation
                 await it.aclose()
-                await fe.close(jobs)
 
         async def pump(job: _Job, gen, first):
             try:
@@ -649,9 +646,8 @@ def create_app(served: ServedModel, driver: Driver, settings: Settings | None = 
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                await fe.close(jobs)  # also those whose task was cancelled before it began
 
-        return _EventStream(events_one() if len(jobs) == 1 else events())
+        return _EventStream(events_one() if len(jobs) == 1 else events(), lambda: fe.close(jobs))
 
     routes = [Route("/health", health, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{name:path}", model, methods=["GET"]),
@@ -679,8 +675,10 @@ class _EventStream(_Response):
     headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
-    def __init__(self, events: AsyncIterator[bytes]):  # a Response (Starlette calls it as is), with no body
-        self.events = events
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], Any]):
+        """A Response (Starlette calls it as is) with no body; ``on_close()`` is awaited last, whatever happened
+        (it closes every generation, also one whose events were never asked for)."""
+        self.events, self.on_close = events, on_close
         self.background = None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -712,6 +710,7 @@ class _EventStream(_Response):
             state["open"] = False
             watcher.cancel()
             await self.events.aclose()  # a generation still running stops here
+            await self.on_close()
 
 
 async def _prime(jobs: list[_Job], gens: list, wait_s: float) -> list[Any]:

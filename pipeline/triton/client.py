@@ -212,8 +212,8 @@ def run_level(url: str, entry: EntryPoint | str, prompts: list[str], order: list
     """Send ``order`` (indices into prompts) with ``concurrency`` workers (``entry``: an :class:`EntryPoint`, or the
     name of a model with the ``inflight_batcher_llm`` tensors, read from the server). The workers' streams are
     open before the clock starts, and the workers start together (a barrier): a level's opening requests are sent at
-    once, not each as its thread gets going (which spread them over 5-20 ms here, and a request sent later waits
-    less from its own send). Returns the records and the wall time."""
+    once, not each as its thread gets going (a request sent later waits less from its own send; the overhead
+    benchmark reports how far apart each path sent them). Returns the records and the wall time."""
     if isinstance(entry, str):
         entry = entry_point(url, entry, layouts.IFB)
     todo: queue.Queue = queue.Queue()

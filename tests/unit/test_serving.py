@@ -159,11 +159,11 @@ def _driver(timeout_s):
     return d, mux
 
 
-def _response(final: bool, text: bytes = b""):
+def _response(final: bool, text: bytes = b"", rid: str = "r1"):
     from tritonclient.grpc import service_pb2
 
     r = service_pb2.ModelStreamInferResponse()
-    r.infer_response.id = "r1"
+    r.infer_response.id = rid
     if text:
         out = r.infer_response.outputs.add()
         out.name, out.datatype = "text_output", "BYTES"
@@ -495,19 +495,10 @@ class _RecordingCall:
     async def write(self, msg) -> None:
         import asyncio
 
-        from tritonclient.grpc import service_pb2
-
         self.log.append(("write", msg.id))
         await asyncio.sleep(0)  # gRPC's write completes later
-        for final in (False, True):
-            r = service_pb2.ModelStreamInferResponse()
-            r.infer_response.id = msg.id
-            if not final:
-                out = r.infer_response.outputs.add()
-                out.name, out.datatype = "text_output", "BYTES"
-                r.infer_response.raw_output_contents.append((2).to_bytes(4, "little") + b"ok")
-            r.infer_response.parameters["triton_final_response"].bool_param = final
-            self.answers.put_nowait(r)
+        self.answers.put_nowait(_response(False, b"ok", msg.id))
+        self.answers.put_nowait(_response(True, rid=msg.id))
 
     def __aiter__(self):
         return self
