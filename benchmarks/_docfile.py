@@ -30,13 +30,15 @@ def replace_block(marker: str, body: str, doc: Path = DOC) -> None:
         prepend(block, doc)
 
 
-def publish(lines: list[str], out: Path, result: dict, no_doc: bool, repo: Path = DOC.parents[1]) -> str:
-    """End a section with its raw-data line, then (unless ``no_doc``) write ``result`` to ``out`` and put the section
-    first in the page. Returns the section's text, for printing."""
+def publish(lines: list[str], out: Path, result: dict, no_doc: bool, repo: Path = DOC.parents[1],
+            indent: int | None = 1) -> str:
+    """End a section with its raw-data line, then (unless ``no_doc``) write ``result`` to ``out`` (``indent``: as
+    ``json.dumps`` takes it; None for one line) and put the section first in the page. Returns the section's text,
+    for printing."""
     where = f"`{out.relative_to(repo).as_posix()}`" if not no_doc else "not written (--no-doc)"
     text = "\n".join([*lines, "", f"Raw data: {where}."]) + "\n"
     if not no_doc:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        out.write_text(json.dumps(result, indent=indent) + "\n")
         prepend(text)
     return text

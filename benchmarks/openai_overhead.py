@@ -7,7 +7,10 @@ Without ``--repo`` the tiny-qwen3 build is made first (until the package stage) 
 server serves the repository; the front end runs in a process of its own (``python -m pipeline.serving``), as
 ``pipeline serve`` deploys it. At each concurrency (1 and 8), rounds alternate direct gRPC (``ensemble`` over
 tritonclient gRPC streams: the bench's own generator) and OpenAI (``/v1/completions``, streamed, the same prompt
-text, greedy on both paths), so drift on the shared 2 cores hits both alike. Output tokens are counted from each
+text, greedy on both paths), so drift on the shared 2 cores hits both alike. A round holds ``--requests`` requests
+per concurrent worker (24 at concurrency 1, 192 at 8), so a level's figures are mostly those of its steady state:
+each round's opening burst (its first ``concurrency`` requests, sent at once to an idle server) is a small share
+of them, and its figures are reported apart (opening vs the rest). Output tokens are counted from each
 returned text with the model's tokenizer on both paths. Targets: TTFT p50 within 2 ms or 5 % (whichever is larger)
 of the direct path, inter-token latency p50 within 5 %, output tokens/s at least 0.95x the direct path. Each
 figure comes with a 95 % bootstrap interval over rounds (scipy's ``bootstrap``; a round and the direct round beside
@@ -166,6 +169,17 @@ def _opening(got: dict, concurrency: int) -> dict:
     return out
 
 
+def _raw(rec, rnd: int, round_recs: list) -> dict:
+    """One request as the raw data keeps it: what every figure here is computed from (its chunk gaps are left out:
+    no figure uses them, and a level of 192-request rounds would hold a quarter of a million), its round, worker,
+    and its send and first token from the round's first send (ms)."""
+    t0 = min(r.sent for r in round_recs)
+    d = rec.as_dict()
+    d.pop("inter_chunk_latencies_ms", None)
+    return d | {"round": rnd, "worker": rec.worker, "sent_ms": round(1e3 * (rec.sent - t0), 3),
+                "first_ms": None if rec.first is None else round(1e3 * (rec.first - t0), 3)}
+
+
 def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
     from pipeline.triton import client
 
@@ -177,7 +191,8 @@ def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", type=Path, help="a packaged inflight_batcher_llm repository (default: build tiny)")
-    ap.add_argument("--requests", type=int, default=24, help="requests per round and path")
+    ap.add_argument("--requests", type=int, default=24,
+                    help="requests per round, path and concurrent worker (a round at concurrency 8: 8x as many)")
     ap.add_argument("--rounds", type=int, default=20, help="alternating rounds per level (each path once a round)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8")
@@ -213,7 +228,8 @@ def main() -> None:
                 got = {"grpc": ([], []), "openai": ([], [])}
                 cpu = {p: {"triton": 0.0, "front_end": 0.0, "load_generator": 0.0} for p in got}
                 for rnd in range(args.rounds):
-                    order = [(rnd * args.requests + k) % len(prompts) for k in range(args.requests)]
+                    n = args.requests * conc
+                    order = [(rnd * n + k) % len(prompts) for k in range(n)]
                     for path in (("grpc", "openai") if rnd % 2 == 0 else ("openai", "grpc")):
                         c0 = {k: _session_cpu_s(v) for k, v in sessions.items()} | {"load_generator": _self_cpu_s()}
                         if path == "grpc":
@@ -237,7 +253,7 @@ def main() -> None:
                         "us_per_output_token": {k: round(1e6 * v / max(1, toks), 1) for k, v in cpu[p].items()},
                         "ms_per_request": {k: round(1e3 * v / max(1, nreq), 3) for k, v in cpu[p].items()},
                         "cores_busy": round(sum(cpu[p].values()) / max(1e-9, sum(got[p][1])), 3)}
-                raw = {p: [r.as_dict() | {"round": k} for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
+                raw = {p: [_raw(r, k, rs) for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
                 levels.append({"concurrency": conc, "summary": summary, "paired_rounds": _paired(got),
                                "interval_95": _intervals(got), "opening_vs_rest": _opening(got, conc),
                                "requests": raw})
@@ -267,7 +283,7 @@ def main() -> None:
 
     stamp, sha = dt.datetime.now(dt.timezone.utc), commit()
     result = {"benchmark": "openai_overhead", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
-              "machine": machine(), "max_tokens": args.max_tokens, "requests_per_round": args.requests,
+              "machine": machine(), "max_tokens": args.max_tokens, "requests_per_round_per_worker": args.requests,
               "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
               "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
               "levels": levels, "all_targets_met": all(verdicts)}
@@ -276,11 +292,13 @@ def main() -> None:
     def ms(x):
         return f"{x:.2f}"
 
+    per_round = ", ".join(f"{args.requests * lv['concurrency']} at {lv['concurrency']}" for lv in levels)
     lines = [f"## OpenAI front end vs direct gRPC (`benchmarks/openai_overhead.py`)",
              f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime) on a real "
              f"tritonserver; the front end in its own process (`python -m pipeline.serving`), the load generators "
-             f"in this one, all on the same cores. {args.rounds} alternating rounds of {args.requests} requests per "
-             f"path and level, {args.max_tokens} tokens max, greedy, the same prompt text on both paths "
+             f"in this one, all on the same cores. {args.rounds} alternating rounds per level of {args.requests} "
+             f"requests per path and concurrent worker ({per_round}), "
+             f"{args.max_tokens} tokens max, greedy, the same prompt text on both paths "
              f"(`/v1/completions` streamed vs `ensemble` over gRPC streams). Load average (1 min) "
              f"{load_before[0]:.2f} → {load_after[0]:.2f}.", "",
              "| concurrency | path | TTFT p50 (ms) | ITL p50 (ms) | request latency p50 / p95 (ms) | output tokens/s | "
@@ -341,7 +359,7 @@ def main() -> None:
             u = sm["cpu"]["us_per_output_token"]
             lines.append(f"| {conc} | {name} | {u['triton']:.0f} | {u['front_end']:.0f} | {u['load_generator']:.0f} | "
                          f"{sum(u.values()):.0f} | {sm['cpu']['cores_busy']:.2f} |")
-    print(publish(lines, out, result, args.no_doc))
+    print(publish(lines, out, result, args.no_doc, indent=None))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ gRPC rows. ``concurrency`` workers share one connection pool in one event loop o
 where it is installed (as aiperf runs its aiohttp workers), else asyncio's. The pool's ``concurrency`` connections
 are opened before the clock starts (a ``GET /v1/models`` on each), as the gRPC generator opens its streams before
 its first request and as an application keeps its connections: the time to first token of a level's first
-requests is then not a TCP connect and a new HTTP connection.
+requests is then not a TCP connect and a new HTTP connection. The workers start one after another, each once the
+one before has handed its first request to the event loop: before Python 3.12, aiohttp writes a request's body in a
+task of its own, which started workers would queue behind each other's sends, so the level's first request would
+leave only after the last one was sent (3.12 and later write it at once, and the order is the same).
 """
 from __future__ import annotations
 
@@ -89,10 +92,12 @@ async def _one(session, url: str, body: dict, rec: RequestRecord, chat: bool, ti
 
 def run_level(base_url: str, model: str, prompts: list[str], order: list[int], concurrency: int, max_tokens: int,
               timeout_s: float, chat: bool = True, extra: dict | None = None,
-              on_done: Callable[[], None] | None = None, preconnect: bool = True) -> tuple[list[RequestRecord], float]:
+              on_done: Callable[[], None] | None = None, preconnect: bool = True, stagger: bool = True,
+              trace_configs: list | None = None) -> tuple[list[RequestRecord], float]:
     """Send ``order`` (indices into ``prompts``) with ``concurrency`` workers to the OpenAI endpoint at
-    ``base_url`` (``http://HOST:PORT/v1``), on connections opened first (``preconnect``). Returns the records and
-    the wall time."""
+    ``base_url`` (``http://HOST:PORT/v1``), on connections opened first (``preconnect``), each worker started once
+    the one before has sent (``stagger``; see the module docstring); ``trace_configs``: aiohttp's request tracing.
+    Returns the records and the wall time."""
     import aiohttp
 
     url = f"{base_url}/chat/completions" if chat else f"{base_url}/completions"
@@ -111,7 +116,7 @@ def run_level(base_url: str, model: str, prompts: list[str], order: list[int], c
             todo.put_nowait(i)
         records: list[RequestRecord] = []
         conn = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
-        async with aiohttp.ClientSession(connector=conn) as session:
+        async with aiohttp.ClientSession(connector=conn, trace_configs=trace_configs) as session:
             if preconnect:
                 await _open(session, base_url, max(1, concurrency))
 
@@ -125,7 +130,14 @@ def run_level(base_url: str, model: str, prompts: list[str], order: list[int], c
                         on_done()
 
             t0 = time.perf_counter()
-            await asyncio.gather(*(worker(k) for k in range(concurrency)))
+            if not stagger:
+                await asyncio.gather(*(worker(k) for k in range(concurrency)))
+                return records, time.perf_counter() - t0
+            tasks = []
+            for k in range(concurrency):
+                tasks.append(asyncio.ensure_future(worker(k)))
+                await asyncio.sleep(0)  # the worker runs up to its request's send; its body task runs next
+            await asyncio.gather(*tasks)
             return records, time.perf_counter() - t0
 
     try:

@@ -64,3 +64,42 @@ def test_the_timed_requests_go_on_connections_opened_before_the_clock(sse_server
     log.clear()
     client.run_level(url, "m", ["p"] * 12, list(range(12)), 4, 8, 30, chat=False, preconnect=False)
     assert not any(method == "GET" for method, _ in log) and len({port for _, port in log}) == 4
+
+
+def _send_order(url: str, stagger: bool) -> list[str]:
+    """The order in which a level of 4 workers began its POSTs ("start") and wrote their bodies ("body"), from
+    aiohttp's own request tracing."""
+    import aiohttp
+
+    from pipeline.serving import client
+
+    events: list[str] = []
+
+    async def start(session, ctx, params):
+        if params.method == "POST":
+            events.append("start")
+
+    async def chunk(session, ctx, params):
+        events.append("body")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(start)
+    trace.on_request_chunk_sent.append(chunk)
+    records, _ = client.run_level(url, "m", ["p"] * 4, list(range(4)), 4, 8, 30, chat=False, stagger=stagger,
+                                  trace_configs=[trace])
+    assert [r.error for r in records] == [None] * 4
+    return events
+
+
+def test_each_opening_request_is_written_before_the_next_worker_sends(sse_server):
+    import sys
+
+    url, _ = sse_server
+    assert _send_order(url, stagger=True) == ["start", "body"] * 4
+    # negative control: workers started together queue their body writes (a task each, before Python 3.12)
+    # behind every worker's send, so the first request leaves after the last one was sent
+    together = _send_order(url, stagger=False)
+    if sys.version_info < (3, 12):
+        assert together == ["start"] * 4 + ["body"] * 4
+    else:
+        assert together == ["start", "body"] * 4  # aiohttp writes the body at once (an eager task) from 3.12
