@@ -169,11 +169,10 @@ def _opening(got: dict, concurrency: int) -> dict:
     return out
 
 
-def _raw(rec, rnd: int, round_recs: list) -> dict:
+def _raw(rec, rnd: int, t0: float) -> dict:
     """One request as the raw data keeps it: what every figure here is computed from (its chunk gaps are left out:
     no figure uses them, and a level of 192-request rounds would hold a quarter of a million), its round, worker,
-    and its send and first token from the round's first send (ms)."""
-    t0 = min(r.sent for r in round_recs)
+    and its send and first token from the round's first send ``t0`` (ms)."""
     d = rec.as_dict()
     d.pop("inter_chunk_latencies_ms", None)
     return d | {"round": rnd, "worker": rec.worker, "sent_ms": round(1e3 * (rec.sent - t0), 3),
@@ -253,7 +252,8 @@ def main() -> None:
                         "us_per_output_token": {k: round(1e6 * v / max(1, toks), 1) for k, v in cpu[p].items()},
                         "ms_per_request": {k: round(1e3 * v / max(1, nreq), 3) for k, v in cpu[p].items()},
                         "cores_busy": round(sum(cpu[p].values()) / max(1e-9, sum(got[p][1])), 3)}
-                raw = {p: [_raw(r, k, rs) for k, rs in enumerate(got[p][0]) for r in rs] for p in got}
+                raw = {p: [_raw(r, k, min(x.sent for x in rs)) for k, rs in enumerate(got[p][0]) for r in rs]
+                       for p in got}
                 levels.append({"concurrency": conc, "summary": summary, "paired_rounds": _paired(got),
                                "interval_95": _intervals(got), "opening_vs_rest": _opening(got, conc),
                                "requests": raw})

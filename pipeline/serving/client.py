@@ -130,13 +130,11 @@ def run_level(base_url: str, model: str, prompts: list[str], order: list[int], c
                         on_done()
 
             t0 = time.perf_counter()
-            if not stagger:
-                await asyncio.gather(*(worker(k) for k in range(concurrency)))
-                return records, time.perf_counter() - t0
             tasks = []
             for k in range(concurrency):
                 tasks.append(asyncio.ensure_future(worker(k)))
-                await asyncio.sleep(0)  # the worker runs up to its request's send; its body task runs next
+                if stagger:
+                    await asyncio.sleep(0)  # the worker runs up to its request's send; its body task runs next
             await asyncio.gather(*tasks)
             return records, time.perf_counter() - t0
 
