@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import formats
 from pipeline.errors import UserError
 
 BUILTIN = Path(__file__).resolve().parent / "data" / "corpus.txt"
@@ -144,10 +145,9 @@ def spec(cfg) -> Spec:
 # calibration estimate; a target not listed gets none.
 BF16_TFLOPS = {"a100": 312, "l40s": 362, "h100": 989, "h200": 989, "b200": 2250, "gb200": 2500}
 # The quantize stage's calibration ran at 0.33 of the datasheet rate: the Qwen3-14B shape, NVFP4, 512 × 512 on one
-# H200 (21.2 s for 2 × 13.24e9 × 262,144 FLOP; docs/benchmarks.md); awq_lite's search adds ~19× (Qwen3-32B at
-# 256 × 512: ~5.4 min on one H200, extrapolated from a few layers; docs/benchmarks.md as of commit 0bc39f2).
+# H200 (21.2 s for 2 × 13.24e9 × 262,144 FLOP; docs/benchmarks.md). A format's own search multiplies it (its
+# module's calib_factor: AWQ's, pipeline/formats/_base.py).
 CALIB_EFFICIENCY = 0.33
-AWQ_FACTOR = 19.0
 
 
 def estimate_s(params_b: float, tokens: int, target: str, fmt: str, gpus: int = 1) -> float | None:
@@ -157,7 +157,7 @@ def estimate_s(params_b: float, tokens: int, target: str, fmt: str, gpus: int = 
     if not rate or params_b <= 0:
         return None
     s = 2 * params_b * 1e9 * tokens / (rate * 1e12 * CALIB_EFFICIENCY)
-    return s * (AWQ_FACTOR if "awq" in fmt else 1.0)
+    return s * formats.FORMATS[fmt].calib_factor
 
 
 def plan_summary(cfg) -> dict[str, Any] | None:
@@ -166,7 +166,8 @@ def plan_summary(cfg) -> dict[str, Any] | None:
     if cfg.quant.format.value == "none" and cfg.quant.kv_cache.value == "none":
         return None
     s = spec(cfg)
-    est = estimate_s(float(cfg.model.shape.params_b or 0), s.tokens, str(cfg.target.name), cfg.quant.format.value)
+    fmt = formats.FORMATS[cfg.quant.format.value]
+    est = estimate_s(float(cfg.model.shape.params_b or 0), s.tokens, str(cfg.target.name), fmt.name)
     notes = list(s.short_reasons)
     if s.fallback:
         notes.append(f"if {s.dataset} cannot be loaded when the stage runs, it calibrates on the shipped corpus "
@@ -176,8 +177,9 @@ def plan_summary(cfg) -> dict[str, Any] | None:
     return {**s.to_json(), "tokens": s.tokens, "recipe": {**RECIPE, "source": RECIPE_SOURCE},
             "short": bool(s.short_reasons), "estimated_s": None if est is None else round(est, 1),
             "estimate_basis": (f"2 × {cfg.model.shape.params_b} B params × tokens at {CALIB_EFFICIENCY:g} × the "
-                               f"{cfg.target.name} datasheet bf16 rate" + (f", × {AWQ_FACTOR:g} for the AWQ search"
-                                                                          if "awq" in cfg.quant.format.value else "")
+                               f"{cfg.target.name} datasheet bf16 rate" + (
+                                   f", × {fmt.calib_factor:g} for {fmt.calib_factor_reason}"
+                                   if fmt.calib_factor != 1 else "")
                                if est is not None else "no rate known for this target"),
             "notes": notes}
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.quant.formats import FORMATS, KV_FORMATS
+from pipeline.formats import FORMATS, KV_FORMATS
 
-# Bytes per parameter of quantized linear weights (scales included) and per cached K/V value, from the registry.
+# Bytes per parameter of quantized linear weights (scales included) and per cached K/V value (the format modules).
 WEIGHT_BYTES = {n: f.weight_bytes for n, f in FORMATS.items()}
 KV_BYTES = {"bf16": KV_FORMATS["none"].bytes, **{n: k.bytes for n, k in KV_FORMATS.items()}}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.quant.formats import FORMATS, KV_FORMATS, PREFERENCE, RUNTIMES
+from pipeline.formats import FORMATS, KV_FORMATS, PREFERENCE, RUNTIMES
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Rule:
     needs: str  # human phrase for the refusal
 
 
-# Weight/activation format -> GPU architectures that serve it; KV format likewise (from the format registry).
+# Weight/activation format -> GPU architectures that serve it; KV format likewise (from the format modules).
 QUANT_SM: dict[str, Rule] = {n: Rule(f.sms, f.sm_needs) for n, f in FORMATS.items()}
 KV_SM: dict[str, Rule] = {n: Rule(k.sms, k.sm_needs) for n, k in KV_FORMATS.items()}
 # Runtime -> weight formats and KV formats it loads from a ModelOpt checkpoint.

@@ -183,13 +183,15 @@ _Import = tuple[int, str, tuple[str, ...]]  # (relative level, module, names imp
 
 
 @functools.lru_cache(maxsize=1024)
-def _scan(path: Path, mtime_ns: int, size: int) -> tuple[str, tuple[_Import, ...], tuple[str, ...]]:
+def _scan(path: Path, mtime_ns: int, size: int) -> tuple[str, tuple[_Import, ...], tuple[str, ...], bool]:
     """(sha256 of the source, its imports as (level, module, names), its string constants that look like module
-    names); cached by file identity."""
+    names, whether it discovers the modules of its package: it calls ``pkgutil.iter_modules`` and reads
+    ``__path__``); cached by file identity."""
     text = path.read_bytes()
     tree = ast.parse(text, filename=str(path))
     imports: list[_Import] = []
     strings: list[str] = []
+    lists = reads_path = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imports.extend((0, a.name, ()) for a in node.names)
@@ -197,17 +199,26 @@ def _scan(path: Path, mtime_ns: int, size: int) -> tuple[str, tuple[_Import, ...
             imports.append((node.level, node.module or "", tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.fullmatch(node.value):
             strings.append(node.value)
-    return hashlib.sha256(text).hexdigest(), tuple(imports), tuple(strings)
+        elif isinstance(node, ast.Call) and "iter_modules" in (getattr(node.func, "attr", None),
+                                                               getattr(node.func, "id", None)):
+            lists = True
+        elif isinstance(node, ast.Name) and node.id == "__path__":
+            reads_path = True
+    return hashlib.sha256(text).hexdigest(), tuple(imports), tuple(strings), lists and reads_path
 
 
 def _imports_of(name: str, path: Path, root: Path) -> set[str]:
     """The ``pipeline`` modules module ``name`` (at ``path``) names: its imports, at any level of the file (function
-    bodies included), and module names written as strings (``python -m pipeline.x`` children, ``find_spec``
-    lookups of files it copies)."""
+    bodies included), module names written as strings (``python -m pipeline.x`` children, ``find_spec``
+    lookups of files it copies), and, for a package that discovers its modules at import (``pkgutil.iter_modules``
+    over its ``__path__``: the format registry), every module of its directory."""
     st = path.stat()
-    _, imports, strings = _scan(path, st.st_mtime_ns, st.st_size)
+    _, imports, strings, discovers = _scan(path, st.st_mtime_ns, st.st_size)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set(strings)
+    if discovers and path.name == "__init__.py":
+        found.update(f"{name}.{p.stem}" for p in path.parent.glob("*.py") if p.name != "__init__.py")
+        found.update(f"{name}.{p.parent.name}" for p in path.parent.glob("*/__init__.py"))
     for level, module, names in imports:
         if level:  # relative: from .x import y / from .. import y
             base = ".".join(package.split(".")[: len(package.split(".")) - level + 1])

@@ -3,6 +3,11 @@
 Each group under ``conf/`` merges into one of these dataclasses, so a misspelt key or a value of the wrong type fails
 at compose time. Numeric ranges live in field metadata (``rng(lo, hi)``) and are checked by
 :func:`pipeline.config.validate`, which reports every problem at once.
+
+The quant formats come from their modules (``pipeline/formats/``): the ``QuantFormat`` and ``KVFormat`` enums list
+the registry's formats, and a format's numbers are the defaults of the fields that hold them (``quant.thresholds``,
+``quant.eval.export_*``: ``format_default``, read through the OmegaConf resolver ``pipeline.format`` registered here;
+``eval.max_drop``), so the composed config, manifests and fingerprints show the values and an override still wins.
 """
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+from pipeline import formats
 
 
 def rng(default: Any, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
@@ -25,19 +32,36 @@ class DType(str, Enum):
     float32 = "float32"
 
 
-class QuantFormat(str, Enum):
-    none = "none"
-    fp8 = "fp8"
-    int4_awq = "int4_awq"
-    nvfp4 = "nvfp4"
-    w4a8_awq = "w4a8_awq"
-    int8_sq = "int8_sq"
+# quant.format / quant.kv_cache values: one member per format module (pipeline/formats/<name>.py), registry order
+QuantFormat = Enum("QuantFormat", [(n, n) for n in formats.FORMATS], type=str, module=__name__)
+KVFormat = Enum("KVFormat", [(n, n) for n in formats.KV_FORMATS], type=str, module=__name__)
+
+FORMAT_RESOLVER = "pipeline.format"
 
 
-class KVFormat(str, Enum):
-    none = "none"
-    fp8 = "fp8"
-    nvfp4 = "nvfp4"
+def format_fact(name: Any, path: str) -> Any:
+    """``${pipeline.format:NAME,PATH}``: the attribute ``PATH`` (dotted, e.g. ``tolerances.kl_max``) of weight format
+    ``NAME``'s record (its module in ``pipeline/formats/``)."""
+    name = str(getattr(name, "value", name))
+    value: Any = formats.FORMATS.get(name)
+    if value is None:
+        raise ValueError(f"quant.format={name}: no format module pipeline/formats/{name}.py declares it")
+    for part in str(path).split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"format {name}: its record ({formats.MODULES[name].__name__}) has no {path!r}")
+        value = getattr(value, part)
+    return value
+
+
+if not OmegaConf.has_resolver(FORMAT_RESOLVER):
+    OmegaConf.register_new_resolver(FORMAT_RESOLVER, format_fact)
+
+
+def format_default(key: str, lo: float | None = None, hi: float | None = None) -> Any:
+    """A ``quant`` field (one level below ``quant``) whose default is ``quant.format``'s tolerance ``key`` (its module's
+    ``Tolerances``), with an inclusive range like :func:`rng`."""
+    return rng(f"${{{FORMAT_RESOLVER}:${{..format}},tolerances.{key}}}", lo, hi)
+
 
 
 class GateMode(str, Enum):
@@ -156,20 +180,21 @@ class EvalConfig:
     # dequantizer vs ModelOpt's fake-quant model on held-out text,
     #   KL(fake-quant ‖ export) <= export_kl_abs + export_kl_frac × KL(unquantized ‖ fake-quant),
     # and each quantized layer's exported weight within export_weight_ratio × its quantization error of the
-    # fake-quant weight. Both are set per format (conf/quant/*.yaml) so that the unquantized weights fail
-    # (benchmarks/export_proof_bounds.py measures the margins).
-    export_kl_abs: float = rng(0.002, 0.0, 100.0)
-    export_kl_frac: float = rng(0.5, 0.0, 1.0)
-    export_weight_ratio: float = rng(0.4, 0.0, 1.0)
+    # fake-quant weight. Both are set per format (its module's tolerances, pipeline/formats/<format>.py) so that the
+    # unquantized weights fail (benchmarks/export_proof_bounds.py measures the margins).
+    export_kl_abs: float = format_default("export_kl_abs", 0.0, 100.0)
+    export_kl_frac: float = format_default("export_kl_frac", 0.0, 1.0)
+    export_weight_ratio: float = format_default("export_weight_ratio", 0.0, 1.0)
 
 
 @dataclass
 class GateThresholds:
-    """Quantized vs unquantized on held-out text; a breach fails the quantize stage unless quant.gate=warn."""
+    """Quantized vs unquantized on held-out text; a breach fails the quantize stage unless quant.gate=warn. The
+    defaults are the format's (its module's tolerances)."""
 
-    kl_max: float = rng(0.1, 0.0, 100.0)
-    top1_min: float = rng(0.85, 0.0, 1.0)
-    ppl_ratio_max: float = rng(1.05, 1.0, 100.0)
+    kl_max: float = format_default("kl_max", 0.0, 100.0)
+    top1_min: float = format_default("top1_min", 0.0, 1.0)
+    ppl_ratio_max: float = format_default("ppl_ratio_max", 1.0, 100.0)
 
 
 @dataclass
@@ -372,9 +397,10 @@ class TaskEvalConfig:
     tasks: List[str] = field(default_factory=lambda: ["pipeline_facts"])
     limit: Optional[int] = rng(None, 1, 10_000_000)  # items per task (null: all)
     num_fewshot: Optional[int] = rng(None, 0, 100)  # null: the task's own
-    # the largest drop of the task score allowed per quant format (absolute: 0.05 = 5 accuracy points)
+    # the largest drop of the task score allowed per quant format (absolute: 0.05 = 5 accuracy points); the defaults
+    # are the format modules' (tolerances.max_drop)
     max_drop: Dict[str, float] = field(default_factory=lambda: {
-        "none": 0.02, "fp8": 0.05, "int8_sq": 0.05, "int4_awq": 0.08, "w4a8_awq": 0.08, "nvfp4": 0.08})
+        n: f.tolerances.max_drop for n, f in formats.FORMATS.items()})
     confidence: float = rng(0.95, 0.5, 0.999)
     resamples: int = rng(2000, 100, 1_000_000)  # paired bootstrap resamples
     seed: int = 0

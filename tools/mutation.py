@@ -47,10 +47,16 @@ MODULES: dict[str, dict] = {
     "proof": {
         "path": "pipeline/quant/proof.py",
         "functions": ["x_check_structure", "x_check_layers", "x_scale_problems", "x_check_numbers", "x_quant_config",
-                      "x_architecture", "x__expected_shape", "x_sketch_matrix", "x__sketch", "xǁCheckpointǁ*",
+                      "x_architecture", "x_sketch_matrix", "x__sketch", "xǁCheckpointǁ*",
                       "x_calibrated_scales", "x_quantized_linears", "x__pre_quant_scale", "x_record", "x_resketch",
                       "xǁReferenceǁto_json"],
         "tests": ["tests/unit/test_export_proof.py", "tests/unit/test_quant_checks.py"],
+    },
+    "formats": {  # the export layouts the proof reads, and the kernels the reference runtime computes with
+        "path": "pipeline/formats/_base.py",
+        "functions": ["xǁExportLayoutǁ*", "xǁQuantFormatǁ*", "xǁKVFormatǁ*", "x_e4m3_to_float", "x_fake_fp8",
+                      "x_unpack_int4_rows", "x_dequantize_int4_groups"],
+        "tests": ["tests/unit/test_export_proof.py", "tests/unit/test_formats.py", "tests/unit/test_reference.py"],
     },
     "quality": {
         "path": "pipeline/quality.py",

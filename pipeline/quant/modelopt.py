@@ -12,14 +12,12 @@ from typing import Any
 
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed
+from pipeline.formats import AWQ_FORMATS, FORMATS, KV_FORMATS
 from pipeline.ui import progress, status
 
-from pipeline.quant.formats import AWQ_FORMATS, FORMATS, KV_FORMATS
-
-# ModelOpt preset per format (the registry's); the KV config is merged in with update_quant_cfg_with_kv_cache_quant
+# ModelOpt preset per format (the format modules'); the KV config is merged in with update_quant_cfg_with_kv_cache_quant
 PRESETS = {n: f.preset for n, f in FORMATS.items() if f.preset}
 KV_PRESETS = {n: k.preset for n, k in KV_FORMATS.items() if k.preset}
-CPU_NVFP4_BACKEND = "pipeline_nvfp4_cpu"
 
 
 # ------------------------------------------------------------------------------------------------------ configs
@@ -267,37 +265,20 @@ def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size
     return state["bs"]
 
 
-def use_cpu_nvfp4_fallback(model) -> int:
-    """Route ModelOpt's NVFP4 fake-quant (CUDA/Triton only) through the pure-torch ``fake_nvfp4`` on CPU.
-
-    Uses ModelOpt's public quant-backend hook. Returns how many quantizers were switched.
-    """
-    from modelopt.torch.quantization.nn import TensorQuantizer
-    from modelopt.torch.quantization.nn.modules.tensor_quantizer import (is_registered_quant_backend,
-                                                                          register_quant_backend)
-
-    from pipeline.runtime.reference import fake_nvfp4
-
-    def entry(inputs, quantizer):
-        amax = quantizer.amax if quantizer.amax is not None else inputs.abs().amax()
-        return fake_nvfp4(inputs, amax.float().amax(), quantizer.block_sizes.get(-1) or 16)
-
-    if not is_registered_quant_backend(CPU_NVFP4_BACKEND):
-        register_quant_backend(CPU_NVFP4_BACKEND, entry)
-    n = 0
-    for mod in model.modules():
-        if isinstance(mod, TensorQuantizer) and mod.is_enabled and mod.block_sizes \
-                and mod.block_sizes.get("type") == "dynamic" and tuple(mod.num_bits) == (2, 1):
-            mod.backend = CPU_NVFP4_BACKEND
-            n += 1
-    return n
+def use_cpu_fallbacks(model, fmt: str, kv: str) -> int:
+    """On CPU, after calibration: route the fake-quant kernels of ``fmt`` and ``kv`` that ModelOpt has on CUDA only
+    through the format modules' pure-torch ones (``cpu_fallback``; NVFP4's). Returns how many quantizers were
+    switched."""
+    hooks = dict.fromkeys(h for h in (FORMATS[fmt].cpu_fallback, KV_FORMATS[kv].cpu_fallback) if h is not None)
+    return sum(hook(model) for hook in hooks)
 
 
 # ----------------------------------------------------------------------------------- the reference before export
 def prepare_reference(model, fmt: str, kv: str):
     """After calibration: fail when nothing was quantized; apply the steps ModelOpt's export applies anyway (fusion
     of layers that share an input, and the FP8 weight rounding), so that the fake-quant model is the exported
-    network; and record the export proof's reference. Returns (proof.Reference, FP8 layers rounded)."""
+    network; and record the export proof's reference. Returns (proof.Reference, layers rounded as exported: the
+    format's ``round_as_exported``, FP8's)."""
     import torch
     from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
@@ -309,35 +290,11 @@ def prepare_reference(model, fmt: str, kv: str):
     with torch.no_grad():  # idempotent: export_hf_checkpoint runs it again and finds nothing left to do
         requantize_resmooth_fused_llm_layers(model)
     ref = proof.record(model)  # quantization errors from the original weights
-    rounded = round_fp8_weights_as_exported(model)
+    round_as_exported = FORMATS[fmt].round_as_exported
+    rounded = round_as_exported(proof.quantized_linears(model)) if round_as_exported else 0
     if rounded:
         proof.resketch(model, ref)
     return ref, rounded
-
-
-def round_fp8_weights_as_exported(model) -> int:
-    """Store each FP8 layer's weight the way ModelOpt's export will (``unified_export_hf._export_quantized_weight``:
-    scale = amax / 448, then ``quant_utils.to_quantized_weight``, which divides in the weight's dtype before the e4m3
-    cast), dequantized back to the weight's dtype. The fake-quant forward then reproduces those values exactly
-    (they lie on its grid), so the fake-quant model evaluated is the exported one. Returns the layers rounded."""
-    import torch
-    from modelopt.torch.export.model_config import QUANTIZATION_FP8
-    from modelopt.torch.export.quant_utils import get_quantization_format, to_quantized_weight
-
-    from pipeline.quant import proof
-
-    n = 0
-    for _, mod in proof.quantized_linears(model):
-        if get_quantization_format(mod) != QUANTIZATION_FP8:
-            continue
-        wq = mod.weight_quantizer
-        amax = wq._amax.float()  # the export's arithmetic, to the bit
-        scale = torch.tensor(amax.item() / wq.maxbound) if amax.dim() == 1 else (amax / wq.maxbound).clone()
-        with torch.no_grad():
-            codes = to_quantized_weight(mod.weight.data, scale.to(mod.weight.device), QUANTIZATION_FP8)
-            mod.weight.data.copy_((codes.float() * scale.to(mod.weight.device)).to(mod.weight.dtype))
-        n += 1
-    return n
 
 
 def nothing_quantized_problem(model, fmt: str, kv: str) -> str | None:

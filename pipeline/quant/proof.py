@@ -11,8 +11,8 @@ Three checks, each able to fail on its own, all reading the exported safetensors
    ``kv_cache_quant_algo`` and ``group_size`` are the requested ones; every attention layer has positive fp32 KV
    scales exactly when the KV cache is quantized; the quantized linears take a fraction of bf16's bytes per
    parameter that fits the format.
-2. **Layers** (:func:`check_layers`): each quantized linear, dequantized from the file (the reference runtime's
-   :func:`~pipeline.runtime.reference.dequantize_weight`), against ModelOpt's fake-quant weight recorded before the
+2. **Layers** (:func:`check_layers`): each quantized linear, dequantized from the file as the reference runtime reads
+   it (its format module's ``dequantize``), against ModelOpt's fake-quant weight recorded before the
    export (:func:`record`). The distance is measured as a fraction of the quantization error itself
    (``‖export − fake-quant‖ / ‖original − fake-quant‖``), through a fixed random projection of each weight (a
    sketch of 16 columns), so the recording is small even at 32B. Every calibrated activation and KV-cache scale
@@ -41,9 +41,9 @@ from typing import Any, Iterator
 
 import torch
 
-from pipeline.quant.formats import FLOAT_DTYPES, FORMATS, KV_FORMATS, ExportLayout as Layout
+from pipeline.formats import FLOAT_DTYPES, FORMATS, KV_FORMATS, ExportLayout as Layout
 
-# quant format (config) -> quant_algo ModelOpt writes into hf_quant_config.json, and its tensors (the registry's)
+# quant format (config) -> quant_algo ModelOpt writes into hf_quant_config.json, and its tensors (the format modules')
 ALGO = {n: f.quant_algo for n, f in FORMATS.items() if f.quant_algo}
 KV_ALGO = {n: k.quant_algo for n, k in KV_FORMATS.items() if k.quant_algo}
 LAYOUTS: dict[str, Layout] = {f.quant_algo: f.layout for f in FORMATS.values() if f.quant_algo and f.layout}
@@ -139,10 +139,6 @@ def architecture(ckpt: Path) -> tuple[list[str], list[str], bool]:
     return linears, attention, tied
 
 
-def _expected_shape(kind: str, out: int, inp: int, group: int) -> tuple[int, ...] | None:
-    return {"out": (out,), "in": (inp,), "groups": (out, inp // group if group else 0)}.get(kind)
-
-
 # ---------------------------------------------------------------------------------------------------- 1. structure
 def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None) -> Proof:
     """Check the export's layout against ModelOpt's unified HF format for ``fmt`` (a ``quant.format``) and ``kv``."""
@@ -201,11 +197,7 @@ def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None
         if len(shape) != 2:
             bad.append(f"{name}: weight has shape {list(shape)}, not 2-D")
             continue
-        out, inp = shape
-        if layout.pack == "out":
-            out *= 2
-        elif layout.pack == "in":
-            inp *= 2
+        out, inp = layout.unpacked(*shape)
         for part, (dtypes, kind) in {**layout.required, **layout.optional}.items():
             key = f"{name}.{part}"
             if key not in t:
@@ -224,7 +216,7 @@ def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None
                     if not (math.isfinite(v) and v > 0):
                         bad.append(f"{name}: {part} is {v}, not a positive finite scale")
             else:
-                want = _expected_shape(kind, out, inp, group or 0)
+                want = layout.expected_shape(kind, out, inp, group or 0)
                 if kind == "groups" and group and inp % group:
                     bad.append(f"{name}: input size {inp} is not a multiple of group_size {group} (wrong block size)")
                 elif got != want:
@@ -380,7 +372,7 @@ def resketch(model, ref: Reference) -> None:
 def check_layers(ckpt: Path, ref: Reference, max_ratio: float, device: str = "cpu") -> Proof:
     """Each quantized linear of the export, dequantized, against the recorded fake-quant weight; and every
     calibrated activation / KV scale against the exported one."""
-    from pipeline.runtime.reference import dequantize_weight
+    from pipeline.formats import dequantize
 
     proof = Proof()
     bad = proof.problems
@@ -394,7 +386,7 @@ def check_layers(ckpt: Path, ref: Reference, max_ratio: float, device: str = "cp
             bad.append(f"{name}: quantized in the calibrated model, missing from the export")
             continue
         try:
-            deq = dequantize_weight(algo, parts, group) if "weight_scale" in parts and algo else parts["weight"]
+            deq = dequantize(algo, parts, group) if "weight_scale" in parts and algo else parts["weight"]
             deq = deq.to(layer.dtype).float()  # what the deployed model computes with, like the fake-quant model
         except Exception as exc:  # a layout the dequantizer cannot read (shape mismatch, unknown algo)
             bad.append(f"{name}: cannot dequantize the exported weight ({type(exc).__name__}: {exc})")

@@ -2,26 +2,18 @@
 
 Plain ``from_pretrained`` drops ModelOpt's scales (it reports them as unexpected keys), so it is no check of an
 export. This loader reads every quantized tensor with its scales and reproduces what the quantized deployment
-computes:
+computes: each quantized linear layer's weight dequantized from the export, its input multiplied by
+``pre_quant_scale`` (AWQ / SmoothQuant smoothing) and fake-quantized with the static ``input_scale``; keys and values
+fake-quantized with ``k_proj.k_scale`` / ``v_proj.v_scale`` right before attention (after RoPE), where the KV cache
+stores them.
 
-- FP8 (``FP8``): ``weight (float8_e4m3fn) * weight_scale``; activations fake-quantized to e4m3 with the static
-  per-tensor ``input_scale`` (= amax / 448).
-- INT4 AWQ (``W4A16_AWQ``): two signed int4 per uint8 (low nibble = even output row), ``weight_scale`` per block of
-  ``group_size`` input channels; the input is multiplied by ``pre_quant_scale`` (AWQ smoothing).
-- W4A8 AWQ (``W4A8_AWQ``): INT4 AWQ weights, then the second (FP8, ``weight_scale_2``) weight quantizer; FP8
-  activations with ``input_scale``, after ``pre_quant_scale``.
-- NVFP4 (``NVFP4``): two e2m1 per uint8 (low nibble first along the input dim) × ``weight_scale`` (e4m3, one per 16)
-  × ``weight_scale_2``; activations NVFP4 fake-quantized in blocks of 16 with the global ``input_scale``
-  (= amax / (6 × 448)).
-- INT8 SmoothQuant (``W8A8_SQ_PER_CHANNEL``): int8 × per-output-channel ``weight_scale``; input × ``pre_quant_scale``,
-  then int8 per-tensor fake quant with ``input_scale`` (= amax / 127).
-- KV cache (``FP8`` or ``NVFP4``): keys and values are fake-quantized with ``k_proj.k_scale`` / ``v_proj.v_scale``
-  (= amax / 448) right before attention (after RoPE), where the KV cache stores them.
+What each format computes comes from the format registry, passed in (``load(..., formats=...)``): its records by
+``quant_algo`` (``BY_ALGO``, ``KV_BY_ALGO``) carry ``dequantize``, ``quantize_input`` and ``quantize_kv``. In the
+project that is ``pipeline.formats``; in a model repository, where ``pipeline`` is not importable, the served
+``model.py`` passes the copy the package stage puts beside it (``reference_formats``).
 
-``fake_nvfp4`` is also the CPU fallback for ModelOpt's NVFP4 fake-quant kernel, which exists on CUDA only.
-
-It depends only on torch, safetensors and transformers, so Triton's python backend can import this file on its own
-(the package stage copies it next to the served ``model.py``).
+It depends only on torch, safetensors and transformers (and the registry it is given), so Triton's python backend
+can import this file on its own (the package stage copies it next to the served ``model.py``).
 """
 from __future__ import annotations
 
@@ -34,116 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FP8_MAX = 448.0
 ATTN_IMPL = "pipeline_kv_quant"
 _registered = threading.Lock()
 
 
-# Every e4m3 value by its bit pattern, as float32: on CPU, PyTorch widens float8 one element at a time, several
-# times slower than a table lookup of the same values.
-_E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-
-
-def _e4m3_to_float(y: torch.Tensor) -> torch.Tensor:
-    if y.device.type != "cpu":
-        return y.float()
-    codes = y.view(torch.uint8).reshape(-1).int()
-    return _E4M3_VALUES.index_select(0, codes).view(y.shape)
-
-
-def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Quantize-dequantize to e4m3 with a per-tensor scale (= amax / 448), in fp32 like ModelOpt's eager kernel."""
-    amax = scale.float() * FP8_MAX
-    amax = torch.where(amax <= 1.0 / (1 << 24), torch.ones_like(amax), amax)
-    q = FP8_MAX / amax
-    y = _e4m3_to_float((x.float() * q).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)) * (1.0 / q)
-    return y.to(x.dtype)
-
-
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-NVFP4_BLOCK = 16
-_INV_NVFP4_RANGE = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(6.0 * FP8_MAX, dtype=torch.float32)
-
-
-def _e2m1_round(a: torch.Tensor) -> torch.Tensor:
-    """Round non-negative magnitudes to the nearest e2m1 value, ties as ModelOpt's kernels break them."""
-    return torch.where(a <= 0.25, 0.0, torch.where(a < 0.75, 0.5, torch.where(a <= 1.25, 1.0, torch.where(
-        a < 1.75, 1.5, torch.where(a <= 2.5, 2.0, torch.where(a < 3.5, 3.0, torch.where(a <= 5.0, 4.0, 6.0)))))))
-
-
-def fake_nvfp4(x: torch.Tensor, global_amax: torch.Tensor, block: int = NVFP4_BLOCK) -> torch.Tensor:
-    """NVFP4 quantize-dequantize along the last dim: e2m1 values, one e4m3 scale per ``block``, a global fp32 scale.
-
-    The same arithmetic as ModelOpt's CUDA/Triton ``fp4_fake_quant_block`` (checked bit for bit on a GPU by
-    tests/gpu/test_gpu.py), in plain torch so that it also runs on CPU.
-    """
-    shape, dtype = x.shape, x.dtype
-    if shape[-1] % block:
-        raise ValueError(f"last dim {shape[-1]} is not a multiple of the NVFP4 block {block}")
-    xf = x.float().reshape(*shape[:-1], shape[-1] // block, block)
-    # ModelOpt computes global_amax / 2688 on the GPU, where PyTorch divides by a scalar as a multiply by its fp32
-    # reciprocal; doing the same keeps the two bit-identical.
-    gscale = global_amax.float().reshape(()).to(xf.device) * _INV_NVFP4_RANGE
-    gscale = torch.where(gscale > 0, gscale, torch.full_like(gscale, 1e-12))
-    bmax = xf.abs().amax(-1, keepdim=True)
-    scale = torch.clamp(bmax / (6.0 * gscale), max=FP8_MAX).to(torch.float8_e4m3fn).float() * gscale
-    scale = torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
-    q = _e2m1_round(xf.abs() * (1.0 / scale)) * scale
-    return torch.where(xf >= 0, q, -q).reshape(shape).to(dtype)
-
-
-def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Symmetric per-tensor int8 quantize-dequantize, narrow range [-127, 127], scale = amax / 127."""
-    s = scale.float()
-    return (torch.clamp(torch.round(x.float() / s), -127, 127) * s).to(x.dtype)
-
-
-def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [out/2, in] -> int8 [out, in]: low nibble is output row 2k, high nibble row 2k+1 (signed)."""
-    lo = (packed & 0x0F).to(torch.int8)
-    hi = (packed >> 4).to(torch.int8)
-    out = torch.empty(packed.shape[0] * 2, packed.shape[1], dtype=torch.int8, device=packed.device)
-    out[0::2] = torch.where(lo > 7, lo - 16, lo)
-    out[1::2] = torch.where(hi > 7, hi - 16, hi)
-    return out
-
-
-def unpack_e2m1_cols(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [out, in/2] -> float32 [out, in] e2m1 values: low nibble first along the input dim."""
-    idx = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.long, device=packed.device)
-    idx[:, 0::2] = (packed & 0x0F).long()
-    idx[:, 1::2] = (packed >> 4).long()
-    return torch.tensor(E2M1_VALUES, device=packed.device)[idx]
-
-
-def dequantize_weight(algo: str, t: dict[str, torch.Tensor], group_size: int | None) -> torch.Tensor:
-    """The fp32 weight an exported quantized linear layer represents."""
-    w = t["weight"]
-    if algo == "FP8":
-        return _e4m3_to_float(w) * t["weight_scale"].float()
-    if algo in ("W4A16_AWQ", "W4A8_AWQ"):
-        q = unpack_int4_rows(w).float()
-        scale = t["weight_scale"].float().repeat_interleave(group_size or 128, dim=1)[:, : q.shape[1]]
-        deq = q * scale
-        if algo == "W4A8_AWQ":  # the second, FP8 per-tensor weight quantizer
-            deq = fake_fp8(deq, t["weight_scale_2"]).float()
-        return deq
-    if algo == "NVFP4":
-        vals = unpack_e2m1_cols(w)
-        scale = t["weight_scale"].float().repeat_interleave(group_size or NVFP4_BLOCK, dim=1)
-        return vals * scale * t["weight_scale_2"].float()
-    if algo == "W8A8_SQ_PER_CHANNEL":
-        return w.float() * t["weight_scale"].float()[:, None]
-    raise ValueError(f"no dequantizer for quant_algo={algo!r}")
-
-
 class QuantLinear(nn.Module):
-    """A linear layer as the quantized deployment computes it: dequantized weight, quantized input."""
+    """A linear layer as the quantized deployment computes it: dequantized weight, quantized input. ``fmt``: the
+    format's record (``dequantize``, ``quantize_input``)."""
 
-    def __init__(self, algo: str, tensors: dict[str, torch.Tensor], group_size: int | None, dtype: torch.dtype):
+    def __init__(self, fmt, tensors: dict[str, torch.Tensor], group_size: int | None, dtype: torch.dtype):
         super().__init__()
-        self.algo = algo
-        w = dequantize_weight(algo, tensors, group_size).to(dtype)
+        self.fmt = fmt
+        self.algo = fmt.quant_algo
+        w = fmt.dequantize(tensors, group_size).to(dtype)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
         self.weight = nn.Parameter(w, requires_grad=False)
         bias = tensors.get("bias")
@@ -156,30 +51,26 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_quant_scale is not None:
             x = x * self.pre_quant_scale
-        if self.input_scale is not None:
-            if self.algo == "NVFP4":
-                x = fake_nvfp4(x, self.input_scale * (6.0 * FP8_MAX))
-            elif self.algo == "W8A8_SQ_PER_CHANNEL":
-                x = fake_int8(x, self.input_scale)
-            else:
-                x = fake_fp8(x, self.input_scale)
+        if self.input_scale is not None and self.fmt.quantize_input is not None:
+            x = self.fmt.quantize_input(x, self.input_scale)
         return F.linear(x, self.weight, self.bias)
 
 
 def _kv_quant_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA on keys and values fake-quantized as the KV cache stores them.
+    """SDPA on keys and values fake-quantized as the KV cache stores them (``module.kv_format``: the KV format's
+    record, whose ``quantize_kv`` takes a tensor and its per-tensor scale).
 
-    FP8 quantize-dequantize with a fixed per-tensor scale is idempotent, so on a full-attention layer of a
-    ``DynamicCache`` (what this runtime decodes with), without autograd, only the new positions (the last ``query``
-    length ones) are quantized, in place: the cache tensor that ``key``/``value`` are then holds quantized values, and
-    the positions before were quantized when they were new.
+    A format whose quantize-dequantize is idempotent (FP8: a fixed per-tensor scale) is applied, on a full-attention
+    layer of a ``DynamicCache`` (what this runtime decodes with), without autograd, to the new positions only (the
+    last ``query`` length ones), in place: the cache tensor that ``key``/``value`` are then holds quantized values,
+    and the positions before were quantized when they were new.
     Everywhere else (NVFP4, whose block scales follow the data; sliding-window caches, which return a copy) the
     whole key and value are quantized on every call."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    fmt = getattr(module, "kv_format", None)
+    fmt = module.kv_format
     new = query.shape[2]
-    in_place = (fmt != "NVFP4" and getattr(module, "sliding_window", None) is None
+    in_place = (fmt.idempotent and getattr(module, "sliding_window", None) is None
                 and kwargs.get("sliding_window") is None and not torch.is_grad_enabled() and key.shape[2] >= new)
     for name in ("k", "v"):
         scale = getattr(module, f"kv_{name}_scale", None)
@@ -187,9 +78,9 @@ def _kv_quant_attention(module, query, key, value, attention_mask, **kwargs):
             continue
         t = key if name == "k" else value
         if in_place:
-            t[:, :, -new:] = fake_fp8(t[:, :, -new:], scale)
+            t[:, :, -new:] = fmt.quantize_kv(t[:, :, -new:], scale)
             continue
-        t = fake_nvfp4(t, scale * FP8_MAX) if fmt == "NVFP4" else fake_fp8(t, scale)
+        t = fmt.quantize_kv(t, scale)
         if name == "k":
             key = t
         else:
@@ -211,23 +102,27 @@ def read_quant_config(ckpt: Path) -> dict[str, Any]:
     return json.loads(p.read_text()).get("quantization", {})
 
 
-SUPPORTED_ALGOS = {None, "FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4", "W8A8_SQ_PER_CHANNEL"}
-SUPPORTED_KV = {None, "FP8", "NVFP4"}
+def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", formats=None) -> nn.Module:
+    """Build the model described by ``ckpt/config.json`` and fill it from the (quantized) safetensors.
 
-
-def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> nn.Module:
-    """Build the model described by ``ckpt/config.json`` and fill it from the (quantized) safetensors."""
+    ``formats``: the format registry (a module or object with ``BY_ALGO`` and ``KV_BY_ALGO``: ``quant_algo`` ->
+    record); None reads ``pipeline.formats``, which a model repository passes its copy of instead."""
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if formats is None:
+        from pipeline import formats
     ckpt = Path(ckpt)
     q = read_quant_config(ckpt)
     algo, kv_algo = q.get("quant_algo"), q.get("kv_cache_quant_algo")
-    if algo not in SUPPORTED_ALGOS:
+    if algo is not None and algo not in formats.BY_ALGO:
         raise ValueError(f"reference runtime cannot load quant_algo={algo!r} "
-                         f"(supported: {', '.join(sorted(a for a in SUPPORTED_ALGOS if a))}, none)")
-    if kv_algo not in SUPPORTED_KV:
-        raise ValueError(f"reference runtime cannot load kv_cache_quant_algo={kv_algo!r} (supported: FP8, NVFP4, none)")
+                         f"(supported: {', '.join(sorted(formats.BY_ALGO))}, none)")
+    if kv_algo is not None and kv_algo not in formats.KV_BY_ALGO:
+        raise ValueError(f"reference runtime cannot load kv_cache_quant_algo={kv_algo!r} "
+                         f"(supported: {', '.join(sorted(formats.KV_BY_ALGO))}, none)")
+    fmt = formats.BY_ALGO.get(algo)
+    kv_fmt = formats.KV_BY_ALGO.get(kv_algo)
     group_size = q.get("group_size")
 
     config = AutoConfig.from_pretrained(ckpt)
@@ -247,18 +142,25 @@ def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "c
     kv_scaled = False
     for name, mod in list(model.named_modules()):
         if isinstance(mod, nn.Linear) and f"{name}.weight_scale" in where:
+            if fmt is None:
+                raise ValueError(f"{ckpt}: {name}.weight_scale is quantized, but hf_quant_config.json records no "
+                                 f"quant_algo; export it with ModelOpt (which records the format) or drop the scales")
             parts = {k: take(f"{name}.{k}") for k in
                      ("weight", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "bias")
                      if f"{name}.{k}" in where}
-            new = QuantLinear(algo, parts, group_size, dtype)
+            new = QuantLinear(fmt, parts, group_size, dtype)
             del parts
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, new)
         for kind in ("k", "v"):
             key = f"{name}.{kind}_proj.{kind}_scale"
             if key in where:
+                if kv_fmt is None:
+                    raise ValueError(f"{ckpt}: {key} is a KV-cache scale, but hf_quant_config.json records no "
+                                     f"kv_cache_quant_algo; export it with ModelOpt (which records the KV format) or "
+                                     f"drop the scales")
                 setattr(mod, f"kv_{kind}_scale", take(key).float())
-                mod.kv_format = kv_algo
+                mod.kv_format = kv_fmt
                 kv_scaled = True
 
     tensors = {k: take(k) for k in list(where)}

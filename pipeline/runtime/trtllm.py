@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.quant.formats import BY_ALGO
+from pipeline.formats import BY_ALGO, KV_FORMATS
 
 
 
@@ -178,7 +178,7 @@ def llmapi_options(build: dict[str, Any], kv_format: str, tp: int, pp: int) -> d
             "max_batch_size": build["max_batch_size"], "max_num_tokens": build["max_num_tokens"],
             "max_seq_len": build["max_seq_len"],
             "kv_cache_config": {"free_gpu_memory_fraction": float(build["kv_cache_free_gpu_mem_fraction"]),
-                                "dtype": "fp8" if kv_format == "fp8" else "auto", "enable_block_reuse": True},
+                                "dtype": KV_FORMATS[kv_format].llmapi_dtype, "enable_block_reuse": True},
             "cuda_graph_config": {"batch_sizes": sorted(b for b in build["cuda_graph_batch_sizes"]
                                                         if b <= build["max_batch_size"]) or [1],
                                   "enable_padding": True}}

@@ -38,6 +38,10 @@ REFERENCE_SRC = Path(importlib.util.find_spec("pipeline.runtime.reference").orig
 BATCHING_SRC = Path(importlib.util.find_spec("pipeline.runtime.batching").origin)
 REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_batching.py": BATCHING_SRC,
                     "reference_common.py": MODELS_DIR / "reference_common.py"}  # what both reference model.py share
+# Packages copied beside them (their .py files, never __pycache__): the format registry, which the reference model.py
+# passes to reference_runtime.load (pipeline is not importable in the serving container)
+FORMATS_SRC = Path(importlib.util.find_spec("pipeline.formats").origin).parent
+REFERENCE_PACKAGES = {"reference_formats": FORMATS_SRC}
 MODELS = {(runtime, name): lay.templates(runtime) for name, lay in layouts.LAYOUTS.items() for runtime in lay.runtimes}
 LLMAPI_MAX_BATCH_SIZE = 0  # upstream model.yaml triton_config.max_batch_size: requests carry 1-D tensors
 
@@ -55,10 +59,27 @@ def layout(cfg) -> str:
     return chosen
 
 
+def reference_files() -> dict[str, Path]:
+    """Every file the package stage copies into a reference model's version directory (``<model>/1/``): its path
+    there -> its origin. A package's ``__init__.py`` is always listed, so a missing package fails the copy."""
+    out = dict(REFERENCE_COPIES)
+    for dst, src in REFERENCE_PACKAGES.items():
+        out[f"{dst}/__init__.py"] = src / "__init__.py"
+        for p in sorted(src.rglob("*.py")):
+            rel = p.relative_to(src)
+            if "__pycache__" not in rel.parts:
+                out[f"{dst}/{rel.as_posix()}"] = p
+    return out
+
+
 def templates_digest(cfg=None, store_dir=None) -> dict[str, Any]:
-    """The model templates and python models are code too: their bytes enter the fingerprint."""
+    """The model templates and python models are code too: their bytes enter the fingerprint, and so do the files
+    copied beside the reference models (:func:`reference_files`)."""
     files = sorted(p for p in MODELS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    return {"templates": store.digest([(p.relative_to(MODELS_DIR).as_posix(), store.sha256_file(p)) for p in files])}
+    copies = sorted(reference_files().items())
+    return {"templates": store.digest([(p.relative_to(MODELS_DIR).as_posix(), store.sha256_file(p)) for p in files]),
+            "reference_copies": store.digest([(dst, store.sha256_file(p) if p.is_file() else None)
+                                              for dst, p in copies])}
 
 
 def gpu_device_ids(instances: int, world: int, gpus: int) -> str:
@@ -160,9 +181,10 @@ def render_repository(cfg, repo: Path, capacity=None) -> list[str]:
         for f in sorted((src / "1").glob("*.py")):
             shutil.copy2(f, repo / name / "1" / f.name)
         if tmpl in REFERENCE_TEMPLATES:
-            for dst, origin in REFERENCE_COPIES.items():
+            for dst, origin in reference_files().items():
                 if not origin.is_file():
                     raise StageFailed(f"{origin} is missing; the reference runtime cannot be packaged without it")
+                (repo / name / "1" / dst).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(origin, repo / name / "1" / dst)
     if lay == LLMAPI:
         import yaml

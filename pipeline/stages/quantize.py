@@ -35,9 +35,9 @@ from omegaconf import DictConfig
 from pipeline import calib, capacity, quality, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
+from pipeline.formats import KV_FORMATS
 from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
-from pipeline.quant.formats import KV_FORMATS
 from pipeline.results import QuantizeResult
 from pipeline.runner import Context, Stage
 from pipeline.ui import console, progress, status
@@ -289,7 +289,7 @@ def run(ctx: Context) -> QuantizeResult:
         base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "calibrate_s", peaks):
         bs_used = modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs, oom, calibrate_parts)
-    fallbacks = modelopt.use_cpu_nvfp4_fallback(model) if device == "cpu" else 0
+    fallbacks = modelopt.use_cpu_fallbacks(model, fmt, kv) if device == "cpu" else 0
     if ctx.capacity is not None:  # trtllm_engine only (trtllm_mapping)
         # first: it adjusts the scales of the layers it fuses, which the HF export then writes
         with _timed(timings, "trtllm_export_s", peaks):

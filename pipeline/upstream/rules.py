@@ -15,11 +15,17 @@ from typing import Any, Callable
 
 import yaml
 
-from pipeline.quant import formats
+from pipeline import formats
 
 DATA = Path(__file__).resolve().parent / "rules.yaml"
-# QuantAlgo.FP8, W4A8_AWQ, NVFP4: the workflows builder.py gives FP8 context FMHA (the format registry's flag)
+# QuantAlgo.FP8, W4A8_AWQ, NVFP4: the workflows builder.py gives FP8 context FMHA (each format module's flag)
 FP8_CONTEXT_FMHA_QUANTS = tuple(n for n, f in formats.FORMATS.items() if f.fp8_context_fmha)
+
+
+def refused_formats(rule_id: str) -> tuple[str, ...]:
+    """The formats whose module opts into rule ``rule_id`` (``QuantFormat.trtllm_refusals``)."""
+    return tuple(n for n, f in formats.FORMATS.items() if rule_id in f.trtllm_refusals)
+
 TRUE_WORDS, FALSE_WORDS = ("True", "true", "TRUE", "1"), ("False", "false", "FALSE", "0")  # GetParameter<bool>
 
 
@@ -111,7 +117,7 @@ def _max_input_len(s: dict[str, Any]) -> list[str]:
 
 
 def _no_int_quant_on_sm100(s: dict[str, Any]) -> list[str]:
-    if 100 <= s["sm"] < 120 and s["quant"] in ("int4_awq", "int8_sq"):
+    if 100 <= s["sm"] < 120 and s["quant"] in refused_formats("no_int_quant_on_sm100"):
         return [f"quant={s['quant']} on sm{s['sm']}: trtllm-build refuses INT8/INT4 quantization and SmoothQuant on "
                 f"SM 100-119"]
     return []

@@ -51,7 +51,7 @@ def _calibrate_and_export(tiny, out: Path, fmt: str, kv: str, block: int | None 
     base = quality.logits(model, tiny["ev"])
     mtq.quantize(model, modelopt.quant_config(fmt, kv, block),
                  lambda m: modelopt.calibration_forward(m, tiny["cal"], 4))
-    modelopt.use_cpu_nvfp4_fallback(model)
+    modelopt.use_cpu_fallbacks(model, fmt, kv)
     ref, _ = modelopt.prepare_reference(model, fmt, kv)
     fq = quality.logits(model, tiny["ev"])
     export_hf_checkpoint(model, export_dir=str(out))

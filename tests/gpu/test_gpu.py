@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from pipeline.formats import fp8, nvfp4
 from pipeline.runtime import reference
 
 pytestmark = pytest.mark.gpu
@@ -43,12 +44,12 @@ def test_cpu_nvfp4_fallback_matches_modelopt_gpu_kernel(x):
 
     for amax in (x.float().abs().amax(), x.float().abs().amax() * 0.5):
         gpu = _dynamic_block_quantize_impl(x.cuda(), 16, amax.cuda(), 4, 2, 8, 4).cpu()
-        cpu = reference.fake_nvfp4(x, amax)
+        cpu = nvfp4.fake_nvfp4(x, amax)
         assert gpu.dtype == cpu.dtype
         differ = (gpu.float() != cpu.float()).reshape(-1, 16)
         # the per-block scale the CPU fallback used, and how close each |x|/scale is to a rounding boundary
         xf = x.float().reshape(-1, 16)
-        gs = amax.float() * reference._INV_NVFP4_RANGE
+        gs = amax.float() * nvfp4.inv_range()
         scale = torch.clamp(xf.abs().amax(-1, keepdim=True) / (6 * gs), max=448).to(torch.float8_e4m3fn).float() * gs
         scale = torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
         ratio = xf.abs() * (1.0 / scale)
@@ -70,7 +71,7 @@ def test_cpu_fp8_fallback_matches_modelopt_cuda_kernel_bit_for_bit():
         x = (torch.randn(256, 4096, generator=g) * 3).to(dtype)
         amax = x.float().abs().amax() * 0.7
         gpu = scaled_e4m3_impl(x.cuda(), amax.cuda()).cpu()
-        assert torch.equal(gpu, reference.fake_fp8(x, amax / 448.0))
+        assert torch.equal(gpu, fp8.fake_fp8(x, amax / 448.0))
 
 
 COMBOS = [("fp8", "fp8"), ("fp8", "nvfp4"), ("int4_awq", "fp8"), ("int4_awq", "nvfp4"), ("nvfp4", "fp8"),

@@ -53,7 +53,7 @@ def _others() -> dict[str, tuple[int, ...]]:
 
 def pack_int4_rows(q: torch.Tensor) -> torch.Tensor:
     """int [out, in] in [-8, 7] -> uint8 [out/2, in]: row 2k in the low nibble, row 2k+1 in the high one (the
-    inverse of ``pipeline.runtime.reference.unpack_int4_rows``)."""
+    inverse of ``pipeline.formats._base.unpack_int4_rows``)."""
     u = (q.to(torch.int16) & 0x0F).to(torch.uint8)
     return u[0::2] | (u[1::2] << 4)
 
@@ -110,8 +110,9 @@ def write(out: Path, fmt: str = "fp8", kv: str = "fp8", group: int = 64, seed: i
     """Write a synthetic ``fmt`` export (``fp8``, ``int8_sq`` or ``int4_awq``) with KV scales when ``kv`` is
     ``fp8``. SmoothQuant layers carry a ``pre_quant_scale``; AWQ ones where ModelOpt keeps it (``o_proj``,
     ``down_proj``: no preceding norm to fold it into)."""
-    from pipeline.runtime.reference import dequantize_weight
     from safetensors.torch import save_file
+
+    from pipeline.formats import dequantize
 
     algo = proof.ALGO[fmt]
     gen = torch.Generator().manual_seed(seed)
@@ -138,7 +139,7 @@ def write(out: Path, fmt: str = "fp8", kv: str = "fp8", group: int = 64, seed: i
             e.ref.scales[name] = ("input", float(in_scale))
         for k, v in parts.items():
             tensors[f"{name}.{k}"] = v
-        fq = dequantize_weight(algo, parts, e.group).to(torch.bfloat16).float()
+        fq = dequantize(algo, parts, e.group).to(torch.bfloat16).float()
         err = fq - w.float()
         if pqs is not None:  # what the layer computes with: the weight times the input's pre-quant scale
             fq, err = fq * pqs.float().reshape(1, -1), err * pqs.float().reshape(1, -1)

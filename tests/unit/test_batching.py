@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.formats import KV_FORMATS, fp8
 from pipeline.runtime import batching, reference as rt
 from pipeline.runtime.batching import BatchEngine, GenerationRequest
 
@@ -26,7 +27,7 @@ def model():
     rt._register_attention()
     for mod in m.modules():
         if hasattr(mod, "k_proj"):
-            mod.kv_k_scale, mod.kv_v_scale, mod.kv_format = torch.tensor(0.01), torch.tensor(0.01), "FP8"
+            mod.kv_k_scale, mod.kv_v_scale, mod.kv_format = torch.tensor(0.01), torch.tensor(0.01), KV_FORMATS["fp8"]
     m.set_attn_implementation(rt.ATTN_IMPL)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 64-wide model: one thread is fastest, above all on shared cores
@@ -296,7 +297,7 @@ def _full_requant_attention(module, query, key, value, attention_mask, **kwargs)
     """The oracle: every call fake-quantizes the whole key and value, the cached positions included."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    key, value = rt.fake_fp8(key, module.kv_k_scale), rt.fake_fp8(value, module.kv_v_scale)
+    key, value = fp8.fake_fp8(key, module.kv_k_scale), fp8.fake_fp8(value, module.kv_v_scale)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -321,8 +322,8 @@ def test_the_kv_cache_holds_each_position_quantized_once(model, dtype):
     m = copy.deepcopy(model).to(dtype)
     fast, cache = _greedy_logits(m, PROMPTS[2], 10)
     for layer, mod in zip(cache.layers, (x for x in m.modules() if hasattr(x, "k_proj"))):
-        assert torch.equal(layer.keys, rt.fake_fp8(layer.keys, mod.kv_k_scale))  # stored quantized
-        assert torch.equal(layer.values, rt.fake_fp8(layer.values, mod.kv_v_scale))
+        assert torch.equal(layer.keys, fp8.fake_fp8(layer.keys, mod.kv_k_scale))  # stored quantized
+        assert torch.equal(layer.values, fp8.fake_fp8(layer.values, mod.kv_v_scale))
     AttentionInterface.register("test_full_requant", _full_requant_attention)
     m.set_attn_implementation("test_full_requant")
     assert torch.equal(_greedy_logits(m, PROMPTS[2], 10)[0], fast)  # quantizing once is quantizing every step

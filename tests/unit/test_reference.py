@@ -1,15 +1,16 @@
-"""The reference runtime's FP8 fake quantization: the table lookup that widens e4m3 gives exactly PyTorch's own
-conversion (tests/e2e/test_reference.py checks fake_fp8 against ModelOpt's kernel bit for bit)."""
+"""The reference runtime's FP8 fake quantization (the format modules' shared kernel, pipeline/formats/_base.py): the
+table lookup that widens e4m3 gives exactly PyTorch's own conversion (tests/e2e/test_reference.py checks fake_fp8
+against ModelOpt's kernel bit for bit)."""
 from __future__ import annotations
 
 import torch
 
-from pipeline.runtime import reference as rt
+from pipeline.formats import _base as rt
 
 
 def test_the_e4m3_table_widens_every_code_as_pytorch_does():
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    ours, theirs = rt._e4m3_to_float(codes), codes.float()
+    ours, theirs = rt.e4m3_to_float(codes), codes.float()
     assert torch.equal(ours.isnan(), theirs.isnan())
     assert torch.equal(ours.nan_to_num(), theirs.nan_to_num())
 

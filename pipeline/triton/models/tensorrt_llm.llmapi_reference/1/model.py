@@ -124,6 +124,7 @@ class TritonPythonModel:
         import torch
         import reference_batching as batching
         import reference_runtime as rt
+        import reference_formats as formats
         from transformers import AutoTokenizer
 
         cfg = json.loads(args["model_config"])
@@ -149,7 +150,7 @@ class TritonPythonModel:
         if dtype == "auto":
             dtype = "bfloat16"
         device = _param(cfg, "device", "cpu")
-        self.model = rt.load(path, dtype=getattr(torch, dtype), device=device)
+        self.model = rt.load(path, dtype=getattr(torch, dtype), device=device, formats=formats)
         self.tokenizer = AutoTokenizer.from_pretrained(doc.get("tokenizer") or path)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.model.config.eos_token_id

@@ -151,6 +151,7 @@ class TritonPythonModel:
         import torch
         import reference_batching as batching
         import reference_runtime as rt
+        import reference_formats as formats
 
         cfg = json.loads(args["model_config"])
         self.cfg = cfg
@@ -170,7 +171,7 @@ class TritonPythonModel:
             torch.set_num_threads(threads)
         dtype = _param(cfg, "dtype", "bfloat16")
         device = _param(cfg, "device", "cpu")
-        self.model = rt.load(path, dtype=getattr(torch, dtype), device=device)
+        self.model = rt.load(path, dtype=getattr(torch, dtype), device=device, formats=formats)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.model.config.eos_token_id
         self.model_eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
