@@ -108,7 +108,8 @@ def _bounds(fmt: str) -> tuple[float, float, float]:
 
 def render(doc: dict) -> None:
     """The tables, from the raw JSON only. The limit and both verdicts are evaluated from the raw K, E and U with
-    the bounds conf/quant/*.yaml holds now (the bounds a run itself used are in the JSON too)."""
+    the bounds the format modules hold now (pipeline/formats/<name>.py; the bounds a run itself used are in the JSON
+    too)."""
     rows = doc["rows"]
     bounds = {r["format"]: _bounds(r["format"]) for r in rows}
     stamp = f"{doc['date']} · commit {commit_label(doc)} · {doc['machine']} · raw JSON: `benchmarks/results/export_proof_bounds.json`"
@@ -116,7 +117,7 @@ def render(doc: dict) -> None:
              "The quantize stage on CPU, per model and format (FP8 KV cache; 16×128 calibration tokens, held-out rows "
              "of the shipped corpus). K = KL(unquantized ‖ fake-quant); E = KL(fake-quant ‖ deployed export, reloaded "
              "by the reference dequantizer); U = KL(fake-quant ‖ unquantized weights). The proof requires E ≤ limit = "
-             "kl_abs + kl_frac × K (per format, `conf/quant/*.yaml`; limits and verdicts evaluated from the raw K, E and U "
+             "kl_abs + kl_frac × K (per format, `pipeline/formats/<name>.py`; limits and verdicts evaluated from the raw K, E and U "
              "with the bounds those files hold now), so the unquantized weights must score U > limit; "
              "each exported layer must lie within `export_weight_ratio` × its quantization error of the fake-quant "
              "weight (the unquantized weights sit at 1.0). SmolLM2-135M-Instruct's baseline is its Q4_1 GGUF, "

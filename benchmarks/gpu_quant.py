@@ -80,8 +80,9 @@ def calibrate(model, fmt: str, kv: str, data: torch.Tensor, bs: int) -> float:
 
 def part_formats(out: dict) -> None:
     """Every format × KV on the GPU through the quantize stage's own preparation (pipeline.quant.modelopt
-    .prepare_reference) and the whole export proof (pipeline.quant.proof) with the format's bounds from conf/quant,
-    plus the proof's built-in control: where the unquantized weights score against the same limit."""
+    .prepare_reference) and the whole export proof (pipeline.quant.proof) with the format's bounds (its module's,
+    through the composed config), plus the proof's built-in control: where the unquantized weights score against the
+    same limit."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
 

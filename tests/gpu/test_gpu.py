@@ -96,7 +96,7 @@ def qwen3_small(tmp_path_factory):
 @pytest.mark.parametrize("fmt,kv", COMBOS, ids=[f"{f}-kv{k}" for f, k in COMBOS])
 def test_format_calibrates_on_gpu_and_the_export_passes_the_proof(qwen3_small, tmp_path, fmt, kv):
     """ModelOpt's GPU kernels, the quantize stage's preparation and the whole export proof (structure, layers,
-    numbers with the format's bounds from conf/quant), plus its built-in control: the unquantized weights fail."""
+    numbers with the format's bounds from its module), plus its built-in control: the unquantized weights fail."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM

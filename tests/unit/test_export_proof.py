@@ -1,7 +1,7 @@
 """The export proof's structure, layer and scale checks against exports that are slightly wrong, in the fast tier:
 synthetic FP8, INT8-SmoothQuant and INT4-AWQ exports of tiny-qwen3's architecture in ModelOpt's format (``tests/helpers/exports.py``)
 with one layer's weight scale off by 10%, one layer left unquantized (declared excluded or not), a swapped KV scale,
-an activation scale off by 1%. Each is judged with the bounds the formats ship (``conf/quant/<format>.yaml``), so a
+an activation scale off by 1%. Each is judged with the bounds the formats ship (``pipeline/formats/<format>.py``), so a
 bound loosened past its control fails here; the untouched export must pass. docs/mutation.md states the margins."""
 from __future__ import annotations
 
