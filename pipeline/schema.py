@@ -63,7 +63,6 @@ def format_default(key: str, lo: float | None = None, hi: float | None = None) -
     return rng(f"${{{FORMAT_RESOLVER}:${{..format}},tolerances.{key}}}", lo, hi)
 
 
-
 class GateMode(str, Enum):
     fail = "fail"
     warn = "warn"
