@@ -35,7 +35,7 @@ from ._base import (ALL_GPUS, ALL_RUNTIMES, AWQ_GROUP, BLACKWELL, FLOAT_DTYPES, 
 
 __all__ = ["ALL_GPUS", "ALL_RUNTIMES", "AWQ_GROUP", "BLACKWELL", "FLOAT_DTYPES", "RUNTIMES", "ExportLayout",
            "FormatError", "KVFormat", "QuantFormat", "Tolerances", "FORMATS", "KV_FORMATS", "MODULES", "AWQ_FORMATS",
-           "BY_ALGO", "KV_BY_ALGO", "PREFERENCE", "dequantize", "discover", "get", "kv"]
+           "BY_ALGO", "KV_BY_ALGO", "PREFERENCE", "dequantize", "discover"]
 
 
 def _order(rec: QuantFormat | KVFormat) -> tuple:
@@ -103,11 +103,3 @@ def dequantize(algo: str | None, tensors: dict, group_size: int | None):
     if fmt is None:
         raise ValueError(f"no dequantizer for quant_algo={algo!r} (no format module declares it)")
     return fmt.dequantize(tensors, group_size)
-
-
-def get(name: str) -> QuantFormat:
-    return FORMATS[name]
-
-
-def kv(name: str) -> KVFormat:
-    return KV_FORMATS[name]

@@ -23,7 +23,7 @@ from tests.conftest import cli_env
 REPO = Path(__file__).resolve().parents[2]
 COPIED = ("pipeline", "conf", "hydra_plugins", "pyproject.toml")
 
-TOY_MODULE = '''"""INT8 weight-only (W8A16): per-channel int8 weights with 16-bit activations (ModelOpt INT8_WEIGHT_ONLY_CFG).
+TOY_MODULE = '''"""INT8 weight-only (W8A16): per-channel int8 weights, 16-bit activations (INT8_WEIGHT_ONLY_CFG).
 
 Export (quant_algo W8A16): int8 ``weight`` x per-output-channel ``weight_scale`` (= amax / 127); activations are not
 quantized. Served here by the reference runtime only.
@@ -48,8 +48,8 @@ FORMAT = QuantFormat(
     dequantize=dequantize,
 )
 '''
-TOY_PRESET = """# INT8 weight-only (W8A16), per-channel scales (ModelOpt INT8_WEIGHT_ONLY_CFG); FP8 KV cache. Its tolerances are
-# its module's: pipeline/formats/int8_wo.py.
+TOY_PRESET = """# INT8 weight-only (W8A16), per-channel scales (ModelOpt INT8_WEIGHT_ONLY_CFG); FP8 KV cache.
+# Its tolerances are its module's: pipeline/formats/int8_wo.py.
 format: int8_wo
 kv_cache: fp8
 calib: {dataset: auto, batch_size: auto}
@@ -67,7 +67,8 @@ print(json.dumps({
     "quant": config.to_plain(cfg.quant), "max_drop": config.to_plain(cfg.eval.max_drop),
     "weight_bytes": capacity.WEIGHT_BYTES["int8_wo"], "llmapi": sorted(compat.RUNTIME_QUANT["trtllm_llmapi"]),
     "refused_on_sm100": list(rules.refused_formats("no_int_quant_on_sm100")),
-    "calib_s": calib.estimate_s(1.0, 1000, "h100", "int8_wo"), "calib_s_fp8": calib.estimate_s(1.0, 1000, "h100", "fp8"),
+    "calib_s": calib.estimate_s(1.0, 1000, "h100", "int8_wo"),
+    "calib_s_fp8": calib.estimate_s(1.0, 1000, "h100", "fp8"),
 }))
 """
 

@@ -228,6 +228,34 @@ def test_the_code_digest_follows_the_import_graph(tmp_path):
         assert digest() == before, f"{rel} is not used by the stage, yet its change moved the digest"
 
 
+def test_a_package_that_discovers_its_modules_brings_them_all_into_the_digest(tmp_path):
+    """The format registry imports its modules by listing its directory (pkgutil.iter_modules over __path__), so no
+    import statement names them: the digest counts each of them, and a package that does not list itself does not
+    bring its siblings along (negative control)."""
+    files = {
+        "pipeline/__init__.py": "",
+        "pipeline/stages/s.py": "from pipeline import registry, plain\n",
+        "pipeline/registry/__init__.py": ("import importlib, pkgutil\n\n"
+                                          "FOUND = [importlib.import_module(f'{__name__}.{m.name}')"
+                                          " for m in pkgutil.iter_modules(__path__)]\n"),
+        "pipeline/registry/one.py": "X = 1\n",
+        "pipeline/registry/two.py": "Y = 2\n",
+        "pipeline/plain/__init__.py": "",
+        "pipeline/plain/sibling.py": "Z = 3\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    stage = tmp_path / "pipeline/stages/s.py"
+    assert set(runner.code_modules("pipeline.stages.s", stage, tmp_path)) == {
+        "pipeline.stages.s", "pipeline.registry", "pipeline.registry.one", "pipeline.registry.two", "pipeline.plain"}
+    before = runner.code_digest("pipeline.stages.s", stage, tmp_path)
+    (tmp_path / "pipeline/plain/sibling.py").write_text("Z = 40\n")
+    assert runner.code_digest("pipeline.stages.s", stage, tmp_path) == before
+    (tmp_path / "pipeline/registry/two.py").write_text("Y = 20\n")
+    assert runner.code_digest("pipeline.stages.s", stage, tmp_path) != before
+
+
 # what the stages listed by hand before the digest came from the import graph (each must still be covered; the
 # hand lists also named pipeline.upstream.pbtxt for package, which only the recording tool imports)
 HAND_LISTED = {
