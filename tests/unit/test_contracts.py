@@ -188,8 +188,9 @@ def test_the_registry_holds_the_stage_names_config_checks():
 
 
 # ---------------------------------------------------------------------------------------------------- code digest
-def _plant(root: Path) -> dict[str, Path]:
-    files = {
+def _plant(root: Path, files: dict[str, str] | None = None) -> dict[str, Path]:
+    """A planted ``pipeline`` tree under ``root``: ``files`` (path -> text), by default a stage and its helpers."""
+    files = files or {
         "pipeline/__init__.py": "",
         "pipeline/stages/__init__.py": "from pipeline.stages import s, other\n",
         "pipeline/stages/s.py": ("from pipeline import ui\n\n\ndef run(ctx):\n    from pipeline import helper\n"
@@ -243,10 +244,7 @@ def test_a_package_that_discovers_its_modules_brings_them_all_into_the_digest(tm
         "pipeline/plain/__init__.py": "",
         "pipeline/plain/sibling.py": "Z = 3\n",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    stage = tmp_path / "pipeline/stages/s.py"
+    stage = _plant(tmp_path, files)["pipeline/stages/s.py"]
     assert set(runner.code_modules("pipeline.stages.s", stage, tmp_path)) == {
         "pipeline.stages.s", "pipeline.registry", "pipeline.registry.one", "pipeline.registry.two", "pipeline.plain"}
     before = runner.code_digest("pipeline.stages.s", stage, tmp_path)
