@@ -99,6 +99,7 @@ class ModelShape:
     head_dim: int = rng(0, 0, None)
     vocab_size: int = rng(0, 0, None)
     tie_word_embeddings: bool = False
+    model_type: str = ""  # config.json's model_type (qwen3, llama, qwen3_moe, ...); "" when known only at fetch
 
 
 @dataclass

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.cli.common import add_overrides, subcommand
+from pipeline.cli.common import add_overrides, stdout_gone, subcommand
 from pipeline.errors import UserError
 
 
@@ -104,7 +104,10 @@ def cmd_serve(args: list[str]) -> int:
             print(f"error: the server exited; its log {_keep_log(s.log_path, cfg)}:\n{s.log_tail()}", file=sys.stderr)
             return 1
     except KeyboardInterrupt:
-        print("stopped", flush=True)
+        try:
+            print("stopped", flush=True)
+        except BrokenPipeError:  # `serve | tee`: Ctrl-C stopped the reader too
+            stdout_gone()
         return 0
     except server.ServerError as exc:
         log = _keep_log(exc.log_path, cfg)
