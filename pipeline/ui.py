@@ -23,7 +23,16 @@ from rich.progress import (BarColumn, Progress, SpinnerColumn, TaskID, TaskProgr
 
 console = Console(stderr=True, highlight=False)
 console.soft_wrap = not console.is_terminal  # a log keeps each line whole (paths included) instead of folding it
-out = Console(highlight=False)  # stdout, looked up at each write (a test's capture, a pipe)
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout's reader went away: rich points stdout at /dev/null; end as a command killed by SIGPIPE would."""
+        try:
+            super().on_broken_pipe()
+        except SystemExit:
+            raise SystemExit(141) from None
+
+
+out = _Stdout(highlight=False)  # stdout, looked up at each write (a test's capture, a pipe)
 out.soft_wrap = not out.is_terminal
 
 

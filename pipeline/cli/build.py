@@ -69,6 +69,11 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
         return cmd_build(cfg, as_json)
     except errors.PipelineError:
         raise
+    except BrokenPipeError:  # stdout's reader went away: end quietly (also inside Hydra's multirun, which would
+        from pipeline.cli.common import stdout_gone  # report it as a failed job)
+
+        stdout_gone()
+        raise SystemExit(141)
     except Exception as exc:
         raise errors.known(exc) from exc
 
