@@ -3,10 +3,11 @@
 Rules (each finding is one line naming the file and the fix):
 
 1. every ``config.pbtxt`` parses against Triton's protobuf ``ModelConfig`` and has no unfilled ``${placeholder}``;
-2. every model of upstream's layout (``inflight_batcher_llm`` or ``llmapi``, recorded in ``pipeline/upstream`` for
-   the repository's TensorRT-LLM line) has upstream's backend, inputs and outputs, with upstream's data type, dims,
-   optional flag, ragged batching and reshape, an ensemble upstream's steps and tensor maps, and sets (non-empty)
-   every parameter its backend or ``model.py`` reads without a fallback
+2. every model of the repository's layout (its folder's ``detect``, ``pipeline/triton/layouts``: NVIDIA's
+   ``inflight_batcher_llm`` or ``llmapi``, recorded in ``pipeline/upstream`` for the repository's TensorRT-LLM line;
+   another layout of the registry against the ``interface.yaml`` in its folder) has upstream's backend, inputs and
+   outputs, with upstream's data type, dims, optional flag, ragged batching and reshape, an ensemble upstream's steps
+   and tensor maps, and sets (non-empty) every parameter its backend or ``model.py`` reads without a fallback
    (``gpt_model_path``, ``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``, ...);
 3. every ensemble step names a model in the repository, maps tensors that exist with matching data types, feeds
    every required input, and the ensemble's outputs are produced;
@@ -105,7 +106,7 @@ def _params(cfg) -> dict[str, str]:
     return {k: v.string_value for k, v in cfg.parameters.items()}
 
 
-layout_of = layouts.of_repository  # ``llmapi`` when tensorrt_llm has a 1/model.yaml, else inflight_batcher_llm
+layout_of = layouts.of_repository  # each layout's own detect (llmapi: tensorrt_llm has a 1/model.yaml)
 
 
 # ------------------------------------------------------------------------------------------ upstream conformance
@@ -418,16 +419,18 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
     broken = {f.split("/", 1)[0] for f in findings if "/config.pbtxt:" in f}
     files, tree_dirs = tree_of(repo)
     findings += loadability(files, tree_dirs, lambda rel: (repo / rel).read_text(errors="replace"))
-    lay = layout_of(dirs)
+    lay = layouts.get(layout_of(dirs))
     line = line or upstream.line_for(trtllm_version)
-    recorded = upstream.interface(line, lay)
-    reads = upstream.reads(line, lay)
+    recorded = lay.interface(line)
+    reads = lay.reads(line)
+    required = recorded if lay.required_models is None else lay.required_models
     # A config that does not parse leaves the layout unknown: its parse error is the finding, not every model the
     # guessed layout would then miss.
     for model in ([] if unparsed else recorded):
         if model not in configs and not any(f.startswith(f"{model}/") for f in findings):
-            if lay == layouts.LLMAPI or model in ("preprocessing", "postprocessing", layouts.LLM_MODEL):
-                findings.append(f"{model}/config.pbtxt: missing; upstream's {lay} layout has a \"{model}\" model")
+            if model in required:
+                owner = "upstream's" if lay.upstream else "the"
+                findings.append(f"{model}/config.pbtxt: missing; {owner} {lay.name} layout has a \"{model}\" model")
     for name, cfg in configs.items():
         if name in recorded:
             findings += conformance(name, cfg, recorded[name], reads.get(name, {}))
