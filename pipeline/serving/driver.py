@@ -43,7 +43,7 @@ class Driver:
         self.entry_name = entry or self.layout.entry_points[0]
         self.client = None
         self.entry: Spec | None = None
-        self.side: dict[str, Spec] = {}  # the codec's side models the server serves (inflight_batcher_llm: tensorrt_llm)
+        self.side: dict[str, Spec] = {}  # the codec's side models that the server serves (its tensorrt_llm)
         self._pending: set = set()  # stop requests in flight
         self._channel = None
         self._stub_obj = None

@@ -27,7 +27,7 @@ class Settings:
     max_body_bytes: int = 8 << 20
     max_tokens: int = 4096  # the default max_tokens is the remaining context, capped here
     request_timeout_s: float = 600.0
-    stream_status_wait_s: float = 0.005  # a stream's status waits this long for Triton's verdict (pipeline.serving.endpoint)
+    stream_status_wait_s: float = 0.005  # a stream's status waits this long for Triton's verdict (serving.endpoint)
 
     @classmethod
     def from_config(cls, openai_cfg) -> "Settings":

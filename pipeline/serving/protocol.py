@@ -34,7 +34,7 @@ def dump(model: BaseModel) -> bytes:
 
 
 class APIError(Exception):
-    """An error answered in OpenAI's schema: ``{"error": {"message", "type", "param", "code"}}`` (:class:`ErrorBody`)."""
+    """An error in OpenAI's schema (:class:`ErrorBody`): ``{"error": {"message", "type", "param", "code"}}``."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}

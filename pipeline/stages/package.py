@@ -119,7 +119,8 @@ def run(ctx: Context) -> PackageResult:
     cfg, repo = ctx.cfg, ctx.out
     ctx.link_input("build", "engine", ENGINE_REL)
     models = render_repository(cfg, repo, ctx.capacity)
-    findings = lint.lint(repo, trtllm_version=cfg.runtime.trtllm_version, repo_mount=cfg.serve.repo_mount)
+    findings = lint.lint(repo, trtllm_version=cfg.runtime.trtllm_version, repo_mount=cfg.serve.repo_mount,
+                         layout=layout(cfg))
     if findings:
         (repo / "LINT.txt").write_text("\n".join(findings) + "\n")
         raise StageFailed(f"the packaged repository fails lint: {findings[0]}"

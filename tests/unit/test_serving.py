@@ -575,3 +575,93 @@ def test_a_burst_s_first_request_is_written_before_the_next_one_is_parsed():
 
     late = _burst_order(_WriterTask)
     assert late[:4] == [("parsed", i) for i in range(4)], late
+
+
+# ------------------------------------------------------------------------ hand-built chunks against the typed models
+TEXTS = ["Paris", "", ' a "quote" and a \\ backslash', "line\nbreak\ttab\r", "é 東京 😀", "\x00\x1f\x7f", "\u2028/"]
+
+
+def _endpoints(cls_chat=None, cls_completions=None):
+    from pathlib import Path
+
+    from pipeline.serving.driver import Driver
+    from pipeline.serving.frontend import FrontEnd
+    from pipeline.serving.model import ServedModel
+
+    served = ServedModel(Path("."), "inflight_batcher_llm", 'mödel "x"', Path("."), 4096, True)
+    fe = FrontEnd(served, Driver("127.0.0.1:1", served))
+    chat = cls_chat(fe) if cls_chat else fe.chat
+    completions = cls_completions(fe) if cls_completions else fe.completions
+    return chat, completions
+
+
+def _streamed(endpoint, include_usage: bool, index: int, pieces: list[str]) -> list[bytes]:
+    """The events :meth:`Endpoint.job_events` writes for one job whose generation yields ``pieces`` (the first one
+    as the piece that came before the status line), as the stream sends them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pipeline.serving.codec import GenRequest
+    from pipeline.serving.endpoint import Job, Stream
+
+    async def gen():
+        for p in pieces[1:]:
+            yield p
+
+    async def go():
+        s = Stream("cmpl-0123abc", 1700000000, SimpleNamespace(echo=False), include_usage, False)
+        job = Job(index, GenRequest("p", None, 8, True), 3, "")
+        job.finish = "length"
+        return [bytes(e) async for e in endpoint.job_events(s, job, gen(), pieces[0])], s, job
+
+    return asyncio.run(go())
+
+
+def _typed_chunks(endpoint, s, job, pieces: list[str], chat: bool) -> list[bytes]:
+    """The same events built from the typed models (:meth:`Endpoint.chunk`, written by ``protocol.dump``)."""
+    out = [endpoint.chunk(s, job, "", None, role=True)] if chat else []
+    out += [endpoint.chunk(s, job, p, None, None) for p in pieces]
+    return out + [endpoint.chunk(s, job, None if chat else "", "length", None)]
+
+
+def _check_hand_built(chat_ep, completions_ep) -> list[str]:
+    """Every difference between the streamed bytes and the typed models' bytes, for chat and completions, with and
+    without ``include_usage``, at two choice indexes; each event also parses as its typed model."""
+    diffs = []
+    for chat, ep in ((True, chat_ep), (False, completions_ep)):
+        for include_usage in (False, True):
+            for index in (0, 3):
+                got, s, job = _streamed(ep, include_usage, index, TEXTS)
+                want = _typed_chunks(ep, s, job, TEXTS, chat)
+                if got != want:
+                    diffs += [f"chat={chat} usage={include_usage} index={index}: {g!r} != {w!r}"
+                              for g, w in zip(got, want) if g != w] or [f"{len(got)} events, {len(want)} typed"]
+                for event in got:
+                    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+                    ep.chunk_model.model_validate_json(event[6:-2])
+    return diffs
+
+
+def test_hand_built_stream_chunks_are_the_typed_models_bytes():
+    """The per-token chunk (and the chat stream's first chunk) are written as bytes around the text; they must be
+    exactly what the typed response models give, whatever the text holds (quotes, control characters, non-ASCII,
+    line separators) and whatever the model's name."""
+    assert _check_hand_built(*_endpoints()) == []
+
+
+def test_a_planted_difference_in_the_hand_built_chunk_is_seen():
+    """Negative control: the per-token chunk with two keys in another order (the same JSON object, other bytes), and
+    the chat's first chunk without its empty content, each differ from the typed models' bytes."""
+    from pipeline.serving.chat import ChatEndpoint
+    from pipeline.serving.completions import CompletionsEndpoint
+
+    class SwappedKeys(CompletionsEndpoint):
+        fast_close = b',"finish_reason":null,"logprobs":null}]'
+
+    class NoContent(ChatEndpoint):
+        def role_chunk(self, s, index):
+            return super().role_chunk(s, index).replace(b',"content":""', b"")
+
+    diffs = _check_hand_built(*_endpoints(NoContent, SwappedKeys))
+    assert any(d.startswith("chat=False") for d in diffs) and any(d.startswith("chat=True") for d in diffs), diffs
+    assert all("finish_reason" in d for d in diffs if d.startswith("chat=False"))

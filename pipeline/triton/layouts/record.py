@@ -189,17 +189,18 @@ class Layout:
                 iface = self.interface(line)
             except Exception as exc:  # an unreadable interface.yaml
                 return [f"layout {self.name}: its interface cannot be read ({exc})"]
-            label = f"{line} {self.name}" if line else f"{self.name} ({INTERFACE})"
+            label = (f"layout {self.name}: its interface ({INTERFACE})" if line is None else
+                     f"layout {self.name}: TensorRT-LLM {line}'s recorded interface")
             for entry in self.entry_points:
                 if entry not in iface:
-                    out.append(f"{label}: no entry point {entry} in the interface")
+                    out.append(f"{label} has no entry point {entry}")
                     continue
                 ins = {t["name"] for t in iface[entry].get("inputs", [])}
                 outs = {t["name"] for t in iface[entry].get("outputs", [])}
                 for name in (*self.text_tensors, *([self.exclude_input] if self.exclude_input else []),
                              *self.sampling.values()):
                     if name not in ins:
-                        out.append(f"{label}/{entry}: the interface has no input {name}")
+                        out.append(f"{label} has no input {name} in model {entry}, which the record names")
                 if self.output not in outs:
-                    out.append(f"{label}/{entry}: the interface has no output {self.output}")
+                    out.append(f"{label} has no output {self.output} in model {entry}, which the record names")
         return out
