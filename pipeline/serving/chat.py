@@ -61,12 +61,7 @@ class ChatEndpoint(Endpoint):
                                  finish_reason=finish)
 
     def piece_logprobs(self, s: Stream, job: Job, seen: list[int]):
-        if job.gen.logprobs is None:
-            return None
-        have = job.logprobs or []
-        new = have[seen[0]:]
-        seen[0] = len(have)
-        return self.chat_logprobs(new)
+        return self.chat_logprobs(self.new_logprobs(job, seen))
 
     def role_chunk(self, s: Stream, index: int) -> bytes:
         """The stream's first chunk (the assistant's role, empty content), without per-chunk usage: bytes, as the

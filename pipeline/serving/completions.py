@@ -75,11 +75,9 @@ class CompletionsEndpoint(Endpoint):
         return P.CompletionChoice(index=job.index, text=text or "", logprobs=logprobs, finish_reason=finish)
 
     def piece_logprobs(self, s: Stream, job: Job, seen: list[int]):
-        if job.gen.logprobs is None:
+        items = self.new_logprobs(job, seen)
+        if items is None:
             return None
-        have = job.logprobs or []
-        items = have[seen[0]:]
-        seen[0] = len(have)
         if job.prompt_logprobs is not None and seen[1] == 0 and s.req.echo:
             items = job.prompt_logprobs + items
         seen[1] = 1

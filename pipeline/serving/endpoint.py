@@ -293,8 +293,18 @@ class Endpoint:
 
     def piece_logprobs(self, s: Stream, job: Job, seen: list[int]) -> Any:
         """The log probs of the tokens that arrived since the job's last chunk (``seen``: how many were sent, and
-        whether the prompt's were)."""
+        whether the prompt's were), in the endpoint's form."""
         raise NotImplementedError
+
+    @staticmethod
+    def new_logprobs(job: Job, seen: list[int]) -> list[TokenLogprob] | None:
+        """The log probs of the job's tokens since ``seen[0]`` (then counted as sent); None where none were asked."""
+        if job.gen.logprobs is None:
+            return None
+        have = job.logprobs or []
+        new = have[seen[0]:]
+        seen[0] = len(have)
+        return new
 
     async def opening(self, s: Stream, job: Job, first, pending, seen: list[int]):
         """The job's events before its first piece: (event or None, first, pending); it may wait for the first

@@ -171,6 +171,8 @@ class Layout:
         for runtime in self.auto_for:
             if runtime not in self.models:
                 out.append(f"{where}: auto_for names runtime {runtime}, which it has no templates for")
+        if not self.entry_points:
+            out.append(f"{where}: no entry point (a model a client sends text to)")
         for entry in self.entry_points:
             if entry not in rendered:
                 out.append(f"{where}: entry point {entry} is rendered by no template")
