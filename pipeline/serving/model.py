@@ -21,6 +21,15 @@ from typing import Any
 from pipeline.errors import UserError
 
 TRUE = ("true", "1", "t", "y", "yes")
+FALSE = ("false", "0", "f", "n", "no")
+
+
+def special_tokens_flag(value: str | None) -> bool:
+    """Preprocessing's ``add_special_tokens`` parameter as upstream's preprocessing model reads it
+    (tensorrtllm_backend ``all_models/inflight_batcher_llm/preprocessing/1/model.py`` @ c2e65b8, ``initialize``): one
+    of its true or false words in any case, and true for anything else (absent, unfilled, misspelt)."""
+    v = (value or "").lower()
+    return v in TRUE if v in TRUE + FALSE else True
 
 
 def params(config_pbtxt: Path) -> dict[str, str]:

@@ -665,3 +665,41 @@ def test_a_planted_difference_in_the_hand_built_chunk_is_seen():
     diffs = _check_hand_built(*_endpoints(NoContent, SwappedKeys))
     assert any(d.startswith("chat=False") for d in diffs) and any(d.startswith("chat=True") for d in diffs), diffs
     assert all("finish_reason" in d for d in diffs if d.startswith("chat=False"))
+
+
+UPSTREAM_ADD_SPECIAL_TOKENS = [  # tensorrtllm_backend preprocessing/1/model.py @ c2e65b8, initialize()
+    ("true", True), ("True", True), ("1", True), ("t", True), ("Y", True), ("yes", True),
+    ("false", False), ("FALSE", False), ("0", False), ("f", False), ("n", False), ("No", False),
+    (None, True), ("", True), ("maybe", True), ("${add_special_tokens}", True)]
+
+
+def _preprocessing_flag():
+    """``flag`` of the self-contained preprocessing model (Triton imports that file on its own), read from source."""
+    import ast
+
+    from pipeline.triton import layouts
+
+    src = (layouts.get("inflight_batcher_llm").template_dir("preprocessing") / "1" / "model.py").read_text()
+    tree = ast.parse(src)
+    keep = [n for n in tree.body if (isinstance(n, ast.Assign) and n.targets[0].id in ("TRUE", "FALSE"))
+            or (isinstance(n, ast.FunctionDef) and n.name == "flag")]
+    ns: dict = {}
+    exec(compile(ast.Module(keep, []), "preprocessing", "exec"), ns)
+    return ns["flag"]
+
+
+@pytest.mark.parametrize("value, expected", UPSTREAM_ADD_SPECIAL_TOKENS)
+def test_add_special_tokens_is_read_as_upstreams_preprocessing_reads_it(value, expected):
+    from pipeline.serving.model import special_tokens_flag
+
+    assert special_tokens_flag(value) is expected
+    assert _preprocessing_flag()(value) is expected
+
+
+def test_a_parse_that_defaults_to_false_fails_the_upstream_table():
+    """Negative control: the parse both places used before (``in TRUE``, false otherwise) disagrees with upstream on
+    values outside its words."""
+    from pipeline.serving.model import TRUE
+
+    old = lambda v: (v or "true").lower() in TRUE  # noqa: E731
+    assert any(old(v) is not want for v, want in UPSTREAM_ADD_SPECIAL_TOKENS)

@@ -34,7 +34,8 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
     return {
         "ensemble": {**base, "logits_datatype": "TYPE_FP32"},
         "preprocessing": {**base, **queue, "tokenizer_dir": in_container, "engine_dir": in_container,
-                          "add_special_tokens": False, "max_input_len": b.max_input_len,
+                          "add_special_tokens": True,  # upstream renders none: its model defaults to true
+                          "max_input_len": b.max_input_len,
                           "preprocessing_instance_count": sv.preprocessing_instance_count},
         "postprocessing": {**base, "tokenizer_dir": in_container, "skip_special_tokens": True,
                            "postprocessing_instance_count": sv.postprocessing_instance_count},

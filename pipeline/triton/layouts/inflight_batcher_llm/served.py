@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import UserError
-from pipeline.serving.model import TRUE, Reading, params, resolve, to_int
+from pipeline.serving.model import Reading, params, resolve, special_tokens_flag, to_int
 from pipeline.triton.layouts.record import ENGINE_REL
 
 
@@ -27,4 +27,4 @@ def read(repo: Path, model_dirs: Mapping[str, Path]) -> Reading:
         except (OSError, ValueError):
             max_seq = None
     return Reading(tokenizer_dir=resolve(repo, pre["tokenizer_dir"]), max_seq_len=max_seq,
-                   add_special_tokens=(pre.get("add_special_tokens") or "true").lower() in TRUE)
+                   add_special_tokens=special_tokens_flag(pre.get("add_special_tokens")))
