@@ -51,13 +51,13 @@ def wrap(owner, name: str, before: str | None = None, after: str | None = None) 
 def main() -> int:
     from uvicorn.protocols.http import httptools_impl as H
 
-    from pipeline.serving import app as A
-    from pipeline.serving import driver as D
+    from pipeline.serving import completions as C
+    from pipeline.serving import transport as T
 
     wrap(H.HttpToolsProtocol, "on_message_begin", before="recv")  # the request's first bytes parsed
-    wrap(A.FrontEnd, "completion_jobs", before="parsed", after="jobs")  # routed, read, validated; jobs made
-    wrap(D._Mux, "submit", before="submit")  # handed to the shared gRPC stream
-    wrap(D._Inbox, "put", before="resp")  # a response from Triton routed to its request
+    wrap(C.CompletionsEndpoint, "jobs", before="parsed", after="jobs")  # routed, read, validated; jobs made
+    wrap(T.Mux, "submit", before="submit")  # handed to the shared gRPC stream
+    wrap(T.Inbox, "put", before="resp")  # a response from Triton routed to its request
     send = H.RequestResponseCycle.send
 
     async def traced_send(self, message):

@@ -200,6 +200,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
+    from pipeline.config import compose
     from pipeline.serving import model as served_model
     from pipeline.serving import client as oa_client
     from pipeline.serving import run as front
@@ -214,8 +215,10 @@ def main() -> None:
         repo = args.repo.resolve() if args.repo else _build(tmp)
         served = served_model.load(repo, load_tokenizer=False)
         tok = AutoTokenizer.from_pretrained(str(served.tokenizer_dir))
+        settings = front.write_settings(compose([]).serve.openai, tmp / "front.json", port=0,
+                                        model_name=served.name)  # the shipped serve.openai settings
         with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp / "w", timeout_s=600) as s, \
-                front.child(repo, s.grpc_url, [f"serve.openai.model_name={served.name}"], tmp / "front.log") as url:
+                front.child(repo, s.grpc_url, settings, tmp / "front.log") as url:
             entry = client.entry_point(s.grpc_url, "ensemble", "inflight_batcher_llm")
             # CPU seconds per path, by process: the Triton server with its python stubs (the model), the front end,
             # and this process (both load generators; each path's rounds run alone)

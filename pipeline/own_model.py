@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 SHAPE_KEYS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
-              "vocab_size", "tie_word_embeddings")
+              "vocab_size", "tie_word_embeddings", "model_type")
 
 
 def group_of(job: list[str], conf_dir: Path) -> str:
@@ -48,7 +48,8 @@ def shape_from_config(doc: dict[str, Any]) -> dict[str, Any]:
            "num_kv_heads": int(text.get("num_key_value_heads") or heads),
            "head_dim": int(text.get("head_dim") or (hidden // heads if heads else 0)),
            "vocab_size": int(text.get("vocab_size") or 0),
-           "tie_word_embeddings": bool(doc.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))}
+           "tie_word_embeddings": bool(doc.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+           "model_type": str(doc.get("model_type") or "")}
     return {k: v for k, v in out.items() if v or k == "tie_word_embeddings"}
 
 

@@ -17,6 +17,18 @@ def compat_problems(cfg: DictConfig) -> list[str]:
                            cfg.runtime.name.value)
 
 
+def model_type(cfg: DictConfig) -> str | None:
+    """The model's ``config.json`` ``model_type`` as known at plan time: ``model.shape.model_type`` (a shipped model's
+    config, or a checkpoint of one's own read by :mod:`pipeline.own_model`), else a synthetic model's own; None
+    when only fetch will know it."""
+    given = str(cfg.model.shape.get("model_type") or "")
+    if given:
+        return given
+    if str(cfg.model.source) == "synthetic" and cfg.model.get("synthetic") is not None:
+        return str(cfg.model.synthetic.model_type)
+    return None
+
+
 def kv_plan(cfg: DictConfig) -> capacity.KVPlan | None:
     """The KV-capacity plan for a GPU target, or None (CPU target, or a model without a known shape)."""
     t, b = cfg.target, cfg.build

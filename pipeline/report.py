@@ -2,6 +2,7 @@
 tables, and the plan tables. Presentation only: nothing here changes an output."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,9 @@ def markdown(s: dict[str, Any]) -> str:
                      f"`{r['output']}` |")
     if s.get("published"):
         p = s["published"]
-        lines += ["", f"Published `{p['url']}` ({p['uploaded_files']} files uploaded; `latest` "
-                      f"{'moved' if p['latest_moved'] else 'not moved: ' + (p.get('latest_not_moved') or 'a gate did not pass')})."]
+        lines += ["", f"Published `{p['url']}` ({p['uploaded_files']} files uploaded; `latest` {latest_line(p)})."]
+        if p.get("gates"):
+            lines += ["", f"Gates: {p['gates']}."]
     bench = bench_rows(s)
     if bench:
         lines += ["", "| workload | concurrency | requests | errors | TTFT p50 (ms) | ITL p50 (ms) | "
@@ -108,11 +110,21 @@ def markdown(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def print_summary(s: dict[str, Any], report: Path) -> None:
-    """The build's stage table, bench table and gate, publish outcome and total on the console (stderr)."""
+def latest_line(published: dict[str, Any]) -> str:
+    """Whether ``latest`` moved, and why not: with the gates named when one of them kept it."""
+    if published["latest_moved"]:
+        return "moved"
+    return f"not moved: {published.get('latest_not_moved') or 'a gate did not pass'}"
+
+
+def print_summary(s: dict[str, Any], report: Path, console=None) -> None:
+    """The build's stage table, bench table and gates, publish outcome and total (``console``: stdout by default,
+    :func:`pipeline.ui.results`)."""
     from rich.table import Table
 
-    from pipeline.ui import console
+    from pipeline import ui
+
+    console = console or ui.out
 
     t = Table(title="stages")
     for col in ("stage", "status", "time", "size"):
@@ -138,10 +150,34 @@ def print_summary(s: dict[str, Any], report: Path) -> None:
         console.print(line, markup=False)
     p = s.get("published")
     if p:
-        why = "moved" if p["latest_moved"] else f"not moved: {p.get('latest_not_moved') or 'a gate did not pass'}"
-        console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest {why})", markup=False,
-                      soft_wrap=True)
+        console.print(f"published {p['url']} ({p['uploaded_files']} files uploaded; latest {latest_line(p)})",
+                      markup=False, soft_wrap=True)
+        if p.get("gates") and p["latest_moved"]:  # a latest kept back names them in its own line
+            console.print(f"gates: {p['gates']}", markup=False, soft_wrap=True)
     console.print(f"total {s['total_s']:.1f}s · report: {report}", markup=False, soft_wrap=True)
+
+
+def serve_lines(s: dict[str, Any], openai: dict[str, Any] | None) -> list[str]:
+    """How to serve what the build made: ``pipeline serve`` on the published bundle (its base when ``latest`` moved,
+    else the version; the local bundle when the destination is remote), else on the package stage's repository;
+    and the OpenAI base URL it will answer on (``openai``: ``serve.openai``; None or disabled: none)."""
+    outputs = {r["stage"]: r["output"] for r in s["stages"]}
+    p = s.get("published")
+    if p and "://" not in p["url"]:
+        where = str(Path(p["url"]).parent) if p["latest_moved"] else p["url"]
+    else:
+        where = outputs.get("publish") or outputs.get("package")
+    if where is None:
+        return []
+    lines = [f"serve it: python -m pipeline serve {where}"]
+    if openai and openai.get("enabled", True):
+        host, port = openai.get("host", "127.0.0.1"), int(openai.get("port", 9000))
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port if port else '<port it prints>'}/v1"
+        model = openai.get("model_name") or s["model"]
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}]})
+        lines += [f"OpenAI API: {url} (model '{model}') once it is up, e.g.",
+                  f"  curl {url}/chat/completions -H 'Content-Type: application/json' -d '{body}'"]
+    return lines
 
 
 def print_paths(console, rows: list[tuple[str, str]]) -> None:
@@ -156,12 +192,14 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def print_plan(doc: dict[str, Any]) -> None:
+def print_plan(doc: dict[str, Any], console=None) -> None:
     """The plan (``plan`` verb): each stage's fingerprint and cached/run status, the KV-cache capacity table, and
-    what this machine would refuse to build."""
+    what this machine would refuse to build (``console``: stdout by default)."""
     from rich.table import Table
 
-    from pipeline.ui import console
+    from pipeline import ui
+
+    console = console or ui.out
 
     t = Table(title=f"plan: {doc['model']} {doc['quant']} (KV {doc['kv_cache']}) on {doc['target']} / "
                     f"{doc['runtime']}")

@@ -20,6 +20,8 @@ from omegaconf import MISSING, OmegaConf
 
 from pipeline import formats
 
+from pipeline.triton import layouts as _layouts  # the layout registry: serve.layout and the entry-point choices
+
 
 def rng(default: Any, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
     """A dataclass field with an inclusive numeric range checked by ``pipeline.config.validate``."""
@@ -79,10 +81,11 @@ class RuntimeName(str, Enum):
     trtllm_llmapi = "trtllm_llmapi"  # TRT-LLM >= 1.2 PyTorch backend, Triton python `llmapi` model
 
 
-class Layout(str, Enum):
-    auto = "auto"  # trtllm_engine and reference -> inflight_batcher_llm, trtllm_llmapi -> llmapi
-    inflight_batcher_llm = "inflight_batcher_llm"  # ensemble / BLS over preprocessing -> tensorrt_llm -> postprocessing
-    llmapi = "llmapi"  # one python `tensorrt_llm` model driven by 1/model.yaml
+# The Triton layouts: ``auto`` and every folder of the layout registry (pipeline/triton/layouts/<name>/), in its order.
+# auto: trtllm_engine and reference -> inflight_batcher_llm (ensemble / BLS over preprocessing -> tensorrt_llm ->
+# postprocessing), trtllm_llmapi -> llmapi (one python `tensorrt_llm` model driven by 1/model.yaml).
+Layout = Enum("Layout", [("auto", "auto"), *((n, n) for n in _layouts.LAYOUTS)], type=str, module=__name__,
+              qualname="Layout")
 
 
 class Launcher(str, Enum):
@@ -122,6 +125,7 @@ class ModelShape:
     head_dim: int = rng(0, 0, None)
     vocab_size: int = rng(0, 0, None)
     tie_word_embeddings: bool = False
+    model_type: str = ""  # config.json's model_type (qwen3, llama, qwen3_moe, ...); "" when known only at fetch
 
 
 @dataclass
@@ -263,11 +267,10 @@ class BuildSettings:
 
 
 # ----------------------------------------------------------------------------------------------------------- serve
-class OpenAIEntry(str, Enum):
-    auto = "auto"  # ensemble (inflight_batcher_llm), tensorrt_llm (llmapi)
-    ensemble = "ensemble"
-    tensorrt_llm_bls = "tensorrt_llm_bls"
-    tensorrt_llm = "tensorrt_llm"
+# auto: the layout's first entry point (ensemble for inflight_batcher_llm, tensorrt_llm for llmapi); or any layout's
+# entry point, in the registry's order (ensemble, tensorrt_llm_bls, tensorrt_llm, ...)
+OpenAIEntry = Enum("OpenAIEntry", [("auto", "auto"), *((e, e) for e in _layouts.entry_point_names())], type=str,
+                   module=__name__, qualname="OpenAIEntry")
 
 
 @dataclass
@@ -348,11 +351,10 @@ class BenchGates:
     regression_on_cpu: bool = False  # CPU targets share cores with the load generator: report, do not fail
 
 
-class BenchModel(str, Enum):
-    auto = "auto"  # the layout's entry point: ensemble (inflight_batcher_llm), tensorrt_llm (llmapi)
-    ensemble = "ensemble"  # inflight_batcher_llm
-    tensorrt_llm_bls = "tensorrt_llm_bls"  # inflight_batcher_llm
-    tensorrt_llm = "tensorrt_llm"  # llmapi (the engine layout's tensorrt_llm takes token ids, not text)
+# auto: the layout's entry point (ensemble for inflight_batcher_llm, tensorrt_llm for llmapi); or any layout's entry
+# point (the inflight_batcher_llm layout's tensorrt_llm takes token ids, not text: the bench refuses it there)
+BenchModel = Enum("BenchModel", [("auto", "auto"), *((e, e) for e in _layouts.entry_point_names())], type=str,
+                  module=__name__, qualname="BenchModel")
 
 
 @dataclass

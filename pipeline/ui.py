@@ -1,4 +1,9 @@
-"""Console output: one rich progress display per stage, everything on stderr so ``--json`` stdout stays clean.
+"""Console output: progress on stderr (:data:`console`), results on stdout (:data:`out`).
+
+While a build runs, its progress (one display per stage, one line per step) goes to stderr; what the command
+produces for the user (the build summary, the plan, validate's findings) goes to stdout, so that
+``python -m pipeline build > summary.txt`` keeps it. With ``--json`` stdout holds the JSON document alone and the
+human summary goes to stderr (:func:`results`).
 
 In a terminal, a running stage shows one live display: a spinner naming the current step (``status``) and a bar for
 each counted step (``progress``). Anywhere else (CI logs, pipes) nothing is redrawn: each step prints one line when
@@ -18,6 +23,22 @@ from rich.progress import (BarColumn, Progress, SpinnerColumn, TaskID, TaskProgr
 
 console = Console(stderr=True, highlight=False)
 console.soft_wrap = not console.is_terminal  # a log keeps each line whole (paths included) instead of folding it
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout's reader went away: rich points stdout at /dev/null; end as a command killed by SIGPIPE would."""
+        try:
+            super().on_broken_pipe()
+        except SystemExit:
+            raise SystemExit(141) from None
+
+
+out = _Stdout(highlight=False)  # stdout, looked up at each write (a test's capture, a pipe)
+out.soft_wrap = not out.is_terminal
+
+
+def results(as_json: bool = False) -> Console:
+    """Where a command's human-readable result goes: stdout, or stderr when stdout carries ``--json``."""
+    return console if as_json else out
 
 # Read by tqdm (>= 4.66, TQDM_* environment overrides) and huggingface_hub at import time, and inherited by child
 # processes (the Triton python models, the TRT-LLM child): set them before either library is imported.

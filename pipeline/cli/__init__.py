@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from pipeline.cli import build, bundle, fleet, lint, serve
-from pipeline.cli.common import PROG, Formatter, Parser
+from pipeline.cli.common import PROG, Formatter, Parser, stdout_gone
 from pipeline import errors
 from pipeline.errors import UserError
 
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # stdout's reader went away (`| head`, a `| tee` stopped by Ctrl-C): end quietly, as a
+        stdout_gone()       # command killed by SIGPIPE would
+        sys.exit(141)
     except Exception as exc:  # every verb: one line and its exit code (errors.known)
         err = errors.known(exc)
         print(f"{err.prefix}: {err}", file=sys.stderr)

@@ -13,7 +13,7 @@ from pipeline.cli import sweep
 from pipeline.cli.common import add_overrides, subcommand
 from pipeline.errors import UserError
 
-JSON_HELP = "print the result as JSON on stdout (the console output stays on stderr)"
+JSON_HELP = "print the result as JSON on stdout (the human-readable output goes to stderr instead)"
 MULTIRUN_HELP = ("Hydra multirun: one job per combination of the comma-separated override values; every job is "
                  "checked before any runs (hydra/launcher=NAME picks where they run)")
 
@@ -24,9 +24,10 @@ def register(sub) -> None:
                                "cached stages are skipped.\n\n"
                                "  until=STAGE        stop after STAGE\n"
                                "  force=[quantize]   re-run the named stages even when cached\n\n"
-                               "The summary goes to stderr and reports/<label>.md/.json. Exit 1 when a stage or gate "
-                               "fails, 2 on bad input.")
-    p.add_argument("--json", action="store_true", help="also print the build report as JSON on stdout")
+                               "Progress goes to stderr; the summary to stdout and reports/<label>.md/.json. Exit 1 "
+                               "when a stage or gate fails, 2 on bad input.")
+    p.add_argument("--json", action="store_true",
+                   help="print the build report as JSON on stdout (the summary goes to stderr instead)")
     p.add_argument("-m", "--multirun", action="store_true", help=MULTIRUN_HELP)
     add_overrides(p)
     p.set_defaults(func=_build_or_plan, verb="build")
@@ -68,6 +69,11 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
         return cmd_build(cfg, as_json)
     except errors.PipelineError:
         raise
+    except BrokenPipeError:  # stdout's reader went away: end quietly (also inside Hydra's multirun, which would
+        from pipeline.cli.common import stdout_gone  # report it as a failed job)
+
+        stdout_gone()
+        raise SystemExit(141)
     except Exception as exc:
         raise errors.known(exc) from exc
 
@@ -95,26 +101,26 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
-        report.print_plan(doc)
         from rich.markup import escape
 
-        from pipeline.ui import console
+        from pipeline import ui
 
+        report.print_plan(doc, ui.out)
         for a in adjusted:
-            console.print(f"[cyan]adjusted:[/] {escape(a)}")
+            ui.out.print(f"[cyan]adjusted:[/] {escape(a)}")
     return doc
 
 
 def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
-    """Run every selected stage that is not cached. The summary goes to stderr (and ``reports/``); with ``as_json``
-    the report is also printed as JSON on stdout."""
+    """Run every selected stage that is not cached. Progress goes to stderr; the summary to stdout (and
+    ``reports/``); with ``as_json`` stdout holds the report as JSON and the summary goes to stderr."""
     from omegaconf import OmegaConf
 
     from pipeline import errors, report, runner
     from pipeline.config import resolved_paths
     from pipeline.identity import ArtifactKey
     from pipeline.stages import STAGES
-    from pipeline.ui import console
+    from pipeline.ui import console, results
 
     plan = runner.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
     paths = resolved_paths(cfg)
@@ -127,7 +133,11 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
                   f"[dim]log: {log_path}[/]")
     summary = runner.run(plan, console).to_dict()
     path = report.write(summary, paths["reports"])
-    report.print_summary(summary, path)
+    report.print_summary(summary, path, results(as_json))
+    from pipeline.config import to_plain
+
+    for line in report.serve_lines(summary, to_plain(cfg.serve.openai)):
+        results(as_json).print(line, markup=False, soft_wrap=True)
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     return summary
@@ -177,9 +187,9 @@ def cmd_validate(as_json: bool) -> int:
         print(json.dumps({"combinations": len(results), "failing": len(bad), "refused": len(refused),
                           "results": results}, indent=2))
     else:
-        from pipeline.ui import console
-
         from rich.markup import escape
+
+        from pipeline.ui import out as console
 
         for r in results:
             name = " ".join(f"{k}={v}" for k, v in r["combination"].items())

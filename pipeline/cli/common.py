@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import textwrap
 
 from pipeline.errors import UserError
@@ -40,3 +42,11 @@ def add_overrides(p: argparse.ArgumentParser, metavar: str = "OVERRIDE", help: s
     p.add_argument("args", nargs="*", metavar=metavar,
                    help=help or "Hydra overrides, passed through untouched: key=value, +key=value, ~key, "
                                 "hydra/launcher=NAME")
+
+
+def stdout_gone() -> None:
+    """Point stdout at /dev/null once its reader has gone (a ``BrokenPipeError``), so that nothing more, the
+    interpreter's last flush included, fails on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.cli.common import add_overrides, subcommand
+from pipeline.cli.common import add_overrides, stdout_gone, subcommand
 from pipeline.errors import UserError
 
 
@@ -71,8 +71,9 @@ def cmd_serve(args: list[str]) -> int:
     front = None
     if oa.enabled:  # everything the front end needs is checked before Triton starts
         from pipeline.serving import run as front_run
+        from pipeline.serving.frontend import FrontEnd
 
-        front = front_run.build_app(repo, "", oa)  # the gRPC address is set once the server is up
+        front = FrontEnd.from_config(oa, repo, "")  # the gRPC address is set once the server is up
         sock = front_run.bind(str(oa.host), int(oa.port))
 
     def _stop(signum, frame):
@@ -88,23 +89,25 @@ def cmd_serve(args: list[str]) -> int:
             ready = _ready_models(s)
             print(f"serving {repo} ({layout} layout; entry points: {', '.join(layouts.get(layout).entry_points)})")
             if front is not None:
-                app, served = front
-                app.state.front_end.driver.url = s.grpc_url
-                print(f"OpenAI {front_run.url_of(sock)}  (model '{served.name}')")
+                front.driver.url = s.grpc_url
+                print(f"OpenAI {front_run.url_of(sock)}  (model '{front.served.name}')")
             if s.proc is not None:
                 print(f"HTTP  {s.http_url}")
             print(f"gRPC  {s.grpc_url}")
             print(f"ready {', '.join(ready)}")
             print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
             if front is not None:
-                front_run.serve_forever(app, sock, alive=s.alive)
+                front_run.serve_forever(front.app(), sock, alive=s.alive)
             else:
                 while s.alive():
                     time.sleep(0.5)
             print(f"error: the server exited; its log {_keep_log(s.log_path, cfg)}:\n{s.log_tail()}", file=sys.stderr)
             return 1
     except KeyboardInterrupt:
-        print("stopped", flush=True)
+        try:
+            print("stopped", flush=True)
+        except BrokenPipeError:  # `serve | tee`: Ctrl-C stopped the reader too
+            stdout_gone()
         return 0
     except server.ServerError as exc:
         log = _keep_log(exc.log_path, cfg)

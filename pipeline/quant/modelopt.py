@@ -77,7 +77,7 @@ def model_shape(model) -> dict[str, int]:
 
 def config_shape(cfg) -> dict[str, int]:
     """The shape the config declares (``model.shape``, or a synthetic model's own config)."""
-    shape = {k: int(v) for k, v in to_plain(cfg.model.shape).items() if k != "params_b" and v}
+    shape = {k: int(v) for k, v in to_plain(cfg.model.shape).items() if k not in ("params_b", "model_type") and v}
     if cfg.model.source == "synthetic" and cfg.model.synthetic is not None:
         c = to_plain(cfg.model.synthetic.config)
         shape.update({k: int(c[src]) for k, src in (("hidden_size", "hidden_size"),

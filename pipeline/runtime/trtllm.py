@@ -184,11 +184,39 @@ def llmapi_options(build: dict[str, Any], kv_format: str, tp: int, pp: int) -> d
                                   "enable_padding": True}}
 
 
+# HF model_type -> the decoder type ModelOpt's TRT-LLM checkpoint export takes (modelopt/torch/export/model_utils.py
+# MODEL_NAME_TO_TYPE, matched on the model class: Qwen3Moe* -> "qwen3moe", Qwen2*/Qwen3* -> "qwen", Mixtral/Mistral
+# -> "llama")
+DECODER_TYPES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen", "qwen3": "qwen",
+                 "qwen3_moe": "qwen3moe"}
+# Decoder types ModelOpt maps but its TRT-LLM checkpoint export refuses: build_moe_config (layer_utils.py) asserts
+# decoder_type in ["llama", "dbrx", "phi3", "deepseek", "qwen"] for every MoE layer (a bare AssertionError), and
+# hf_ptq.py exports such models as the unified HF checkpoint only (Model-Optimizer a2fbac7, 0.47.0dev).
+NO_ENGINE_EXPORT = {"qwen3moe": "ModelOpt's TRT-LLM checkpoint export asserts that a MoE layer's decoder type is "
+                                "llama, dbrx, phi3, deepseek or qwen (modelopt/torch/export/layer_utils.py "
+                                "build_moe_config), and maps Qwen3-MoE to qwen3moe"}
+
+
+def engine_export_problem(model_type: str | None) -> str | None:
+    """Why ``runtime=trtllm_engine`` cannot be built for an HF ``model_type`` (its TRT-LLM checkpoint cannot be
+    exported); None when it can, or when the type is not known yet (``None``/empty: read at fetch)."""
+    if not model_type:
+        return None
+    decoder = DECODER_TYPES.get(model_type)
+    if decoder is None:
+        return (f"runtime trtllm_engine: no TRT-LLM checkpoint export for model_type={model_type!r} (supported: "
+                f"{', '.join(sorted(k for k, v in DECODER_TYPES.items() if v not in NO_ENGINE_EXPORT))}); use "
+                f"runtime=trtllm_llmapi (the unified HF checkpoint)")
+    if decoder in NO_ENGINE_EXPORT:
+        return (f"runtime trtllm_engine cannot serve model_type={model_type!r}: {NO_ENGINE_EXPORT[decoder]}; use "
+                f"runtime=trtllm_llmapi (the unified HF checkpoint, as ModelOpt's hf_ptq.py exports it)")
+    return None
+
+
 def decoder_type(model_type: str) -> str:
-    """ModelOpt ``export_tensorrt_llm_checkpoint`` decoder type for an HF ``model_type``."""
-    table = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen", "qwen3": "qwen",
-             "qwen3_moe": "qwen3moe"}
-    if model_type not in table:
-        raise UserError(f"runtime trtllm_engine: no TRT-LLM checkpoint export for model_type={model_type!r} "
-                        f"(supported: {', '.join(sorted(table))}); use runtime=trtllm_llmapi")
-    return table[model_type]
+    """ModelOpt ``export_tensorrt_llm_checkpoint`` decoder type for an HF ``model_type``; a :class:`UserError` for
+    one whose checkpoint ModelOpt cannot export (:func:`engine_export_problem`)."""
+    problem = engine_export_problem(model_type) if model_type else "runtime trtllm_engine: the model has no model_type"
+    if problem:
+        raise UserError(problem)
+    return DECODER_TYPES[model_type]

@@ -1,31 +1,39 @@
-"""``python -m pipeline.serving REPO GRPC_URL [OVERRIDE ...]``: the OpenAI front end alone, in front of a Triton
-server that already runs at ``GRPC_URL`` (``serve.openai.*`` overrides apply). Prints ``OpenAI http://HOST:PORT/v1``
-once it listens and serves until SIGINT or SIGTERM. The bench starts it this way, in a process of its own."""
+"""``python -m pipeline.serving REPO GRPC_URL [--openai-config FILE | OVERRIDE ...]``: the OpenAI front end alone, in
+front of a Triton server that already runs at ``GRPC_URL``, with the shipped ``serve.openai`` settings and the
+overrides given (``serve.openai.*=...``), or with the ``serve.openai`` settings in FILE (JSON or YAML, as
+``pipeline.serving.run.write_settings`` writes a build's own: how the bench starts it, in a process of its own).
+Prints ``OpenAI http://HOST:PORT/v1`` once it listens and serves until SIGINT or SIGTERM."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+USAGE = "usage: python -m pipeline.serving REPO GRPC_URL [--openai-config FILE | serve.openai.*=...]"
+
 
 def main(argv: list[str]) -> int:
-    from pipeline.config import compose
     from pipeline.errors import UserError
     from pipeline.serving import run
+    from pipeline.serving.frontend import FrontEnd
 
-    if len(argv) < 2:
-        print("usage: python -m pipeline.serving REPO GRPC_URL [serve.openai.*=...]", file=sys.stderr)
+    if len(argv) < 2 or (len(argv) > 2 and argv[2] == "--openai-config" and len(argv) != 4):
+        print(USAGE, file=sys.stderr)
         return 2
     try:
-        cfg = compose(argv[2:])
-        oa = cfg.serve.openai
-        app, served = run.build_app(Path(argv[0]), argv[1], oa)
+        if len(argv) > 2 and argv[2] == "--openai-config":
+            oa = run.read_settings(Path(argv[3]))
+        else:
+            from pipeline.config import compose
+
+            oa = compose(argv[2:]).serve.openai
+        fe = FrontEnd.from_config(oa, Path(argv[0]), argv[1])
         sock = run.bind(str(oa.host), int(oa.port))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"OpenAI {run.url_of(sock)}  (model '{served.name}')", flush=True)
+    print(f"OpenAI {run.url_of(sock)}  (model '{fe.served.name}')", flush=True)
     try:
-        run.serve_forever(app, sock)
+        run.serve_forever(fe.app(), sock)
     except KeyboardInterrupt:
         pass
     return 0

@@ -93,11 +93,11 @@ async def _one(session, url: str, body: dict, rec: RequestRecord, chat: bool, ti
 def run_level(base_url: str, model: str, prompts: list[str], order: list[int], concurrency: int, max_tokens: int,
               timeout_s: float, chat: bool = True, extra: dict | None = None,
               on_done: Callable[[], None] | None = None, preconnect: bool = True, stagger: bool = True,
-              trace_configs: list | None = None) -> tuple[list[RequestRecord], float]:
+              trace_configs: list | None = None, api_key: str | None = None) -> tuple[list[RequestRecord], float]:
     """Send ``order`` (indices into ``prompts``) with ``concurrency`` workers to the OpenAI endpoint at
     ``base_url`` (``http://HOST:PORT/v1``), on connections opened first (``preconnect``), each worker started once
-    the one before has sent (``stagger``; see the module docstring); ``trace_configs``: aiohttp's request tracing.
-    Returns the records and the wall time."""
+    the one before has sent (``stagger``; see the module docstring); ``trace_configs``: aiohttp's request tracing;
+    ``api_key``: sent as ``Authorization: Bearer KEY``. Returns the records and the wall time."""
     import aiohttp
 
     url = f"{base_url}/chat/completions" if chat else f"{base_url}/completions"
@@ -116,7 +116,8 @@ def run_level(base_url: str, model: str, prompts: list[str], order: list[int], c
             todo.put_nowait(i)
         records: list[RequestRecord] = []
         conn = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
-        async with aiohttp.ClientSession(connector=conn, trace_configs=trace_configs) as session:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        async with aiohttp.ClientSession(connector=conn, trace_configs=trace_configs, headers=headers) as session:
             if preconnect:
                 await _open(session, base_url, max(1, concurrency))
 

@@ -1,28 +1,39 @@
 """What the front end knows about the repository it serves: its layout, its model's name and metadata, the
 tokenizer (for chat templates, token counts and token-level requests) and the context length.
 
-Everything is read from the repository itself, as the server will load it: the tokenizer from preprocessing's
-``tokenizer_dir`` (``inflight_batcher_llm``) or from ``model.yaml``'s ``tokenizer``/``model`` (``llmapi``), each
-resolved like the python models resolve them (a path under the serving container's mount is looked up in the
-repository); the context length from the reference model's ``max_seq_len`` parameter, the engine's
-``build_config.max_seq_len``, ``model.yaml``'s ``max_seq_len``, else the checkpoint's ``max_position_embeddings``;
-the name, quantization, target and version from the bundle's ``bundle.json`` when the repository is a bundle's.
+Everything is read from the repository itself, as the server will load it. What differs per layout is read by the
+layout folder's ``served.read`` (``pipeline/triton/layouts/<name>/served.py``) into a :class:`Reading`: the tokenizer
+directory (preprocessing's ``tokenizer_dir`` for ``inflight_batcher_llm``, ``model.yaml``'s ``tokenizer``/``model``
+for ``llmapi``, each resolved like the python models resolve them: a path under the serving container's mount is
+looked up in the repository, :func:`resolve`), the context length where the repository says it (the reference
+model's ``max_seq_len`` parameter, the engine's ``build_config.max_seq_len``, ``model.yaml``'s ``max_seq_len``) and
+how text prompts are tokenized. The rest is common: the checkpoint's ``max_position_embeddings`` when the layout
+found no context length, and the name, quantization, target and version from the bundle's ``bundle.json`` when the
+repository is a bundle's.
 """
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.triton.layouts import ENGINE_REL
 
 TRUE = ("true", "1", "t", "y", "yes")
+FALSE = ("false", "0", "f", "n", "no")
 
 
-def _params(config_pbtxt: Path) -> dict[str, str]:
+def special_tokens_flag(value: str | None) -> bool:
+    """Preprocessing's ``add_special_tokens`` parameter as upstream's preprocessing model reads it
+    (tensorrtllm_backend ``all_models/inflight_batcher_llm/preprocessing/1/model.py`` @ c2e65b8, ``initialize``): one
+    of its true or false words in any case, and true for anything else (absent, unfilled, misspelt)."""
+    v = (value or "").lower()
+    return v in TRUE if v in TRUE + FALSE else True
+
+
+def params(config_pbtxt: Path) -> dict[str, str]:
+    """A model config's filled ``parameters`` (name -> string value); a :class:`UserError` when it cannot be read."""
     from pipeline.triton.render import parse_model_config
 
     try:
@@ -46,6 +57,15 @@ def resolve(repo: Path, path: str) -> Path:
         if cand.exists():
             return cand
     return p
+
+
+@dataclass
+class Reading:
+    """What a layout folder's ``served.read(repo, model_dirs)`` finds in a written repository."""
+
+    tokenizer_dir: Path
+    max_seq_len: int | None  # None: not in the repository (the checkpoint's max_position_embeddings is used)
+    add_special_tokens: bool  # how the layout's tokenizer step encodes text prompts
 
 
 @dataclass
@@ -123,7 +143,7 @@ def _bundle(repo: Path) -> dict[str, Any] | None:
     return None
 
 
-def _int(v) -> int | None:
+def to_int(v) -> int | None:
     try:
         return int(v) if v not in (None, "") else None
     except (TypeError, ValueError):
@@ -137,42 +157,14 @@ def load(repo: Path, name: str | None = None, load_tokenizer: bool = True) -> Se
     repo = Path(repo).resolve()
     dirs = {d.name: d for d in repo.iterdir() if d.is_dir()}
     layout = layouts.of_repository(dirs)
-    max_seq: int | None = None
-    if layout == "llmapi":
-        import yaml
-
-        yaml_path = repo / "tensorrt_llm" / "1" / "model.yaml"
-        doc = yaml.safe_load(yaml_path.read_text()) or {}
-        params = _params(repo / "tensorrt_llm" / "config.pbtxt")
-        tok = params.get("engine_dir") or doc.get("tokenizer") or doc.get("model") or ENGINE_REL
-        tok_dir = resolve(repo, str(tok)) if (os.path.isabs(str(tok)) or params.get("engine_dir")) \
-            else (yaml_path.parent / str(tok)).resolve()
-        if not tok_dir.exists():
-            tok_dir = resolve(repo, str(tok))
-        max_seq = _int(params.get("max_seq_len")) or _int(doc.get("max_seq_len"))
-        add_special = True  # the LLM API tokenizes text prompts with the special tokens
-    else:
-        if "preprocessing" not in dirs:
-            raise UserError(f"{repo}: an inflight_batcher_llm repository without preprocessing/ (its tokenizer)")
-        pre = _params(repo / "preprocessing" / "config.pbtxt")
-        if not pre.get("tokenizer_dir"):
-            raise UserError(f"{repo}/preprocessing/config.pbtxt: no tokenizer_dir parameter")
-        tok_dir = resolve(repo, pre["tokenizer_dir"])
-        add_special = (pre.get("add_special_tokens") or "true").lower() in TRUE
-        llm = _params(repo / "tensorrt_llm" / "config.pbtxt") if "tensorrt_llm" in dirs else {}
-        max_seq = _int(llm.get("max_seq_len"))
-        if max_seq is None:
-            engine = resolve(repo, llm.get("gpt_model_path") or ENGINE_REL) / "config.json"
-            try:
-                max_seq = _int((json.loads(engine.read_text()).get("build_config") or {}).get("max_seq_len"))
-            except (OSError, ValueError):
-                max_seq = None
+    reading = layouts.get(layout).read(repo, dirs)
+    tok_dir, max_seq, add_special = reading.tokenizer_dir, reading.max_seq_len, reading.add_special_tokens
     if not tok_dir.is_dir():
         raise UserError(f"{repo}: the tokenizer directory {tok_dir} does not exist")
     if max_seq is None:
         try:
             hf = json.loads((tok_dir / "config.json").read_text())
-            max_seq = _int(hf.get("max_position_embeddings"))
+            max_seq = to_int(hf.get("max_position_embeddings"))
         except (OSError, ValueError):
             max_seq = None
     bundle = _bundle(repo)

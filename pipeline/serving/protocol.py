@@ -1,4 +1,4 @@
-"""The OpenAI request bodies the front end accepts, and the errors it answers with.
+"""The OpenAI request bodies the front end accepts, the response bodies it answers with, and its errors.
 
 Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``, plus the extensions that
 vLLM and ``trtllm-serve`` accept and benchmarks send (``top_k``, ``min_tokens``, ``ignore_eos``,
@@ -6,16 +6,35 @@ vLLM and ``trtllm-serve`` accept and benchmarks send (``top_k``, ``min_tokens``,
 the schema is refused by name (OpenAI answers "Unrecognized request argument supplied"); a known field whose value
 would change the output in a way no layout can honour (``n`` > 1, ``logit_bias``, tools, ``response_format`` other
 than text, ``suffix``, ``best_of`` > 1) is refused by :func:`unsupported`, never ignored.
+
+Every response body is one of the typed models below (OpenAI's ``Completion``, ``ChatCompletion``,
+``ChatCompletionChunk``, ``Model``, the model list and the error body), written by :func:`dump`: compact JSON of the
+fields that were set, in the models' field order, non-ASCII text as it is. A field the answer leaves out is one not
+passed to the model (a chat delta's ``role`` after the first chunk; a chunk's ``usage`` without
+``stream_options.include_usage``); a field passed as None is ``null``. The streaming hot path writes its per-token
+chunk as bytes around the text (``pipeline.serving.endpoint``); ``tests/unit/test_serving.py`` checks those bytes
+against :func:`dump` of the same chunk.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
+def dumps(doc: Any) -> bytes:
+    """Compact JSON, non-ASCII as it is (what every response body and event is written as)."""
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def dump(model: BaseModel) -> bytes:
+    """A response model as the front end writes it: the fields that were set, in field order (:func:`dumps`)."""
+    return dumps(model.model_dump(exclude_unset=True))
+
+
 class APIError(Exception):
-    """An error answered in OpenAI's schema: ``{"error": {"message", "type", "param", "code"}}``."""
+    """An error in OpenAI's schema (:class:`ErrorBody`): ``{"error": {"message", "type", "param", "code"}}``."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
@@ -25,8 +44,8 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return ErrorBody(error=ErrorDetail(message=self.message, param=self.param, code=self.code,
+                                           type=self.TYPES.get(self.status, "invalid_request_error"))).model_dump()
 
 
 class _Strict(BaseModel):
@@ -201,3 +220,144 @@ def from_validation(exc: ValidationError, prefix: str = "") -> APIError:
     # a union's alternatives repeat one field's problem; keep the distinct messages in order
     uniq = list(dict.fromkeys(parts))
     return APIError(400, "; ".join(uniq[:6]) + (f" (and {len(uniq) - 6} more)" if len(uniq) > 6 else ""), param=first)
+
+
+# ----------------------------------------------------------------------------------------------------- responses
+class _Out(BaseModel):
+    """A response body (or part of one): every field it has is declared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Out):
+    message: str
+    type: str
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorBody(_Out):
+    error: ErrorDetail
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+FinishReason = Optional[Literal["stop", "length"]]
+
+
+class CompletionLogprobs(_Out):
+    """``/v1/completions`` log probabilities: per token its text, log prob (None: the first prompt token), top
+    alternatives (None where not asked or for the first prompt token) and offset in the returned text."""
+
+    tokens: list[str]
+    token_logprobs: list[Optional[float]]
+    top_logprobs: list[Optional[dict[str, float]]]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Out):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs]
+    finish_reason: FinishReason
+
+
+class Completion(_Out):
+    """``/v1/completions``' answer, and each chunk of its stream (OpenAI's streamed chunks are completions too; their
+    ``usage`` is there only with ``stream_options.include_usage``)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: Optional[str]
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: Optional[float]
+    bytes: list[int]
+
+
+class TokenLogprobEntry(_Out):
+    token: str
+    logprob: Optional[float]
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Out):
+    content: list[TokenLogprobEntry]
+    refusal: Optional[list[TokenLogprobEntry]]
+
+
+class ChatMessage(_Out):
+    role: Literal["assistant"]
+    content: str
+    refusal: Optional[str]
+
+
+class ChatChoice(_Out):
+    index: int
+    message: ChatMessage
+    logprobs: Optional[ChoiceLogprobs]
+    finish_reason: FinishReason
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: Optional[str]
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(_Out):
+    """What a chunk adds to the message: ``role`` on the first chunk, ``content`` where there is text (neither on
+    the finish chunk)."""
+
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(_Out):
+    index: int
+    delta: ChatDelta
+    logprobs: Optional[ChoiceLogprobs]
+    finish_reason: FinishReason
+
+
+class ChatCompletionChunk(_Out):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: Optional[str]
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+
+
+class ModelCard(_Out):
+    """``GET /v1/models/{id}``: OpenAI's ``Model`` with vLLM's ``root`` and ``max_model_len`` and the build's
+    ``metadata`` (layout, quant, kv_cache, target, runtime, version)."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    max_model_len: Optional[int]
+    metadata: dict[str, Any]
+
+
+class ModelList(_Out):
+    object: Literal["list"]
+    data: list[ModelCard]

@@ -1,9 +1,12 @@
-"""Run the front end with uvicorn: on a socket bound here first (a port in use is one clear error), in the main
-thread (``pipeline serve``: uvicorn handles SIGINT/SIGTERM) or in a background thread (the bench, tests)."""
+"""Run the front end (:meth:`pipeline.serving.frontend.FrontEnd.from_config`) with uvicorn: on a socket bound here
+first (a port in use is one clear error), in the main thread (``pipeline serve``: uvicorn handles SIGINT/SIGTERM), in
+a background thread (the task evaluation, tests) or in a process of its own (the bench: :func:`child`, with the
+build's own ``serve.openai`` settings)."""
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import socket
 import threading
@@ -12,23 +15,6 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.errors import UserError
-
-
-def settings(openai_cfg):
-    """``serve.openai`` -> the app's settings; the API key is read from the environment variable it names."""
-    from pipeline.serving.app import Settings
-
-    key = None
-    env = openai_cfg.api_key_env
-    if env:
-        key = os.environ.get(str(env), "")
-        if not key:
-            raise UserError(f"serve.openai.api_key_env={env}: that environment variable is unset or empty; export "
-                            f"the key in it, or set serve.openai.api_key_env=null to serve without a key")
-    lim = openai_cfg.limits
-    return Settings(api_key=key, max_body_bytes=int(lim.max_body_bytes), max_tokens=int(lim.max_tokens),
-                    request_timeout_s=float(lim.request_timeout_s),
-                    stream_status_wait_s=float(lim.stream_status_wait_ms) / 1000)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -47,27 +33,6 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
-
-
-def build_app(repo: Path, grpc_url: str, openai_cfg):
-    """(app, served model) for ``repo`` served by Triton at ``grpc_url``."""
-    from pipeline.serving import model as served_model
-    from pipeline.serving.app import create_app
-    from pipeline.serving.driver import Driver
-
-    cfg_settings = settings(openai_cfg)
-    served = served_model.load(repo, name=openai_cfg.model_name)
-    entry = getattr(openai_cfg.entry_point, "value", openai_cfg.entry_point)
-    if entry == "auto":
-        entry = None
-    elif served.layout == "llmapi" and entry != "tensorrt_llm":
-        raise UserError(f"serve.openai.entry_point={entry}: the llmapi layout's entry point is tensorrt_llm")
-    elif served.layout == "inflight_batcher_llm" and entry == "tensorrt_llm":
-        raise UserError("serve.openai.entry_point=tensorrt_llm: the inflight_batcher_llm layout's text entry points "
-                        "are ensemble and tensorrt_llm_bls (tensorrt_llm takes token ids; the front end uses it for "
-                        "token-level requests on its own)")
-    driver = Driver(grpc_url, served, entry=entry, timeout_s=cfg_settings.request_timeout_s)
-    return create_app(served, driver, cfg_settings), served
 
 
 def _server(app, sock: socket.socket):
@@ -101,8 +66,11 @@ def serve_forever(app, sock: socket.socket, alive=None) -> None:
 
 @contextlib.contextmanager
 def running(repo: Path, grpc_url: str, openai_cfg, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """The front end in a background thread; yields its base URL (``http://HOST:PORT/v1``); stopped on exit."""
-    app, _ = build_app(repo, grpc_url, openai_cfg)
+    """The front end ``openai_cfg`` (``serve.openai``) describes, on ``host:port``, in a background thread; yields its
+    base URL (``http://HOST:PORT/v1``); stopped on exit."""
+    from pipeline.serving.frontend import FrontEnd
+
+    app = FrontEnd.from_config(openai_cfg, repo, grpc_url).app()
     sock = bind(host, port)
     server = _server(app, sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -122,9 +90,39 @@ def running(repo: Path, grpc_url: str, openai_cfg, host: str = "127.0.0.1", port
         sock.close()
 
 
+def write_settings(openai_cfg, path: Path, **changes) -> Path:
+    """``serve.openai`` (``openai_cfg``, resolved), with ``changes``, as the JSON file ``python -m pipeline.serving
+    --openai-config`` reads: how a build's own settings reach a front end in a process of its own."""
+    from omegaconf import OmegaConf
+
+    doc = OmegaConf.to_container(openai_cfg, resolve=True, enum_to_str=True)
+    doc.update(changes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def read_settings(path: Path):
+    """A ``serve.openai`` config from a file :func:`write_settings` wrote (JSON or YAML), checked against the schema
+    (an unknown key or a value of the wrong type is a :class:`UserError`)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from pipeline import schema
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+        return OmegaConf.merge(OmegaConf.structured(schema.OpenAIConfig), doc or {})
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"--openai-config {path}: cannot read it ({exc})") from None
+    except Exception as exc:  # omegaconf's validation errors
+        raise UserError(f"--openai-config {path}: not a serve.openai config ({str(exc).splitlines()[0]})") from None
+
+
 @contextlib.contextmanager
-def child(repo: Path, grpc_url: str, overrides: list[str], log_path: Path, timeout_s: float = 120.0) -> Iterator[str]:
-    """The front end in a process of its own (``python -m pipeline.serving``), under the Triton server's supervisor
+def child(repo: Path, grpc_url: str, settings_file: Path, log_path: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """The front end in a process of its own (``python -m pipeline.serving REPO GRPC_URL --openai-config
+    SETTINGS_FILE``, the settings :func:`write_settings` wrote), under the Triton server's supervisor
     (:func:`pipeline.triton.server.supervised`: nothing outlives this process, ``kill -9`` included); yields its
     base URL and stops it on exit."""
     import signal
@@ -133,8 +131,8 @@ def child(repo: Path, grpc_url: str, overrides: list[str], log_path: Path, timeo
 
     from pipeline.triton.server import supervised
 
-    cmd = supervised([sys.executable, "-m", "pipeline.serving", str(repo), grpc_url, "serve.openai.port=0",
-                      *overrides])
+    cmd = supervised([sys.executable, "-m", "pipeline.serving", str(repo), grpc_url, "--openai-config",
+                      str(settings_file)])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w+b")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,

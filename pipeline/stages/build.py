@@ -185,8 +185,13 @@ def publish_timing_cache(own: Path, shared: Path) -> None:
 
 
 def check(cfg) -> list[str]:
+    from pipeline.runtime import trtllm
     from pipeline.upstream import rules
 
+    if cfg.runtime.name.value == "trtllm_engine":
+        problem = trtllm.engine_export_problem(planning.model_type(cfg))
+        if problem:
+            return [problem]
     return planning.compat_problems(cfg) or rules.refusals(cfg) or planning.capacity_problems(cfg)
 
 

@@ -106,17 +106,34 @@ def gate_verdicts(quant: dict[str, Any], accuracy) -> dict[str, str]:
     return {"accuracy": none, "export_check": none}
 
 
-def gates_passed(gates: dict[str, Any], quant: dict[str, Any] | None = None) -> bool:
-    """Whether ``latest`` may move: every gate verdict passed (``no-baseline``, ``incomplete``, ``missing`` and
-    ``warn`` do not); ``n/a`` counts only for the accuracy gate and export proof of an unquantized bundle (``quant``,
-    bundle.json's)."""
+def gate_outcomes(gates: dict[str, Any], quant: dict[str, Any] | None = None) -> list[tuple[str, str, bool]]:
+    """Every gate of bundle.json that decides ``latest``, in order: (name, verdict, whether it lets ``latest`` move).
+    Only ``pass`` passes (``no-baseline``, ``incomplete``, ``missing`` and ``warn`` do not); ``n/a`` passes only for
+    the accuracy gate and export proof of an unquantized bundle (``quant``, bundle.json's); the task gate (``eval``)
+    passes ``pass``, ``inconclusive`` (it reaches a bundle only without eval.strict; with it, evaluate fails) and
+    ``n/a`` (no evaluate stage)."""
     allowed = {"accuracy": ("pass", "n/a"), "export_check": ("pass", "n/a")} if unquantized(quant) else {}
-    # an inconclusive task gate reaches a bundle only without eval.strict (with it, evaluate fails)
-    return all(gates.get(k) in allowed.get(k, ("pass",)) for k in GATE_NAMES) and \
-        gates.get("eval", "n/a") in ("pass", "n/a", "inconclusive")
+    allowed["eval"] = ("pass", "n/a", "inconclusive")
+    out = []
+    for name in GATE_NAMES:
+        verdict = gates.get(name, "n/a" if name == "eval" else "missing")
+        out.append((name, str(verdict), verdict in allowed.get(name, ("pass",))))
+    return out
 
 
-GATE_NAMES = ("accuracy", "export_check", "bench")  # the verdicts of bundle.json's gates that decide ``latest``
+def gates_passed(gates: dict[str, Any], quant: dict[str, Any] | None = None) -> bool:
+    """Whether ``latest`` may move: every gate of :func:`gate_outcomes` passed."""
+    return all(ok for _, _, ok in gate_outcomes(gates, quant))
+
+
+def gates_line(gates: dict[str, Any], quant: dict[str, Any] | None = None) -> str:
+    """Every gate and its verdict in one line, those that keep ``latest`` where it is marked: ``accuracy warn (did not
+    pass), export_check pass, bench pass, eval inconclusive``."""
+    return ", ".join(f"{name} {verdict}" + ("" if ok else " (did not pass)")
+                     for name, verdict, ok in gate_outcomes(gates, quant))
+
+
+GATE_NAMES = ("accuracy", "export_check", "bench", "eval")  # bundle.json's gate verdicts that decide ``latest``
 
 
 def run(ctx: Context) -> PublishResult:
@@ -187,12 +204,13 @@ def upload(local, dest: str, *, lock_dir=None, config_differs: list[str] | None 
     move = passed and move_latest is not False and (move_latest is True or not config_differs)
     why = None
     if not move:
-        why = ("a gate did not pass" if not passed else "publish.move_latest=false" if move_latest is False else
+        why = (f"a gate did not pass: {gates_line(doc['gates'], doc.get('quant'))}" if not passed
+               else "publish.move_latest=false" if move_latest is False else
                f"the config differs from its matrix entry ({'; '.join(config_differs[:3])}); "
                f"publish.move_latest=true moves it")
     with status(f"publishing {doc['version']} to {dest}"):
         return {**publish_bundle(local, dest, move_latest=move, lock_dir=lock_dir), "gates_passed": passed,
-                "latest_not_moved": why}
+                "gates": gates_line(doc["gates"], doc.get("quant")), "latest_not_moved": why}
 
 
 def after(cfg, out) -> dict[str, Any]:

@@ -3,10 +3,11 @@
 Rules (each finding is one line naming the file and the fix):
 
 1. every ``config.pbtxt`` parses against Triton's protobuf ``ModelConfig`` and has no unfilled ``${placeholder}``;
-2. every model of upstream's layout (``inflight_batcher_llm`` or ``llmapi``, recorded in ``pipeline/upstream`` for
-   the repository's TensorRT-LLM line) has upstream's backend, inputs and outputs, with upstream's data type, dims,
-   optional flag, ragged batching and reshape, an ensemble upstream's steps and tensor maps, and sets (non-empty)
-   every parameter its backend or ``model.py`` reads without a fallback
+2. every model of the repository's layout (its folder's ``detect``, ``pipeline/triton/layouts``: NVIDIA's
+   ``inflight_batcher_llm`` or ``llmapi``, recorded in ``pipeline/upstream`` for the repository's TensorRT-LLM line;
+   another layout of the registry against the ``interface.yaml`` in its folder) has upstream's backend, inputs and
+   outputs, with upstream's data type, dims, optional flag, ragged batching and reshape, an ensemble upstream's steps
+   and tensor maps, and sets (non-empty) every parameter its backend or ``model.py`` reads without a fallback
    (``gpt_model_path``, ``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``, ...);
 3. every ensemble step names a model in the repository, maps tensors that exist with matching data types, feeds
    every required input, and the ensemble's outputs are produced;
@@ -105,7 +106,7 @@ def _params(cfg) -> dict[str, str]:
     return {k: v.string_value for k, v in cfg.parameters.items()}
 
 
-layout_of = layouts.of_repository  # ``llmapi`` when tensorrt_llm has a 1/model.yaml, else inflight_batcher_llm
+layout_of = layouts.of_repository  # each layout's own detect (llmapi: tensorrt_llm has a 1/model.yaml)
 
 
 # ------------------------------------------------------------------------------------------ upstream conformance
@@ -143,14 +144,16 @@ def _step_differences(rel: str, got: list[dict[str, Any]], want: list[dict[str, 
     return out
 
 
-def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any]) -> list[str]:
-    """Differences between one model's config and upstream's recorded interface for it: missing, extra or different
-    tensors (data type, dims, reshape, optional, ragged batching), another backend or platform, an ensemble's steps
-    other than upstream's, required parameters that are absent or empty."""
+def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any],
+                owner: str = "upstream") -> list[str]:
+    """Differences between one model's config and upstream's recorded interface for it (``owner``: whose interface
+    it is, in the messages; a layout that is not NVIDIA's has its own): missing, extra or different tensors (data
+    type, dims, reshape, optional, ragged batching), another backend or platform, an ensemble's steps other than
+    upstream's, required parameters that are absent or empty."""
     rel = f"{name}/config.pbtxt"
     src = recorded.get("source") or {}
     commit = str(src.get("commit") or "")[:10]
-    where = " ".join(filter(None, (src.get("repo") or "upstream", src.get("path"), commit and f"@ {commit}")))
+    where = " ".join(filter(None, (src.get("repo") or owner, src.get("path"), commit and f"@ {commit}")))
     out = []
     for kind, have in (("inputs", cfg.input), ("outputs", cfg.output)):
         is_input = kind == "inputs"
@@ -158,29 +161,29 @@ def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any])
         got = {t.name: t for t in have}
         for tname in want:
             if tname not in got:
-                out.append(f"{rel}: upstream {kind[:-1]} \"{tname}\" is missing (clients of {where} send/expect it); "
+                out.append(f"{rel}: {owner} {kind[:-1]} \"{tname}\" is missing (clients of {where} send/expect it); "
                            f"add it with data_type {want[tname]['data_type']} dims {want[tname]['dims']}")
                 continue
             w, g = want[tname], _tensor_view(got[tname], is_input)
             if not str(w["data_type"]).startswith("${") and w["data_type"] != g["data_type"]:
-                out.append(f"{rel}: {kind[:-1]} \"{tname}\" is {g['data_type']}, upstream has {w['data_type']}")
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" is {g['data_type']}, {owner} has {w['data_type']}")
             if list(w["dims"]) != g["dims"]:
-                out.append(f"{rel}: {kind[:-1]} \"{tname}\" dims {g['dims']}, upstream has {list(w['dims'])}")
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" dims {g['dims']}, {owner} has {list(w['dims'])}")
             if (list(w["reshape"]) if "reshape" in w else None) != g["reshape"]:
-                out.append(f"{rel}: {kind[:-1]} \"{tname}\" reshape {g['reshape']}, upstream has {w.get('reshape')}")
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" reshape {g['reshape']}, {owner} has {w.get('reshape')}")
             if is_input and bool(w.get("optional")) != g["optional"]:
-                out.append(f"{rel}: input \"{tname}\" optional={str(g['optional']).lower()}, upstream has "
+                out.append(f"{rel}: input \"{tname}\" optional={str(g['optional']).lower()}, {owner} has "
                            f"optional={str(bool(w.get('optional'))).lower()}")
             if is_input and bool(w.get("allow_ragged_batch")) != g["allow_ragged_batch"]:
                 out.append(f"{rel}: input \"{tname}\" allow_ragged_batch={str(g['allow_ragged_batch']).lower()}, "
-                           f"upstream has allow_ragged_batch={str(bool(w.get('allow_ragged_batch'))).lower()}")
+                           f"{owner} has allow_ragged_batch={str(bool(w.get('allow_ragged_batch'))).lower()}")
         for tname in got:
             if tname not in want:
-                out.append(f"{rel}: {kind[:-1]} \"{tname}\" is not in upstream's interface ({where}); remove it")
+                out.append(f"{rel}: {kind[:-1]} \"{tname}\" is not in {owner}'s interface ({where}); remove it")
     for key in ("backend", "platform"):
         want_value = recorded.get(key)
         if want_value is not None and not str(want_value).startswith("${") and getattr(cfg, key) != want_value:
-            out.append(f"{rel}: {key} \"{getattr(cfg, key)}\", upstream has \"{want_value}\"")
+            out.append(f"{rel}: {key} \"{getattr(cfg, key)}\", {owner} has \"{want_value}\"")
     if recorded.get("steps") is not None:
         out += _step_differences(rel, _steps(cfg), recorded["steps"])
     params = _params(cfg)
@@ -403,11 +406,12 @@ def tree_of(root: Path) -> tuple[set[str], set[str]]:
 
 
 def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str = REPO_MOUNT,
-         container: str | None = None, line: str | None = None) -> list[str]:
+         container: str | None = None, line: str | None = None, layout: str | None = None) -> list[str]:
     """Every finding, one line each. ``trtllm_version``: the serving container's TensorRT-LLM (else the one upstream
     pairs with ``container``); it picks the recorded upstream interface (``line`` overrides). ``repo_mount``: the
     repository's path in the serving container, the one place besides the repository itself where an absolute path
-    parameter may point."""
+    parameter may point. ``layout``: the repository's layout where the caller knows it (the package stage, which
+    rendered it); else each layout's ``detect`` tells."""
     repo = Path(repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: no such directory")
@@ -418,19 +422,22 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
     broken = {f.split("/", 1)[0] for f in findings if "/config.pbtxt:" in f}
     files, tree_dirs = tree_of(repo)
     findings += loadability(files, tree_dirs, lambda rel: (repo / rel).read_text(errors="replace"))
-    lay = layout_of(dirs)
+    lay = layouts.get(layout or layout_of(dirs))
     line = line or upstream.line_for(trtllm_version)
-    recorded = upstream.interface(line, lay)
-    reads = upstream.reads(line, lay)
+    recorded = lay.interface(line)
+    reads = lay.reads(line)
+    required = recorded if lay.required_models is None else lay.required_models
     # A config that does not parse leaves the layout unknown: its parse error is the finding, not every model the
     # guessed layout would then miss.
     for model in ([] if unparsed else recorded):
         if model not in configs and not any(f.startswith(f"{model}/") for f in findings):
-            if lay == layouts.LLMAPI or model in ("preprocessing", "postprocessing", layouts.LLM_MODEL):
-                findings.append(f"{model}/config.pbtxt: missing; upstream's {lay} layout has a \"{model}\" model")
+            if model in required:
+                owner = "upstream's" if lay.upstream else "the"
+                findings.append(f"{model}/config.pbtxt: missing; {owner} {lay.name} layout has a \"{model}\" model")
     for name, cfg in configs.items():
         if name in recorded:
-            findings += conformance(name, cfg, recorded[name], reads.get(name, {}))
+            findings += conformance(name, cfg, recorded[name], reads.get(name, {}),
+                                    "upstream" if lay.upstream else f"the {lay.name} layout")
         if cfg.platform == "ensemble":
             if any(step.model_name in broken for step in cfg.ensemble_scheduling.step):
                 continue  # a step's config does not parse: that error is the finding, not what follows from it

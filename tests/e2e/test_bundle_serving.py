@@ -72,6 +72,15 @@ def test_the_published_bundle_serves_from_latest_and_from_a_synced_copy(tiny_bui
     checks = {n: ok for n, ok, _ in bundle.verify(str(moved))}
     assert checks["tree"] and checks["loadable"] and checks["checksums"], checks
     _serve_and_ask(moved, tmp_path)
+    # serving leaves the bundle as it was: no __pycache__ from the python models, the exact tree
+    assert not list(moved.rglob("__pycache__")), "serving wrote byte code into the bundle"
+    checks = {n: ok for n, ok, _ in bundle.verify(str(moved))}
+    assert checks["tree"] and checks["checksums"], checks
+    # negative control: the byte code the python backend would write is seen by the tree check
+    litter = moved / "triton_repo" / "preprocessing" / "1" / "__pycache__"
+    litter.mkdir()
+    (litter / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert not {n: ok for n, ok, _ in bundle.verify(str(moved))}["tree"]
 
 
 def test_the_bundle_serves_after_an_s3_round_trip(tiny_build, tmp_path, monkeypatch):

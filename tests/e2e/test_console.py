@@ -18,7 +18,10 @@ def test_non_interactive_build_prints_only_the_projects_output(tiny_build_run):
     assert console_problems(text) == [], console_problems(text)
     for stage in ("fetch", "quantize", "build", "package", "bench", "publish"):
         assert f"▶ {stage} " in out["stderr"] and f"✓ {stage} " in out["stderr"], stage
-    assert "stages" in out["stderr"] and "total " in out["stderr"]  # the summary table stays
+    # progress on stderr, the summary (and how to serve the result) on stdout, so `build > summary.txt` keeps it
+    assert "stages" in out["stdout"] and "total " in out["stdout"] and "stages" not in out["stderr"]
+    assert "serve it: python -m pipeline serve " in out["stdout"] and "OpenAI API: http://" in out["stdout"]
+    assert "▶ " not in out["stdout"]
     log = Path(re.search(r"log: (\S+\.log)", out["stderr"]).group(1))
     assert log.is_relative_to(root / ".store" / "logs")
     records = log.read_text()

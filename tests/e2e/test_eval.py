@@ -102,7 +102,7 @@ def test_strict_turns_an_inconclusive_gate_into_a_failure(tiny_build, tmp_path):
     assert "| inconclusive |" in kept and "straddles the allowed" in kept
     proc = run_cli("build", *TINY, "eval.max_drop.fp8=0", "until=evaluate", root=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Task gate: inconclusive: pipeline_facts acc" in proc.stderr
+    assert "Task gate: inconclusive: pipeline_facts acc" in proc.stdout
 
 
 def test_a_failed_request_is_named_not_the_closed_session_lm_eval_ends_with(tmp_path):

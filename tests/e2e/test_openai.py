@@ -443,6 +443,72 @@ def test_api_key_missing_server_and_model_without_chat_template(served, tiny_bui
         assert _post(url, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})[0] == 200
 
 
+def _observe(url: str, key: str | None) -> dict:
+    """What a front end answers with no Triton behind it (nothing here reaches a generation): its model's id, the
+    status of a request without the key, and the status and message of a 4 KB body."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(f"{url}/models", headers=auth, timeout=30)
+    name = r.json()["data"][0]["id"]
+    big = {"model": name, "prompt": "word " * 800, "max_tokens": 2}
+    r2 = httpx.post(f"{url}/completions", json=big, headers=auth, timeout=60)
+    return {"id": name, "without_key": httpx.get(f"{url}/models", timeout=30).status_code,
+            "big": (r2.status_code, r2.json()["error"]["message"])}
+
+
+def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_build, tmp_path, monkeypatch):
+    """The front ends the bench (a process of its own) and the task evaluation start are the build's own
+    ``serve.openai``: its model name, its API key (which the bench's load generator then sends) and its body limit
+    reach both, read through each stage's declared config; the shipped defaults (the negative control) give the
+    model's own name, no key and no 413."""
+    from types import SimpleNamespace
+
+    from pipeline import config, runner
+    from pipeline.eval import endpoint
+    from pipeline.serving import client as oa_client
+    from pipeline.stages import evaluate
+    from pipeline.stages.bench import load
+    from pipeline.stages.bench import stage as bench
+
+    repo = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent
+    monkeypatch.setenv("PIPELINE_TEST_OPENAI_KEY", "s3cret-own")
+    own = ["serve.openai.model_name=renamed", "serve.openai.api_key_env=PIPELINE_TEST_OPENAI_KEY",
+           "serve.openai.limits.max_body_bytes=2048"]
+    server = SimpleNamespace(grpc_url="127.0.0.1:9")  # no Triton: everything observed is answered before it
+    seen: dict = {}
+    for label, overrides in (("own", own), ("shipped", [])):
+        cfg = config.compose([*TINY, *overrides])
+        out = tmp_path / label
+        out.mkdir()
+        front = load._Front(SimpleNamespace(cfg=runner.stage_config(cfg, bench.STAGE), inputs={"package": repo},
+                                            out=out), server)
+        try:
+            seen["bench", label] = _observe(front.url, front.api_key)
+            records, _ = front.level(["Hello"], [0], 1, 2, chat=False)  # its load generator, with its key
+            seen["bench load", label] = records[0].error
+            records, _ = oa_client.run_level(front.url, front.name, ["Hello"], [0], 1, 2, 30, chat=False)
+            seen["keyless load", label] = records[0].error
+        finally:
+            front.close()
+        serve = runner.stage_config(cfg, evaluate.STAGE).serve
+        with endpoint.openai(serve, server, repo, tmp_path) as url:
+            seen["eval", label] = _observe(url, endpoint.api_key(serve))
+    for where in ("bench", "eval"):
+        got = seen[where, "own"]
+        assert got["id"] == "renamed" and got["without_key"] == 401, (where, got)
+        assert got["big"][0] == 413 and "2048" in got["big"][1], (where, got)
+        shipped = seen[where, "shipped"]
+        assert shipped["id"] == MODEL and shipped["without_key"] == 200, (where, shipped)
+        assert shipped["big"][0] == 503, (where, shipped)  # past every check of the front end's own: no Triton
+    assert seen["bench load", "own"].startswith("HTTP 503"), seen  # the key sent: refused only for the server
+    assert seen["keyless load", "own"].startswith("HTTP 401"), seen  # control: the same requests without it
+    assert seen["bench load", "shipped"].startswith("HTTP 503") and seen["keyless load", "shipped"].startswith(
+        "HTTP 503"), seen
+    settings = json.loads((tmp_path / "own" / "openai-front-end.json").read_text())
+    assert settings["model_name"] == "renamed" and settings["port"] == 0 and "s3cret" not in json.dumps(settings)
+
+
 @pytest.mark.slow
 def test_aiperf_chat_endpoint_profiles_it_natively(served, tiny_build, tmp_path):
     """aiperf's own OpenAI chat endpoint type, streaming, no request template: every request completes, the server's

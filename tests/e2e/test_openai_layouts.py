@@ -140,9 +140,10 @@ def test_200_requests_in_a_row_leave_nothing_behind(layout):
     if (name, decoupled) != ("inflight_batcher_llm", True):
         pytest.skip("run once, on the default layout")
     from pipeline.serving import run
+    from pipeline.serving.frontend import FrontEnd
 
     cfg = config.compose([f"serve.openai.model_name={MODEL}"])
-    app, _ = run.build_app(repo, s.grpc_url, cfg.serve.openai)
+    app = FrontEnd.from_config(cfg.serve.openai, repo, s.grpc_url).app()
     sock = run.bind("127.0.0.1", 0)
     srv = run._server(app, sock)
     import threading

@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.triton import server
-from pipeline.triton.render import MODELS_DIR, parse_model_config, render
+from pipeline.triton.render import parse_model_config, render
 
 
 def test_missing_placeholder_is_an_error():
@@ -25,7 +25,11 @@ def test_bools_render_as_pbtxt_bools():
 def test_every_shipped_template_names_its_placeholders_and_parses_when_filled():
     import string
 
-    for tmpl in MODELS_DIR.glob("*/config.pbtxt.tmpl"):
+    from pipeline.triton import layouts
+
+    found = [t for lay in layouts.LAYOUTS.values() for t in (lay.folder / "models").glob("*/config.pbtxt.tmpl")]
+    assert len(found) == sum(len({t for ts in lay.models.values() for t in ts}) for lay in layouts.LAYOUTS.values())
+    for tmpl in found:
         ids = string.Template(tmpl.read_text()).get_identifiers()
         values = {k: ("true" if "mode" in k else "TYPE_FP32" if k.endswith(("_datatype", "_data_type"))
                       else "x" if "dir" in k or k in ("dtype", "device", "triton_backend", "batching_strategy",

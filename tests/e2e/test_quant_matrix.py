@@ -181,7 +181,7 @@ def test_plan_refuses_a_model_that_cannot_fit_and_names_the_gpus(tmp_path):
     assert proc.returncode == 2
     assert "qwen32b needs ~72 GB to calibrate" in proc.stderr and "target a10g has 1× 24 GB" in proc.stderr
     assert "1× 80 GB GPU" in proc.stderr
-    fits = run_cli("plan", "model=qwen32b", "target=h200", root=tmp_path).stderr
+    fits = run_cli("plan", "model=qwen32b", "target=h200", root=tmp_path).stdout
     # the target fits; only this GPU-less machine is named as unable to run quantize itself
     assert "target h200 has" not in fits and "quantize runs on this machine" in fits
 

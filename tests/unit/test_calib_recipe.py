@@ -145,11 +145,11 @@ def test_the_combo_loads_both_members_interleaved(monkeypatch):
 def test_plan_prints_the_calibration_line(online, capsys):
     from pipeline import report
     from pipeline.cli.build import cmd_plan
-    from pipeline.ui import console
+    from pipeline.ui import out
 
     doc = cmd_plan(config.compose(["model=qwen32b", "quant=nvfp4", "target=b200"]), as_json=True)
     assert doc["calibration"]["tokens"] == 524288
-    with console.capture() as cap:
+    with out.capture() as cap:
         report.print_plan(doc)
     line = next(ln for ln in cap.get().splitlines() if ln.startswith("calibration:"))
     assert re.search(r"cnn_nemotron_v2_mix, 1024 rows × 512 tokens \(524,288 tokens; size from ModelOpt", line)

@@ -43,7 +43,7 @@ def test_validate_reports_every_problem(tmp_path, monkeypatch, capsys):
     names = _small_tree(tmp_path, monkeypatch, broken=True)
     assert len(names) == 6
     assert cmd_validate(as_json=False) == 2
-    err = _text(capsys.readouterr().err)
+    err = _text(capsys.readouterr().out)
     for name in names:
         for problem in PROBLEMS:
             assert f"✗ {name}: {problem}" in err, (name, problem, err[:2000])
@@ -69,7 +69,7 @@ def test_validate_passes_a_sound_tree(tmp_path, monkeypatch, capsys):
     """The negative control of the test above: the same small tree unbroken exits 0 and reports no problem."""
     names = _small_tree(tmp_path, monkeypatch, broken=False, quants=("fp8", "none"))
     assert cmd_validate(as_json=False) == 0
-    err = _text(capsys.readouterr().err)
+    err = _text(capsys.readouterr().out)
     assert "✗" not in err and not any(p in err for p in PROBLEMS)
     assert re.search(rf"{len(names)}/{len(names)} combinations compose; \d+ refused by the compatibility rules; "
                      r"0 with config errors", err), err

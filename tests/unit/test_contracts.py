@@ -169,8 +169,11 @@ def test_package_values_read_only_declared_keys(tmp_path, runtime):
     ps = runner.plan(cfg, [dataclasses.replace(package.STAGE, inputs=())])[0]
     seen = planning.CapacityView(ps.parts["capacity"])  # what its run gets (Context.capacity)
     full = planning.resolve(cfg)
+    from pipeline.triton import layouts
+
+    model_yaml = layouts.get("llmapi").part("placeholders").model_yaml
     assert package.values(view, {}, seen) == package.values(cfg, {}, full)
-    assert package.model_yaml(view, tmp_path, seen) == package.model_yaml(cfg, tmp_path, full)
+    assert model_yaml(view, tmp_path, seen) == model_yaml(cfg, tmp_path, full)
 
 
 def test_bench_gates_and_baseline_read_only_declared_keys(tmp_path):

@@ -1,59 +1,51 @@
 """The Triton-layout registry covers the config's layouts and runtimes and agrees with NVIDIA's recorded interface:
-every entry point has the request tensors the registry names (with upstream's data types) and the text output."""
+every layout folder holds what its record names (templates, python models, its part modules), and every entry point
+has the request tensors the record names (with upstream's data types) and the text output."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from pipeline import schema, upstream
 from pipeline.stages import package
 from pipeline.triton import layouts
-from pipeline.triton.render import MODELS_DIR
 
 
 def coverage_problems(registry: dict) -> list[str]:
     out = []
     want = {lay.value for lay in schema.Layout} - {"auto"}
-    if set(registry) != want or set(registry) != set(upstream.LAYOUTS):
+    nvidia = {name for name, lay in registry.items() if lay.upstream}
+    if set(registry) != want or nvidia != set(upstream.LAYOUTS):
         out.append(f"layouts: registry {sorted(registry)}, schema {sorted(want)}, upstream {sorted(upstream.LAYOUTS)}")
     served = {r for lay in registry.values() for r in lay.models}
     if served != {r.value for r in schema.RuntimeName}:
         out.append(f"runtimes served: {sorted(served)}")
     for lay in registry.values():
-        for runtime, templates in lay.models.items():
-            for t in templates:
-                if not (MODELS_DIR / t / "config.pbtxt.tmpl").is_file():
-                    out.append(f"{lay.name}/{runtime}: no template {t}")
-        for line in upstream.lines():
-            if lay.name not in upstream.record(line)["layouts"]:
-                continue  # main ships only the llmapi layout
-            iface = upstream.interface(line, lay.name)
-            for entry in lay.entry_points:
-                if entry not in iface:
-                    out.append(f"{line} {lay.name}: no entry point {entry}")
-                    continue
-                ins = {t["name"] for t in iface[entry]["inputs"]}
-                outs = {t["name"] for t in iface[entry]["outputs"]}
-                for name in (*lay.text_tensors, lay.exclude_input, *lay.sampling.values()):
-                    if name not in ins:
-                        out.append(f"{line} {lay.name}/{entry}: upstream has no input {name}")
-                if lay.output not in outs:
-                    out.append(f"{line} {lay.name}/{entry}: upstream has no output {lay.output}")
+        out += lay.problems()  # its templates, python models and part modules; its tensors in its interface
     return out
 
 
 def test_registry_covers_schema_runtimes_and_upstream():
     assert coverage_problems(layouts.LAYOUTS) == []
+    assert layouts.problems() == []
+    assert list(layouts.LAYOUTS) == sorted(layouts.LAYOUTS)  # the folders' order, on every machine
+    assert [e.value for e in schema.OpenAIEntry] == ["auto", *layouts.entry_point_names()]
+    assert [e.value for e in schema.BenchModel] == ["auto", "ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
 
 
-def test_planted_wrong_registry_fails():
+def test_planted_wrong_registry_fails(tmp_path):
     ifb = layouts.LAYOUTS[layouts.IFB]
-    import dataclasses
-
     wrong_tensor = {**layouts.LAYOUTS, layouts.IFB: dataclasses.replace(ifb, max_tokens="max_new_tokens")}
     assert any("no input max_new_tokens" in p for p in coverage_problems(wrong_tensor))
     missing = {k: v for k, v in layouts.LAYOUTS.items() if k != layouts.LLMAPI}
     assert any(p.startswith("layouts:") for p in coverage_problems(missing))
     assert any(p.startswith("runtimes served") for p in coverage_problems(missing))
+    # a template the record names that its folder lacks, and a part module it lacks
+    no_template = dataclasses.replace(ifb, models={**ifb.models, "reference": (*ifb.models["reference"], "ghost")})
+    assert any("models/ghost/config.pbtxt.tmpl is missing" in p for p in no_template.problems())
+    (tmp_path / "models").mkdir()
+    assert any("codec.py is missing" in p for p in dataclasses.replace(ifb, folder=tmp_path).problems())
 
 
 @pytest.mark.parametrize("name", sorted(layouts.LAYOUTS))
@@ -74,3 +66,23 @@ def test_package_reads_the_registry():
     assert set(layouts.REFERENCE_TEMPLATES) == {"tensorrt_llm.reference", "tensorrt_llm.llmapi_reference"}
     with pytest.raises(Exception, match="unknown Triton layout"):
         layouts.get("disaggregated")
+
+
+def test_each_layout_detects_its_own_repositories(tmp_path):
+    """``of_repository`` asks each layout's ``detect``: a ``tensorrt_llm`` with a ``1/model.yaml`` is ``llmapi``,
+    preprocessing and the rest are ``inflight_batcher_llm``, and a repository no layout claims falls back to
+    ``inflight_batcher_llm`` (lint then names the models it lacks)."""
+    llm = tmp_path / "tensorrt_llm"
+    (llm / "1").mkdir(parents=True)
+    pre = tmp_path / "preprocessing"
+    assert layouts.of_repository({"tensorrt_llm": llm, "preprocessing": pre}) == layouts.IFB
+    (llm / "1" / "model.yaml").write_text("model: x\n")
+    assert layouts.of_repository({"tensorrt_llm": llm}) == layouts.LLMAPI
+    assert layouts.of_repository({"tensorrt_llm": llm, "preprocessing": pre}) == layouts.LLMAPI
+    assert layouts.of_repository({"other": tmp_path / "other"}) == layouts.IFB
+    # two layouts that claim one repository are refused
+    both = {**layouts.LAYOUTS, "x": dataclasses.replace(layouts.LAYOUTS[layouts.LLMAPI], name="x")}
+    import unittest.mock as um
+
+    with um.patch.dict(layouts.LAYOUTS, both), pytest.raises(Exception, match="fit the layouts"):
+        layouts.of_repository({"tensorrt_llm": llm})

@@ -63,3 +63,16 @@ def test_the_task_gate_blocks_latest_only_when_it_failed(verdict, passed):
     evaluate stage is n/a."""
     gates = dict(PASS) if verdict is None else {**PASS, "eval": verdict}
     assert publish.gates_passed(gates, QUANTIZED) is passed
+
+
+def test_the_gates_line_names_every_gate_and_marks_those_that_keep_latest():
+    gates = {**PASS, "accuracy": "warn", "eval": "inconclusive"}
+    line = publish.gates_line(gates, QUANTIZED)
+    assert line == "accuracy warn (did not pass), export_check pass, bench pass, eval inconclusive"
+    assert publish.gates_line({**PASS, "eval": "fail"}, QUANTIZED).endswith("eval fail (did not pass)")
+    # a gate missing from bundle.json is named as missing (it does not pass), not left out
+    assert "bench missing (did not pass)" in publish.gates_line({"accuracy": "pass", "export_check": "pass"},
+                                                                 QUANTIZED)
+    # the line and the verdict agree: the planted failing gate is the one marked
+    for name, verdict, ok in publish.gate_outcomes(gates, QUANTIZED):
+        assert ok is (name != "accuracy"), (name, verdict)

@@ -76,7 +76,7 @@ def test_markdown_leaves_out_what_did_not_happen():
 def test_print_summary_shows_the_tables_and_the_publish_line(tmp_path, capsys):
     summary = _report(published={"url": "s3://b/v1", "uploaded_files": 7, "latest_moved": False}).to_dict()
     report.print_summary(summary, tmp_path / "r.md")
-    err = " ".join(capsys.readouterr().err.split())
+    err = " ".join(capsys.readouterr().out.split())
     assert "stages" in err and "bench (streaming gRPC)" in err and "150.2" in err
     assert "published s3://b/v1 (7 files uploaded; latest not moved: a gate did not pass)" in err
     assert f"total 12.5s · report: {tmp_path / 'r.md'}" in err
@@ -92,13 +92,13 @@ def test_print_plan_shows_stages_capacity_and_refusals(capsys):
            "stages": [{"stage": "fetch", "fingerprint": "a" * 64, "cached": False, "reason": "no output yet",
                        "output": "/o"}]}
     report.print_plan(doc)
-    err = " ".join(capsys.readouterr().err.split())
+    err = " ".join(capsys.readouterr().out.split())
     assert "plan: qwen32b fp8 (KV fp8) on h100 / trtllm_engine" in err and "aaaaaaaaaaaa" in err
     assert "TP=2 (chosen by the planner), PP=1" in err and "655,360" in err and "fp8 ←" in err
     assert "warning: tight fit" in err and "build here would be refused: no GPU here" in err
     doc["capacity"], doc["not_buildable_here"] = None, []
     report.print_plan(doc)
-    err = capsys.readouterr().err
+    err = capsys.readouterr().out
     assert "KV-cache capacity" not in err and "refused" not in err
 
 
@@ -123,7 +123,7 @@ def test_printed_messages_keep_their_brackets_and_paths_stay_whole(capsys):
            "stages": [{"stage": "bench", "fingerprint": "b" * 64, "cached": False, "reason": "[forced]",
                        "output": LONG}]}
     report.print_plan(doc)
-    err = capsys.readouterr().err
+    err = capsys.readouterr().out
     assert "pip install -e '.[cpu-server]'" in err and "[forced]" in err
     assert any(line.strip() == f"bench  {LONG}" for line in err.splitlines()), err
 
@@ -134,7 +134,7 @@ def test_the_summary_prints_paths_whole(tmp_path, capsys):
     d = summary.to_dict()
     d["stages"][0]["output"] = LONG
     report.print_summary(d, tmp_path / "r.md")
-    err = capsys.readouterr().err
+    err = capsys.readouterr().out
     assert any(line.strip().endswith(LONG) for line in err.splitlines()), err
     assert f"published file://{LONG}/v1 (3 files uploaded; latest not moved: the config differs from its matrix " \
            f"entry ([x]: 1 -> 2))" in err

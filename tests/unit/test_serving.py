@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.serving import protocol as P
-from pipeline.serving.app import StopScanner
-from pipeline.serving.driver import _top
+from pipeline.serving.codec import top as _top
+from pipeline.serving.endpoint import StopScanner
 
 
 def _chat(**kw):
@@ -91,7 +91,7 @@ def test_text_chunks_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
     from tritonclient.grpc import InferResult, service_pb2
     from tritonclient.utils import serialize_byte_tensor
 
-    from pipeline.serving.driver import _text_delta
+    from pipeline.serving.codec import text_delta as _text_delta
 
     def resp(texts, n, ntype="INT32", ttype="BYTES"):
         r = service_pb2.ModelInferResponse(model_name="ensemble", id="x")
@@ -126,15 +126,15 @@ class _SilentMux:
     request and delivers only what the test puts into the request's inbox."""
 
     def __init__(self):
-        from pipeline.serving import driver
+        from pipeline.serving import transport
 
-        self.routes, self.inbox, self.driver = {}, None, driver
+        self.routes, self.inbox, self.transport = {}, None, transport
         self.writing, self.backlog = False, []  # nothing is ever in flight here
 
     async def submit(self, request, after_send=None):
         import asyncio
 
-        self.inbox = self.driver._Inbox(asyncio.get_running_loop())
+        self.inbox = self.transport.Inbox(asyncio.get_running_loop())
         self.routes[request.id] = self.inbox
         return self.inbox
 
@@ -155,7 +155,7 @@ def _driver(timeout_s):
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"), timeout_s=timeout_s)
     mux = _SilentMux()
-    d._muxes = [mux]
+    d.pool.muxes = [mux]
     return d, mux
 
 
@@ -219,7 +219,7 @@ def test_a_silent_stream_is_a_504_after_the_request_timeout_and_a_steady_one_is_
 def _upstream_spec(model: str, decoupled: bool = True):
     """The recorded upstream interface of one ``inflight_batcher_llm`` model, as the driver reads a served config."""
     from pipeline import upstream
-    from pipeline.serving.driver import Spec
+    from pipeline.serving.codec import Spec
 
     rec = upstream.interface()[model]
     return Spec.from_config({"name": model, "max_batch_size": 8, "input": rec["inputs"], "output": rec["outputs"],
@@ -262,7 +262,8 @@ def test_request_protobufs_are_what_tritonclient_builds_also_after_other_request
     tritonclient builds, whatever was sent before it."""
     from types import SimpleNamespace
 
-    from pipeline.serving.driver import Driver, GenRequest
+    from pipeline.serving.codec import GenRequest
+    from pipeline.serving.driver import Driver
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
     spec = _upstream_spec("ensemble")
@@ -274,7 +275,7 @@ def test_request_protobufs_are_what_tritonclient_builds_also_after_other_request
             GenRequest("Ünïcode ✓", None, 32, False, temperature=0.0)]
     seen = []
     for k, g in enumerate(asks):
-        inputs = d._text_inputs(spec, g)
+        inputs = d.codec.text_inputs(spec, g)
         inputs["stream"] = g.stream
         ours = _canonical(d._request(spec, inputs, outputs, f"r{k}"))
         assert ours == _canonical(_tritonclient_request(spec, inputs, outputs, f"r{k}")), g
@@ -290,12 +291,13 @@ def test_a_planted_wrong_part_in_a_kept_request_is_seen_by_the_comparison():
     request differ from tritonclient's."""
     from types import SimpleNamespace
 
-    from pipeline.serving.driver import Driver, GenRequest
+    from pipeline.serving.codec import GenRequest
+    from pipeline.serving.driver import Driver
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
     spec = _upstream_spec("ensemble")
     g = GenRequest("Hello there", None, 32, True, temperature=0.0)
-    inputs = d._text_inputs(spec, g)
+    inputs = d.codec.text_inputs(spec, g)
     d._request(spec, inputs, ["text_output"], "r0")
     (template,) = d._templates.values()
     template.raw_input_contents[0] = (999).to_bytes(4, "little", signed=True)  # max_tokens 999, planted
@@ -363,8 +365,8 @@ class _RefusingMux(_SilentMux):
 def _refusing_app(after_s: float, wait_s: float, max_seq_len: int = 4096):
     from pathlib import Path
 
-    from pipeline.serving.app import Settings, create_app
     from pipeline.serving.driver import Driver
+    from pipeline.serving.frontend import FrontEnd, Settings
     from pipeline.serving.model import ServedModel
     from pipeline.stages.fetch import train_tokenizer
 
@@ -372,8 +374,8 @@ def _refusing_app(after_s: float, wait_s: float, max_seq_len: int = 4096):
                          tokenizer=train_tokenizer(512))
     driver = Driver("127.0.0.1:1", served)
     driver.entry = _upstream_spec("ensemble")
-    driver._muxes = [_RefusingMux(after_s)]
-    return create_app(served, driver, Settings(stream_status_wait_s=wait_s))
+    driver.pool.muxes = [_RefusingMux(after_s)]
+    return FrontEnd(served, driver, Settings(stream_status_wait_s=wait_s)).app()
 
 
 def _post_stream(app, body: dict) -> tuple[int, str]:
@@ -458,8 +460,8 @@ class _TalkingMux(_SilentMux):
 def test_several_prompts_stream_each_its_own_text_whether_the_first_pieces_came_before_the_headers_or_after():
     from pathlib import Path
 
-    from pipeline.serving.app import Settings, create_app
     from pipeline.serving.driver import Driver
+    from pipeline.serving.frontend import FrontEnd, Settings
     from pipeline.serving.model import ServedModel
     from pipeline.stages.fetch import train_tokenizer
 
@@ -469,8 +471,8 @@ def test_several_prompts_stream_each_its_own_text_whether_the_first_pieces_came_
     for wait_s in (0.0, 1.0):  # headers before any first piece / after all of them
         driver = Driver("127.0.0.1:1", served)
         driver.entry = _upstream_spec("ensemble")
-        driver._muxes = [_TalkingMux(0.05)]
-        app = create_app(served, driver, Settings(stream_status_wait_s=wait_s))
+        driver.pool.muxes = [_TalkingMux(0.05)]
+        app = FrontEnd(served, driver, Settings(stream_status_wait_s=wait_s)).app()
         code, text = _post_stream(app, {"model": "m", "prompt": prompts, "max_tokens": 8, "stream": True})
         events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
         assert code == 200 and events[-1] == "[DONE]", (code, text)
@@ -518,8 +520,8 @@ def _burst_order(mux_cls) -> list[tuple[str, int]]:
 
     import httpx
 
-    from pipeline.serving import app as A
     from pipeline.serving.driver import Driver
+    from pipeline.serving.frontend import FrontEnd, Settings
     from pipeline.serving.model import ServedModel
     from pipeline.stages.fetch import train_tokenizer
 
@@ -528,17 +530,17 @@ def _burst_order(mux_cls) -> list[tuple[str, int]]:
     driver = Driver("127.0.0.1:1", served)
     driver.entry = _upstream_spec("ensemble")
     driver._stub = lambda: type("Stub", (), {"ModelStreamInfer": lambda self: _RecordingCall(log)})()
-    driver.streams = 1  # one stream: a write in flight makes the others wait for it
-    driver._muxes = [mux_cls(driver._stub)]
-    app = A.create_app(served, driver, A.Settings(stream_status_wait_s=0.0))
-    fe = app.state.front_end
-    jobs = fe.completion_jobs
+    driver.pool.streams = 1  # one stream: a write in flight makes the others wait for it
+    driver.pool.muxes = [mux_cls(driver._stub)]
+    app = FrontEnd(served, driver, Settings(stream_status_wait_s=0.0)).app()
+    endpoint = app.state.front_end.completions
+    jobs = endpoint.jobs
 
     def logged(req):
         log.append(("parsed", int(req.prompt.split()[-1])))
         return jobs(req)
 
-    fe.completion_jobs = logged
+    endpoint.jobs = logged
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
@@ -553,23 +555,151 @@ def _burst_order(mux_cls) -> list[tuple[str, int]]:
 def test_a_burst_s_first_request_is_written_before_the_next_one_is_parsed():
     """Requests arriving together: each is written to gRPC by the task that parsed it, before the next request is
     parsed (a write in flight on the one stream makes the next wait for it, not for the whole burst)."""
-    from pipeline.serving import driver as D
+    from pipeline.serving import transport as D
 
-    order = _burst_order(D._Mux)
+    order = _burst_order(D.Mux)
     assert order[:3] == [("parsed", 0), ("write", -1), ("parsed", 1)], order
     assert order.count(("write", -1)) == 4
 
-    class _WriterTask(D._Mux):  # negative control: the writes handed to a task of their own, as a request iterator
+    class _WriterTask(D.Mux):  # negative control: the writes handed to a task of their own, as a request iterator
         async def submit(self, request, after_send=None):
             import asyncio
 
             if self.reader is None or self.reader.done():
                 self.call = self.stub_factory().ModelStreamInfer()
                 self.reader = asyncio.ensure_future(self._read(self.call))
-            inbox = D._Inbox(asyncio.get_running_loop())
+            inbox = D.Inbox(asyncio.get_running_loop())
             self.routes[request.id] = inbox
             asyncio.ensure_future(self.call.write(request))
             return inbox
 
     late = _burst_order(_WriterTask)
     assert late[:4] == [("parsed", i) for i in range(4)], late
+
+
+# ------------------------------------------------------------------------ hand-built chunks against the typed models
+TEXTS = ["Paris", "", ' a "quote" and a \\ backslash', "line\nbreak\ttab\r", "é 東京 😀", "\x00\x1f\x7f", "\u2028/"]
+
+
+def _endpoints(cls_chat=None, cls_completions=None):
+    from pathlib import Path
+
+    from pipeline.serving.driver import Driver
+    from pipeline.serving.frontend import FrontEnd
+    from pipeline.serving.model import ServedModel
+
+    served = ServedModel(Path("."), "inflight_batcher_llm", 'mödel "x"', Path("."), 4096, True)
+    fe = FrontEnd(served, Driver("127.0.0.1:1", served))
+    chat = cls_chat(fe) if cls_chat else fe.chat
+    completions = cls_completions(fe) if cls_completions else fe.completions
+    return chat, completions
+
+
+def _streamed(endpoint, include_usage: bool, index: int, pieces: list[str]) -> list[bytes]:
+    """The events :meth:`Endpoint.job_events` writes for one job whose generation yields ``pieces`` (the first one
+    as the piece that came before the status line), as the stream sends them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pipeline.serving.codec import GenRequest
+    from pipeline.serving.endpoint import Job, Stream
+
+    async def gen():
+        for p in pieces[1:]:
+            yield p
+
+    async def go():
+        s = Stream("cmpl-0123abc", 1700000000, SimpleNamespace(echo=False), include_usage, False)
+        job = Job(index, GenRequest("p", None, 8, True), 3, "")
+        job.finish = "length"
+        return [bytes(e) async for e in endpoint.job_events(s, job, gen(), pieces[0])], s, job
+
+    return asyncio.run(go())
+
+
+def _typed_chunks(endpoint, s, job, pieces: list[str], chat: bool) -> list[bytes]:
+    """The same events built from the typed models (:meth:`Endpoint.chunk`, written by ``protocol.dump``)."""
+    out = [endpoint.chunk(s, job, "", None, role=True)] if chat else []
+    out += [endpoint.chunk(s, job, p, None, None) for p in pieces]
+    return out + [endpoint.chunk(s, job, None if chat else "", "length", None)]
+
+
+def _check_hand_built(chat_ep, completions_ep) -> list[str]:
+    """Every difference between the streamed bytes and the typed models' bytes, for chat and completions, with and
+    without ``include_usage``, at two choice indexes; each event also parses as its typed model."""
+    diffs = []
+    for chat, ep in ((True, chat_ep), (False, completions_ep)):
+        for include_usage in (False, True):
+            for index in (0, 3):
+                got, s, job = _streamed(ep, include_usage, index, TEXTS)
+                want = _typed_chunks(ep, s, job, TEXTS, chat)
+                if got != want:
+                    diffs += [f"chat={chat} usage={include_usage} index={index}: {g!r} != {w!r}"
+                              for g, w in zip(got, want) if g != w] or [f"{len(got)} events, {len(want)} typed"]
+                for event in got:
+                    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+                    ep.chunk_model.model_validate_json(event[6:-2])
+    return diffs
+
+
+def test_hand_built_stream_chunks_are_the_typed_models_bytes():
+    """The per-token chunk (and the chat stream's first chunk) are written as bytes around the text; they must be
+    exactly what the typed response models give, whatever the text holds (quotes, control characters, non-ASCII,
+    line separators) and whatever the model's name."""
+    assert _check_hand_built(*_endpoints()) == []
+
+
+def test_a_planted_difference_in_the_hand_built_chunk_is_seen():
+    """Negative control: the per-token chunk with two keys in another order (the same JSON object, other bytes), and
+    the chat's first chunk without its empty content, each differ from the typed models' bytes."""
+    from pipeline.serving.chat import ChatEndpoint
+    from pipeline.serving.completions import CompletionsEndpoint
+
+    class SwappedKeys(CompletionsEndpoint):
+        fast_close = b',"finish_reason":null,"logprobs":null}]'
+
+    class NoContent(ChatEndpoint):
+        def role_chunk(self, s, index):
+            return super().role_chunk(s, index).replace(b',"content":""', b"")
+
+    diffs = _check_hand_built(*_endpoints(NoContent, SwappedKeys))
+    assert any(d.startswith("chat=False") for d in diffs) and any(d.startswith("chat=True") for d in diffs), diffs
+    assert all("finish_reason" in d for d in diffs if d.startswith("chat=False"))
+
+
+UPSTREAM_ADD_SPECIAL_TOKENS = [  # tensorrtllm_backend preprocessing/1/model.py @ c2e65b8, initialize()
+    ("true", True), ("True", True), ("1", True), ("t", True), ("Y", True), ("yes", True),
+    ("false", False), ("FALSE", False), ("0", False), ("f", False), ("n", False), ("No", False),
+    (None, True), ("", True), ("maybe", True), ("${add_special_tokens}", True)]
+
+
+def _preprocessing_flag():
+    """``flag`` of the self-contained preprocessing model (Triton imports that file on its own), read from source."""
+    import ast
+
+    from pipeline.triton import layouts
+
+    src = (layouts.get("inflight_batcher_llm").template_dir("preprocessing") / "1" / "model.py").read_text()
+    tree = ast.parse(src)
+    keep = [n for n in tree.body if (isinstance(n, ast.Assign) and n.targets[0].id in ("TRUE", "FALSE"))
+            or (isinstance(n, ast.FunctionDef) and n.name == "flag")]
+    ns: dict = {}
+    exec(compile(ast.Module(keep, []), "preprocessing", "exec"), ns)
+    return ns["flag"]
+
+
+@pytest.mark.parametrize("value, expected", UPSTREAM_ADD_SPECIAL_TOKENS)
+def test_add_special_tokens_is_read_as_upstreams_preprocessing_reads_it(value, expected):
+    from pipeline.serving.model import special_tokens_flag
+
+    assert special_tokens_flag(value) is expected
+    assert _preprocessing_flag()(value) is expected
+
+
+def test_a_parse_that_defaults_to_false_fails_the_upstream_table():
+    """Negative control: the parse both places used before (``in TRUE``, false otherwise) disagrees with upstream on
+    values outside its words."""
+    from pipeline.serving.model import TRUE
+
+    old = lambda v: (v or "true").lower() in TRUE  # noqa: E731
+    assert any(old(v) is not want for v, want in UPSTREAM_ADD_SPECIAL_TOKENS)

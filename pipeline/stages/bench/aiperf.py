@@ -38,9 +38,10 @@ def endpoint_type(chat: bool) -> str:
 
 
 def command(base_url: str, model: str, tokenizer: Path, dataset: Path, requests: int, concurrency: int, out: Path,
-            chat: bool, seed: int, timeout_s: float) -> list[str]:
-    """The ``aiperf profile`` command line of one level (``base_url``: ``http://HOST:PORT``, no ``/v1``)."""
-    return [sys.executable, "-m", "aiperf", "profile",
+            chat: bool, seed: int, timeout_s: float, api_key: str | None = None) -> list[str]:
+    """The ``aiperf profile`` command line of one level (``base_url``: ``http://HOST:PORT``, no ``/v1``; ``api_key``:
+    the front end's key, which aiperf sends as ``Authorization: Bearer KEY`` and leaves out of its exports)."""
+    return [sys.executable, "-m", "aiperf", "profile", *(["--api-key", api_key] if api_key else []),
             "--endpoint-type", endpoint_type(chat), "--streaming", "--url", base_url, "--model", model,
             "--tokenizer", str(tokenizer), "--input-file", str(dataset), "--custom-dataset-type", "single_turn",
             "--dataset-sampling-strategy", "sequential", "--request-count", str(requests),
@@ -85,7 +86,7 @@ def export_problems(run_dir: Path, chat: bool, requests: int, concurrency: int) 
 
 
 def profile(base_url: str, model: str, tokenizer: Path, prompts: list[str], max_tokens: int, concurrency: int,
-            out: Path, chat: bool, seed: int, timeout_s: float) -> dict[str, Any]:
+            out: Path, chat: bool, seed: int, timeout_s: float, api_key: str | None = None) -> dict[str, Any]:
     """Run aiperf over ``prompts`` (in order) at ``concurrency``; its artifact directory is ``out``. Returns what
     bench.json records of it. aiperf runs under the server's supervisor (nothing outlives a ``kill -9``); a failed
     run, or an export that is not the level asked for, is a :class:`StageFailed` naming aiperf's log."""
@@ -94,7 +95,7 @@ def profile(base_url: str, model: str, tokenizer: Path, prompts: list[str], max_
     out.mkdir(parents=True, exist_ok=True)
     dataset = out.parent / f"{out.name}.dataset.jsonl"  # beside, not inside: the directory is aiperf's
     dataset.write_text("".join(json.dumps({"text": p, "output_length": max_tokens}) + "\n" for p in prompts))
-    cmd = command(base_url, model, tokenizer, dataset, len(prompts), concurrency, out, chat, seed, timeout_s)
+    cmd = command(base_url, model, tokenizer, dataset, len(prompts), concurrency, out, chat, seed, timeout_s, api_key)
     env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
     # aiperf leaves its IPC directories and dataset memory maps in the temporary directory: one of its own, removed
     # (aiperf's unix sockets live there, and a socket path over 107 bytes cannot be bound: a short one)

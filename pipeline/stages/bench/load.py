@@ -139,32 +139,44 @@ def overhead(direct: dict[str, Any], via: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# the build's serve.openai settings the bench's front end runs with (on a free port): those that shape what it
+# measures, and where it listens and the key's variable
+OPENAI_READS = ("serve.openai.model_name", "serve.openai.entry_point", "serve.openai.limits")
+OPENAI_UNHASHED = ("serve.openai.host", "serve.openai.api_key_env")
+
+
 class _Front:
-    """The OpenAI front end in a process of its own, in front of the bench's server."""
+    """The OpenAI front end in a process of its own, in front of the bench's server, with the build's own
+    ``serve.openai`` settings (:data:`OPENAI_READS`, :data:`OPENAI_UNHASHED`; written to
+    ``openai-front-end.json`` beside its log) on a free port; the load generators send its key where it has one."""
 
     def __init__(self, ctx: Context, server):
         import contextlib
 
         from pipeline.serving import model as served_model
         from pipeline.serving import run
+        from pipeline.serving.frontend import Settings
 
         repo = ctx.inputs["package"]
-        self.name = served_model.load(repo, load_tokenizer=False).name
+        oa = ctx.cfg.serve.openai
+        self.name = served_model.load(repo, name=oa.model_name, load_tokenizer=False).name
+        self.api_key = Settings.from_config(oa).api_key  # its variable unset: refused before anything starts
         self.tokenizer = repo / ENGINE_REL
         self.timeout = ctx.cfg.bench.request_timeout_s
+        settings = run.write_settings(oa, ctx.out / "openai-front-end.json", port=0, model_name=self.name)
         self._stack = contextlib.ExitStack()
-        self.url = self._stack.enter_context(run.child(repo, server.grpc_url, [f"serve.openai.model_name={self.name}"],
+        self.url = self._stack.enter_context(run.child(repo, server.grpc_url, settings,
                                                        ctx.out / "openai-front-end.log"))
 
     def level(self, prompts, order, conc, max_tokens, chat, on_done=None):
         from pipeline.serving import client as oa_client
 
         return oa_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
-                                   on_done=on_done)
+                                   on_done=on_done, api_key=self.api_key)
 
     def aiperf(self, prompts, conc, max_tokens, chat, out, seed):
         return aiperf.profile(self.url.removesuffix("/v1"), self.name, self.tokenizer, prompts, max_tokens, conc,
-                              out, chat, seed, self.timeout)
+                              out, chat, seed, self.timeout, api_key=self.api_key)
 
     def close(self):
         self._stack.close()

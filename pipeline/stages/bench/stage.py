@@ -15,7 +15,7 @@ from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
 from pipeline.runner import Context, Stage
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
-from pipeline.stages.bench.load import COUNTING, run_workloads
+from pipeline.stages.bench.load import COUNTING, OPENAI_READS, OPENAI_UNHASHED, run_workloads
 from pipeline.stages.bench.report import markdown, plot
 from pipeline.triton import server as srv
 from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS  # the tokenizer lives with the engine in every layout
@@ -164,8 +164,10 @@ STAGE = Stage(
     run=run,
     reads=("bench", "model.name", "model.checks", "model.chat_template", "quant.format", "quant.kv_cache",
            "target.name", "target.device", "runtime.name", "serve.host", "serve.server_bin",
-           "serve.startup_timeout_s", "serve.launcher", "serve.image", "serve.url", "serve.repo_mount"),
-    unhashed_reads=("publish.dest",),  # the regression baseline: the bundle published there (bench.json, volatile)
+           "serve.startup_timeout_s", "serve.launcher", "serve.image", "serve.url", "serve.repo_mount",
+           *OPENAI_READS),
+    # the regression baseline: the bundle published there (bench.json, volatile); where the front end listens
+    unhashed_reads=("publish.dest", *OPENAI_UNHASHED),
     inputs=("package",),
     libs=("tritonclient", "nvidia-pytriton", "transformers", "aiperf"),
     root="store",

@@ -14,7 +14,8 @@ Per request (each carries its own batch dimension):
   the tokenizer's eos id, and its pad id falling back to eos; ``PROMPT_TABLE_EXTRA_ID`` -> ``OUT_PROMPT_TABLE_EXTRA_IDS``.
 
 Parameters: ``tokenizer_dir`` (absolute under the serving container's mount, or relative to the repository root;
-a container path that does not exist here is looked up in the repository), ``add_special_tokens`` (default true),
+a container path that does not exist here is looked up in the repository), ``add_special_tokens`` (true unless one of
+upstream's false words: false/0/f/n/no; absent, unfilled or any other value is true, as upstream reads it),
 ``multimodal_model_path`` (must be empty: no vision encoder here), ``max_input_len`` (optional limit).
 """
 import json
@@ -24,6 +25,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 TRUE = ("true", "1", "t", "y", "yes")
+FALSE = ("false", "0", "f", "n", "no")
+
+
+def flag(value):
+    """``add_special_tokens`` as upstream's preprocessing model reads it: one of its true or false words (any case),
+    and true for anything else, an absent or unfilled parameter included."""
+    v = (value or "").lower()
+    return v in TRUE if v in TRUE + FALSE else True
 
 
 def resolve(model_repository, path):
@@ -68,7 +77,7 @@ class TritonPythonModel:
                              "leave it empty")
         path = resolve(args["model_repository"], _param(cfg, "tokenizer_dir"))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.add_special_tokens = (_param(cfg, "add_special_tokens", "true") or "true").lower() in TRUE
+        self.add_special_tokens = flag(_param(cfg, "add_special_tokens"))
         limit = _param(cfg, "max_input_len", "")
         self.max_input_len = int(limit) if limit else None
         self.end_id = self.tokenizer.eos_token_id

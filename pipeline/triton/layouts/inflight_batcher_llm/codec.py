@@ -1,0 +1,196 @@
+"""The front end's codec for ``inflight_batcher_llm``:
+
+- text requests: the entry point (``ensemble`` or ``tensorrt_llm_bls``) with ``text_input``, ``max_tokens``,
+  ``stream``, ``exclude_input_in_output``, ``temperature``/``top_k``/``top_p``, ``seed``, ``min_tokens``,
+  ``presence_penalty``/``frequency_penalty``/``repetition_penalty``, ``stop_words``, ``end_id`` (-1 for
+  ``ignore_eos``, as the LLM API sets it) and ``return_num_output_tokens``; each streamed response holds the text of
+  its new tokens.
+- token-level requests (token-id prompts, ``logprobs``, ``echo``): the ``tensorrt_llm`` model itself, as NVIDIA's
+  ``inflight_batcher_llm_client.py`` drives it, with ``input_ids``/``input_lengths``, ``request_output_len``,
+  ``streaming``, ``end_id``/``pad_id``, ``runtime_top_k``/``runtime_top_p``, ``stop_words_list`` (TensorRT-LLM's
+  ``[1, 2, N]`` word list), ``return_log_probs`` (``output_log_probs``), ``return_context_logits`` (prompt log
+  probabilities) and ``return_generation_logits`` (top log probabilities); the front end detokenizes.
+
+A generation left before its end is stopped with upstream's ``stop`` request to ``tensorrt_llm``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.serving.codec import (Call, Codec as _Base, Delta, GenRequest, Spec, TextCall, TokenLogprob,
+                                    common_prefix, token_param, top)
+from pipeline.serving.protocol import APIError
+
+LLM = "tensorrt_llm"  # the model that takes token ids
+_TEXT_SAMPLING = {k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",
+                                 "repetition_penalty", "min_tokens")}
+_TOKEN_SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
+                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                   "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens"}
+
+
+class Codec(_Base):
+    side_models = (LLM,)
+    stop_model = LLM
+
+    def stop_dummies(self) -> dict[str, Any]:
+        return {"input_ids": [self.served.eos_id or 0], "input_lengths": 1, "request_output_len": 1}
+
+    def call(self, req: GenRequest, entry: Spec, side: dict[str, Spec]) -> Call:
+        if not req.token_level:
+            outputs = ("text_output", "num_output_tokens") if "num_output_tokens" in entry.outputs else ("text_output",)
+            return TextCall(entry, self.text_inputs(entry, req), outputs, self.layout.stream)
+        llm = side.get(LLM)
+        if llm is None:
+            raise APIError(400, f"{token_param(req)} needs the layout's tensorrt_llm model (token ids and log probs), "
+                                f"which this server does not serve", param=token_param(req))
+        outputs = ["output_ids", "sequence_length"]
+        if req.logprobs is not None and not req.logprobs:
+            outputs.append("output_log_probs")
+        if req.logprobs:
+            outputs.append("generation_logits")
+        if req.prompt_logprobs:
+            outputs.append("context_logits")
+        return TokenCall(llm, self.token_inputs(llm, req), tuple(outputs), "streaming", req, self.served)
+
+    def text_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
+        lay = self.layout
+        out: dict[str, Any] = {lay.text_input: req.prompt_text, lay.max_tokens: req.max_tokens}
+        if lay.exclude_input in spec.inputs:
+            out[lay.exclude_input] = True
+        self.sampling(spec, req, _TEXT_SAMPLING, out)
+        if req.stop:
+            out["stop_words"] = list(req.stop)
+        if req.ignore_eos:
+            out["end_id"] = -1
+        if "return_num_output_tokens" in spec.inputs:
+            out["return_num_output_tokens"] = True
+        self.check(spec, out, {"stop_words": "stop", "end_id": "ignore_eos", "top_k": "top_k"})
+        return out
+
+    def token_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
+        ids = req.prompt_ids
+        eos, pad = self.served.eos_id, self.served.pad_id
+        out: dict[str, Any] = {"input_ids": ids, "input_lengths": len(ids), "request_output_len": req.max_tokens,
+                               "end_id": -1 if req.ignore_eos or eos is None else eos,
+                               "pad_id": pad if pad is not None else 0}
+        if "exclude_input_in_output" in spec.inputs:
+            out["exclude_input_in_output"] = True
+        self.sampling(spec, req, _TOKEN_SAMPLING, out)
+        if req.stop:
+            words = [self.served.tokenizer.encode(s, add_special_tokens=False) for s in req.stop]
+            flat, ends = [], []
+            for w in words:
+                if w:
+                    flat += w
+                    ends.append(len(flat))
+            width = max(1, len(flat))
+            arr = np.zeros((1, 2, width), dtype=np.int32)
+            arr[0, 1, :] = -1
+            arr[0, 0, :len(flat)] = flat
+            arr[0, 1, :len(ends)] = ends
+            out["stop_words_list"] = arr
+        if req.logprobs is not None and not req.logprobs:
+            out["return_log_probs"] = True
+        if req.logprobs:
+            out["return_generation_logits"] = True
+        if req.prompt_logprobs:
+            out["return_context_logits"] = True
+        self.check(spec, out, {"stop_words_list": "stop", "return_log_probs": "logprobs",
+                               "return_generation_logits": "logprobs", "return_context_logits": "echo"})
+        return out
+
+
+class TokenCall(Call):
+    """A token-level request's responses: ``output_ids`` (TensorRT-LLM leaves a generated end id out) with their log
+    probabilities (``output_log_probs``, or ``generation_logits`` for the top ones) and, on the first response,
+    ``context_logits`` (the prompt's log probabilities); the text is the ids detokenized here, a character still
+    incomplete held back until its next token."""
+
+    __slots__ = ("req", "served", "ids", "sent_text", "prompt_done", "prompt_lps", "eos_first")
+
+    def __init__(self, spec, inputs, outputs, stream_input, req: GenRequest, served):
+        super().__init__(spec, inputs, outputs, stream_input)
+        self.req, self.served = req, served
+        self.ids: list[int] = []
+        self.sent_text = ""
+        self.prompt_done = False
+        self.prompt_lps: list[TokenLogprob] | None = None
+        self.eos_first: TokenLogprob | None = None
+
+    def decode(self, resp) -> Delta:
+        from tritonclient.grpc import InferResult
+
+        req = self.req
+        result = InferResult(resp)
+        ids_arr = result.as_numpy("output_ids")
+        lens = result.as_numpy("sequence_length")
+        new_ids: list[int] = []
+        if ids_arr is not None and ids_arr.size:
+            row = ids_arr.reshape(-1)
+            n = int(lens.reshape(-1)[0]) if lens is not None and lens.size else row.size
+            new_ids = [int(x) for x in row[:n]]
+        lps: list[TokenLogprob] | None = None
+        if req.prompt_logprobs and not self.prompt_done:
+            ctx = result.as_numpy("context_logits")
+            if ctx is None:
+                raise APIError(400, "the served tensorrt_llm model returned no context_logits: prompt log "
+                                    "probabilities (echo with logprobs) need an engine built with "
+                                    "--gather_context_logits", param="echo")
+            self.prompt_done = True
+            ctx = ctx.reshape(-1, ctx.shape[-1])[-len(req.prompt_ids):]
+            plp = [TokenLogprob(req.prompt_ids[0], None)]
+            for i in range(1, len(req.prompt_ids)):
+                lp, best = top(ctx[i - 1], req.logprobs or 0)
+                plp.append(TokenLogprob(req.prompt_ids[i], float(lp[req.prompt_ids[i]]), best))
+            self.prompt_lps = plp
+            eos = self.served.eos_id
+            if eos is not None and not req.ignore_eos:
+                # the last row predicts the first generated token: an end id generated first (which TensorRT-LLM
+                # leaves out of output_ids and its log probs) still gets its entry, as vLLM and OpenAI return it
+                lp, best = top(ctx[len(req.prompt_ids) - 1], req.logprobs or 0)
+                self.eos_first = TokenLogprob(eos, float(lp[eos]), best)
+        if req.logprobs is not None and new_ids:
+            lps = []
+            if req.logprobs:
+                gen = result.as_numpy("generation_logits")
+                if gen is None:
+                    raise APIError(400, "the served tensorrt_llm model returned no generation_logits: top log "
+                                        "probabilities need an engine built with --gather_generation_logits",
+                                   param="logprobs")
+                gen = gen.reshape(-1, gen.shape[-1])[-len(new_ids):]
+                for tok, row in zip(new_ids, gen):
+                    lp, best = top(row, req.logprobs)
+                    lps.append(TokenLogprob(tok, float(lp[tok]), best))
+            else:
+                olp = result.as_numpy("output_log_probs")
+                flat = [] if olp is None else [float(x) for x in olp.reshape(-1)]
+                total = len(self.ids) + len(new_ids)
+                vals = flat[total - len(new_ids):total] if len(flat) >= total else flat[-len(new_ids):]
+                if len(vals) != len(new_ids):
+                    raise APIError(500, "the served tensorrt_llm model returned fewer output_log_probs than tokens")
+                lps = [TokenLogprob(t, v) for t, v in zip(new_ids, vals)]
+        self.ids += new_ids
+        text = self.served.decode(self.ids)
+        emit = ""
+        if not text.endswith("\ufffd"):  # a character still incomplete waits for its next token
+            emit = text[len(self.sent_text):] if text.startswith(self.sent_text) else \
+                text[len(common_prefix(self.sent_text, text)):]
+            self.sent_text = text
+        plps, self.prompt_lps = self.prompt_lps, None
+        return Delta(text=emit, ids=new_ids, logprobs=lps, num_output_tokens=len(self.ids), prompt_logprobs=plps)
+
+    def finish(self) -> tuple[Delta, ...]:
+        """The text held back at the end (an incomplete character is final now); and where the generation ended at
+        once, its one token the end id, that token's entry (a stop word stays in the output)."""
+        out = []
+        text, sent = self.served.decode(self.ids), self.sent_text
+        rest = text[len(sent):] if text.startswith(sent) else text[len(common_prefix(sent, text)):]
+        self.sent_text = text
+        if rest:
+            out.append(Delta(text=rest))
+        if not self.ids and self.eos_first is not None:
+            out.append(Delta(text="", logprobs=[self.eos_first], num_output_tokens=0))
+        return tuple(out)

@@ -1,0 +1,49 @@
+"""The front end's codec for ``llmapi``: the python ``tensorrt_llm`` model with ``text_input``, ``streaming``,
+``sampling_param_*`` (the sampling inputs the served model has), ``sampling_param_exclude_input_from_output`` and
+``return_finish_reason``; each streamed response holds the whole text so far. Token ids and log probabilities are a
+400: the model takes text and returns text. A generation left before its end is stopped with upstream's ``stop``
+request to the model itself."""
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.serving.codec import Call, Codec as _Base, CumulativeCall, GenRequest, Spec
+from pipeline.serving.protocol import APIError
+
+_SAMPLING = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+             "min_tokens")
+
+
+class Codec(_Base):
+    def call(self, req: GenRequest, entry: Spec, side: dict[str, Spec]) -> Call:
+        self.refuse_token_level(req)
+        return CumulativeCall(entry, self.inputs(entry, req), (), self.layout.stream)
+
+    def inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
+        lay = self.layout
+        out: dict[str, Any] = {lay.text_input: req.prompt_text, lay.max_tokens: req.max_tokens}
+        if lay.exclude_input in spec.inputs:
+            out[lay.exclude_input] = True
+        if "return_finish_reason" in spec.inputs:
+            out["return_finish_reason"] = True
+        names = {k: f"sampling_param_{k}" for k in _SAMPLING if f"sampling_param_{k}" in spec.inputs}
+        self.sampling(spec, req, names, out)
+        if req.stop:
+            out["sampling_param_stop"] = list(req.stop)
+        if req.ignore_eos:
+            if "sampling_param_ignore_eos" not in spec.inputs:
+                raise APIError(400, f"ignore_eos is not supported by the llmapi layout's '{spec.name}' model (it has "
+                                    f"no input 'sampling_param_ignore_eos')", param="ignore_eos")
+            out["sampling_param_ignore_eos"] = True
+        self.check(spec, out, {"sampling_param_stop": "stop", **{v: k for k, v in names.items()}})
+        return out
+
+    def why_not_token_level(self, req: GenRequest) -> str:
+        if req.prompt_logprobs:
+            return ("echo with logprobs needs prompt log probabilities, which the llmapi layout's tensorrt_llm model "
+                    "does not return (its outputs: text, finish reason, cumulative log prob); serve the "
+                    "inflight_batcher_llm layout for log-likelihood evaluation")
+        if req.logprobs is not None:
+            return ("logprobs: the llmapi layout's tensorrt_llm model returns no per-token log probabilities (only "
+                    "cumulative_logprob); serve the inflight_batcher_llm layout for them")
+        return "prompt as token ids: the llmapi layout's tensorrt_llm model takes text only (text_input)"
