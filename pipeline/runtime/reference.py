@@ -10,7 +10,8 @@ stores them.
 What each format computes comes from the format registry, passed in (``load(..., formats=...)``): its records by
 ``quant_algo`` (``BY_ALGO``, ``KV_BY_ALGO``) carry ``dequantize``, ``quantize_input`` and ``quantize_kv``. In the
 project that is ``pipeline.formats``; in a model repository, where ``pipeline`` is not importable, the served
-``model.py`` passes the copy the package stage puts beside it (``reference_formats``).
+``model.py`` passes the copy the package stage puts beside this file (``reference_formats``), which is also what
+``load`` reads when given none there.
 
 It depends only on torch, safetensors and transformers (and the registry it is given), so Triton's python backend
 can import this file on its own (the package stage copies it next to the served ``model.py``).
@@ -102,16 +103,32 @@ def read_quant_config(ckpt: Path) -> dict[str, Any]:
     return json.loads(p.read_text()).get("quantization", {})
 
 
+def default_formats():
+    """The format registry this file serves with when none is passed: ``pipeline.formats`` where it is
+    ``pipeline.runtime.reference``; in a model repository, where the package stage copies it as
+    ``reference_runtime.py``, the copy of the registry beside it (``reference_formats``)."""
+    if __name__.startswith("pipeline."):
+        from pipeline import formats
+
+        return formats
+    try:
+        import reference_formats
+    except ImportError as exc:
+        raise ImportError(f"{__name__}: no format registry beside it (reference_formats/, which the package stage "
+                          f"copies next to the reference runtime); pass load(..., formats=...) or re-run package") \
+            from exc
+    return reference_formats
+
+
 def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", formats=None) -> nn.Module:
     """Build the model described by ``ckpt/config.json`` and fill it from the (quantized) safetensors.
 
     ``formats``: the format registry (a module or object with ``BY_ALGO`` and ``KV_BY_ALGO``: ``quant_algo`` ->
-    record); None reads ``pipeline.formats``, which a model repository passes its copy of instead."""
+    record); None: :func:`default_formats`."""
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if formats is None:
-        from pipeline import formats
+    formats = formats if formats is not None else default_formats()
     ckpt = Path(ckpt)
     q = read_quant_config(ckpt)
     algo, kv_algo = q.get("quant_algo"), q.get("kv_cache_quant_algo")

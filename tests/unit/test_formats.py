@@ -228,7 +228,8 @@ def test_records_are_keyword_only_and_refuse_a_half_declared_format():
 # ------------------------------------------------------------------------------- the reference runtime's registry
 def test_the_reference_runtime_loads_with_the_packaged_copy_of_the_registry(tmp_path):
     """The files the package stage copies next to a reference model.py form a registry that loads an export alone,
-    to the same numbers; a registry without the export's quant_algo refuses it."""
+    to the same numbers, passed in or found by the copied runtime itself; a registry without the export's quant_algo
+    refuses it, and a copied runtime without the registry beside it says so."""
     from pipeline.runtime import reference
     from pipeline.stages import package
     from tests.helpers import exports
@@ -260,6 +261,25 @@ def test_the_reference_runtime_loads_with_the_packaged_copy_of_the_registry(tmp_
     with pytest.raises(ValueError, match=r"cannot load quant_algo='FP8' \(supported: NVFP4, W4A16_AWQ, W4A8_AWQ, "
                                          r"W8A8_SQ_PER_CHANNEL, none\)"):
         reference.load(e.dir, torch.bfloat16, formats=WithoutFP8)
+
+    # the copied runtime given no registry (a model.py that passes none) reads the copy beside it
+    sys.path.insert(0, str(version_dir))
+    try:
+        copied_rt = importlib.import_module("reference_runtime")
+        with torch.inference_mode():
+            model = copied_rt.load(e.dir, torch.bfloat16)
+            alone = model.forward(input_ids=ids).logits
+        layer = next(m for m in model.modules() if isinstance(m, copied_rt.QuantLinear))
+        assert layer.fmt.dequantize.__module__ == "reference_formats.fp8" and torch.equal(alone, ours)
+        shutil.rmtree(version_dir / "reference_formats")  # negative control: a repository without the copy
+        for m in [m for m in sys.modules if m.startswith("reference_formats")]:
+            del sys.modules[m]
+        with pytest.raises(ImportError, match="no format registry beside it"):
+            copied_rt.load(e.dir, torch.bfloat16)
+    finally:
+        sys.path.remove(str(version_dir))
+        for m in [m for m in sys.modules if m.startswith(("reference_formats", "reference_runtime"))]:
+            del sys.modules[m]
 
 
 def test_the_package_fingerprint_covers_every_copied_format_file(tmp_path, monkeypatch):
