@@ -79,7 +79,7 @@ STUB_NUMPY := numpy>=1.24,<2
 
 wheelhouse:
 	$(PYTHON) tools/wheelhouse.py --dest $(WHEELHOUSE) --python-version $(PYTHON_VERSION) --platform $(PLATFORM) \
-		--exclude "$(EXCLUDE)" --extras "$(EXTRAS)"
+		--exclude "$(EXCLUDE)" --extras "$(EXTRAS)" --venv $(VENV)
 	if echo "$(EXTRAS)" | grep -q cpu-server; then $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
 		--implementation cp --python-version $(PYTHON_VERSION) --platform $(PLATFORM) --platform manylinux2014_x86_64 \
 		--platform manylinux_2_17_x86_64 -d $(WHEELHOUSE)/stub-env '$(STUB_NUMPY)'; fi

@@ -106,14 +106,18 @@ class BundleManifest(BaseModel):
 
 SIGNATURE = "bundle.sig"
 KEEP = ".keep"  # an empty file that keeps a directory that must exist but has no files (a model's version directory)
-LITTER_DIRS = ("__pycache__",)  # written by a Python process that ran from the tree (the server's python stubs)
+LITTER_DIRS = ("__pycache__",)  # written by a Python process that imported from the tree
 LITTER_SUFFIXES = (".pyc", ".pyo")
 
 
-def is_litter(rel: str) -> bool:
-    """Whether a relative path is run-time litter that never belongs in a bundle (byte-code caches)."""
-    parts = rel.split("/")
-    return any(p in LITTER_DIRS for p in parts) or parts[-1].endswith(LITTER_SUFFIXES)
+def is_litter(path: Path, root: Path) -> bool:
+    """Whether ``path`` (under ``root``) is run-time litter that never belongs in a bundle: a byte-code cache
+    directory or file. The empty ``__pycache__`` *file* the package stage puts beside each model's python files
+    (``pipeline.stages.package.block_bytecode``: it keeps the server from writing byte code) is part of the bundle."""
+    parts = path.relative_to(root).parts
+    if path.name.endswith(LITTER_SUFFIXES):
+        return True
+    return any(p in LITTER_DIRS for p in parts[:-1]) or (path.name in LITTER_DIRS and path.is_dir())
 
 
 def bundle_tree(out: Path, source: Path, rel: str) -> None:
@@ -124,11 +128,10 @@ def bundle_tree(out: Path, source: Path, rel: str) -> None:
     (object stores have no directories; ``aws s3 sync`` and fsspec copies carry files only)."""
     dst = out / rel
     for p in sorted(dst.rglob("*"), reverse=True):
-        r = p.relative_to(dst).as_posix()
-        if is_litter(r):
+        if p.exists() and is_litter(p, dst):
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     for d in sorted(source.rglob("*")):
-        if d.is_dir() and not is_litter(d.relative_to(source).as_posix()):
+        if d.is_dir() and not is_litter(d, source):
             (dst / d.relative_to(source)).mkdir(parents=True, exist_ok=True)
     for d in [dst, *sorted(dst.rglob("*"))]:
         if d.is_dir() and not any(d.iterdir()):
@@ -661,14 +664,12 @@ def _topmost(paths: set[str]) -> list[str]:
 
 def tree_check(doc: dict[str, Any], files: set[str], dirs: set[str], *, local: bool) -> tuple[str, bool, str]:
     """The bundle's tree against its manifest, exactly: every file and directory ``bundle.json`` lists and nothing
-    else (an added, removed or renamed file or directory fails, named). Byte-code caches (``__pycache__``), which
-    the server's python stubs write beside each ``model.py`` of a copy they serve, are not part of the tree. Besides the listed files a bundle holds
+    else (an added, removed or renamed file or directory fails, named): byte code written into it (a ``__pycache__``
+    directory) fails it too, since serving a bundle leaves it byte-identical. Besides the listed files a bundle holds
     ``bundle.json``, ``bundle.sig``, and in the local stage store its ``manifest.json``. A manifest without ``dirs``
     (older bundles) lists its directories through its files' parents."""
     want = {f["path"] for f in doc.get("files", [])}
     allowed = {"bundle.json", SIGNATURE} | ({"manifest.json"} if local else set())
-    caches = {p for p in files | dirs if is_litter(p) and not p.endswith(".py")}
-    files, dirs = files - caches, dirs - caches  # byte code a server wrote beside model.py when it served this copy
     want_dirs = set(doc["dirs"]) if isinstance(doc.get("dirs"), list) else \
         {"/".join(p.split("/")[:i]) for p in want for i in range(1, p.count("/") + 1)}
     gone, added = _topmost(want_dirs - dirs), _topmost(dirs - want_dirs)
@@ -689,8 +690,7 @@ def tree_check(doc: dict[str, Any], files: set[str], dirs: set[str], *, local: b
     if problems:
         more = f" (and {len(problems) - 6} more)" if len(problems) > 6 else ""
         return ("tree", False, "; ".join(problems[:6]) + more)
-    note = f" (ignored: {len(caches)} byte-code cache entries a Python process wrote here)" if caches else ""
-    return ("tree", True, f"{len(want)} files and {len(want_dirs)} directories, exactly as listed{note}")
+    return ("tree", True, f"{len(want)} files and {len(want_dirs)} directories, exactly as listed")
 
 
 def loadability_check(fs, root: str, files: set[str], dirs: set[str]) -> tuple[str, bool | None, str]:

@@ -9,7 +9,13 @@
    (``pip install --dry-run --report``, binaries only).
 3. What the host already has (``--exclude``, e.g. torch on a GPU image) is left out together with everything only it
    needs: a package is kept when the project reaches it without passing through an excluded one.
-4. The kept packages are downloaded (``pip download --no-deps``), plus setuptools and wheel for the editable install,
+4. Every kept package must have the version the project's own virtual environment has (``--venv``, ``.venv`` by
+   default), which is what the tests ran with: pip resolving for another platform with binaries only backtracks,
+   silently, past a version whose dependency has no wheel (lm_eval 0.4.9 needs word2number, published as source
+   only, so pip took lm_eval 0.4.1, which fails at import offline). Packages that differ are pinned to the venv's
+   versions and resolved again, which builds the source-only dependencies that surface; a difference left after that
+   fails the run, naming each package and both versions.
+5. The kept packages are downloaded (``pip download --no-deps``), plus setuptools and wheel for the editable install,
    and ``requirements.txt`` in the wheelhouse pins them.
 
 Install on the host with ``make install-offline WHEELHOUSE=DIR`` (``pip install --no-index --find-links DIR``).
@@ -26,6 +32,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TOOLS = ("setuptools>=68", "wheel")  # the editable install builds the project offline with these
@@ -90,14 +97,15 @@ def has_wheel(requirement: str, python_version: str, platform: str) -> bool:
 
 
 def resolve(project: Path, extras: list[str], dest: Path, tmp: Path, python_version: str,
-            platform: str) -> list[dict]:
-    """The install report of the project for the target, building source-only dependencies as they turn up."""
+            platform: str, pins: list[str] = ()) -> list[dict]:
+    """The install report of the project for the target (with ``pins``, ``name==version`` constraints), building
+    source-only dependencies as they turn up."""
     spec = f"{project}[{','.join(extras)}]" if extras else str(project)
     for _ in range(10):
         report = tmp / "report.json"
         r = pip("install", "--dry-run", "--ignore-installed", "--target", str(tmp / "t"), "--report",
                 str(report), "--find-links", str(dest), *target_args(python_version, platform), spec,
-                *BUILD_TOOLS, capture=True)
+                *BUILD_TOOLS, *pins, capture=True)
         if r.returncode == 0:
             return json.loads(report.read_text())["install"]
         text = r.stdout + r.stderr
@@ -105,10 +113,37 @@ def resolve(project: Path, extras: list[str], dest: Path, tmp: Path, python_vers
         wanted += sorted(set(re.findall(r"depends on (\S+)", text)))
         missing = next((w for w in wanted if not has_wheel(w, python_version, platform)), None)
         if missing is None:
-            sys.exit(f"error: pip could not resolve the project for Python {python_version} on {platform}:\n"
+            pinned = f" with the venv's versions pinned ({' '.join(pins)})" if pins else ""
+            sys.exit(f"error: pip could not resolve the project for Python {python_version} on {platform}{pinned}:\n"
                      f"{r.stderr[-3000:]}")
         build_source_only(missing, dest)
     sys.exit("error: too many source-only dependencies")
+
+
+def venv_versions(venv: Path) -> dict[str, str] | None:
+    """Canonical name -> version of every distribution installed in the virtual environment ``venv``; None when it
+    has no Python."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return None
+    code = ("import importlib.metadata as m, json; "
+            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}))")
+    r = subprocess.run([str(python), "-c", code], text=True, capture_output=True)
+    if r.returncode:
+        sys.exit(f"error: cannot list the packages of {venv}:\n{r.stderr[-2000:]}")
+    return {canonicalize_name(k): v for k, v in json.loads(r.stdout).items()}
+
+
+def differences(items: list[dict], venv: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Packages whose resolved version is not the venv's: name -> (resolved, venv's). The project itself and packages
+    the venv does not have are not compared."""
+    out = {}
+    for i in items:
+        name, version = canonicalize_name(i["metadata"]["name"]), i["metadata"]["version"]
+        have = venv.get(name)
+        if have is not None and name != "llm-pipeline" and Version(version) != Version(have):
+            out[name] = (version, have)
+    return out
 
 
 def keep(items: list[dict], exclude: set[str], env: dict[str, str]) -> list[dict]:
@@ -141,15 +176,32 @@ def main() -> None:
     ap.add_argument("--platform", required=True, help="e.g. manylinux_2_28_x86_64")
     ap.add_argument("--exclude", default="", help="space/comma separated: packages the host already has")
     ap.add_argument("--extras", default="", help="project extras, e.g. cpu-server")
+    ap.add_argument("--venv", type=Path, default=ROOT / ".venv",
+                    help="the project's virtual environment, whose versions the wheelhouse must carry")
     a = ap.parse_args()
     exclude = {canonicalize_name(n) for n in re.split(r"[\s,]+", a.exclude) if n}
     extras = [e for e in re.split(r"[\s,]+", a.extras) if e]
     a.dest.mkdir(parents=True, exist_ok=True)
+    venv = venv_versions(a.venv)
+    if venv is None:
+        print(f"wheelhouse: no virtual environment at {a.venv} (make setup): versions are not compared with one")
+    env = marker_env(a.python_version, a.platform)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         project = build_project(tmp)
-        items = keep(resolve(project, extras, a.dest, tmp, a.python_version, a.platform), exclude,
-                     marker_env(a.python_version, a.platform))
+        items = keep(resolve(project, extras, a.dest, tmp, a.python_version, a.platform), exclude, env)
+        differ = differences(items, venv or {})
+        if differ:
+            print("wheelhouse: pinning to the venv's versions: " + ", ".join(
+                f"{n} {got} -> {want}" for n, (got, want) in sorted(differ.items())))
+            pins = [f"{n}=={want}" for n, (_, want) in sorted(differ.items())]
+            items = keep(resolve(project, extras, a.dest, tmp, a.python_version, a.platform, pins), exclude, env)
+            differ = differences(items, venv or {})
+        if differ:
+            sys.exit("error: the wheelhouse would carry other versions than the project's venv (" + "; ".join(
+                f"{n} {got}, the venv has {want}" for n, (got, want) in sorted(differ.items())) + "); fix the "
+                "dependency pip cannot take for this target, or leave the package out with EXCLUDE if the host has "
+                "it")
     pins = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items
             if canonicalize_name(i["metadata"]["name"]) != "llm-pipeline"]
     r = pip("download", "-q", "--no-deps", "--find-links", str(a.dest), "-d", str(a.dest),

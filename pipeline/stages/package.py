@@ -131,7 +131,24 @@ def render_repository(cfg, repo: Path, capacity=None) -> list[str]:
                 shutil.copy2(origin, repo / name / "1" / dst)
     for rel, text in lay.files(cfg, repo, capacity).items():  # llmapi: tensorrt_llm/1/model.yaml
         (repo / rel).write_text(text)
+    block_bytecode(repo, [name for _, name, _ in rendered])
     return [name for _, name, _ in rendered]
+
+
+BYTECODE_BLOCK = "__pycache__"
+
+
+def block_bytecode(repo: Path, models: list[str]) -> None:
+    """An empty file named ``__pycache__`` beside the python files of every model, so that serving writes no byte
+    code into the repository: a served bundle stays byte-identical, a stage output stays as its manifest lists it.
+    Triton's python backend runs its stubs' interpreter isolated (``PYTHONDONTWRITEBYTECODE`` does not reach it);
+    with a file where the ``__pycache__`` directory would go, Python's import system skips writing its cache."""
+    for name in models:
+        version = repo / name / "1"
+        for d in sorted({p.parent for p in version.rglob("*.py")}):
+            if d.is_relative_to(repo / ENGINE_REL):  # the build output, hard-linked: not ours to add to
+                continue
+            (d / BYTECODE_BLOCK).write_bytes(b"")
 
 
 def run(ctx: Context) -> PackageResult:

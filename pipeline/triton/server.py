@@ -333,9 +333,6 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
     work_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stub finds this env's numpy
-    # the python stubs import model.py from the repository: no __pycache__ may be written into it (a served bundle
-    # stays byte-identical, and a stage output stays as its manifest lists it)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     cmd = [str(binary), f"--model-repository={repo}", "--exit-on-error=true", "--strict-readiness=true",
            "--allow-metrics=false", "--log-verbose=0"]
     if models:  # load only these (explicit model control)

@@ -50,3 +50,19 @@ def test_the_check_sees_a_broken_pipe_where_python_reports_one(tmp_path):
     handled the closed pipe, and the check above would see it."""
     code, err = _closed_early([sys.executable, "-c", "print('first'); print('x' * 1_000_000)"], tmp_path)
     assert code != 0 and "BrokenPipeError" in err
+
+
+def test_a_python_without_the_projects_dependencies_gets_one_line(tmp_path):
+    """``python -m pipeline`` from the checkout with a Python that is not the project's venv (the README's commands
+    before ``source .venv/bin/activate``): one line naming the fix, exit 2, no traceback. Control: the venv's Python
+    runs the same command."""
+    repo = Path(__file__).resolve().parents[2]
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    proc = subprocess.run([str(bare / "bin" / "python"), "-m", "pipeline", "plan"], cwd=repo, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "is not installed for" in line and "source .venv/bin/activate" in line
+    ok = run_cli("plan", "model=tiny-qwen3", root=tmp_path / "root", cwd=repo)
+    assert ok.returncode == 0, ok.stderr

@@ -67,6 +67,11 @@ def test_the_wheelhouse_holds_wheels_only_and_leaves_out_what_the_host_has(wheel
     assert "nvidia_pytriton" not in names  # lean: the bundled CPU server is an extra (EXTRAS=cpu-server)
     pins = (wheelhouse / "requirements.txt").read_text().split()
     assert len(pins) == len(wheels) and all("==" in p for p in pins)
+    # the versions the tests ran with: lm_eval's newest needs word2number, published as source only (built here);
+    # resolving with binaries only would silently take lm_eval 0.4.1 instead
+    import importlib.metadata as md
+
+    assert f"lm_eval=={md.version('lm_eval')}" in pins and any(p.startswith("word2number==") for p in pins)
 
 
 def test_the_project_resolves_and_installs_from_the_wheelhouse_with_no_index(wheelhouse, fresh_venv):

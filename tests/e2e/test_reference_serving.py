@@ -332,3 +332,40 @@ def test_llmapi_stop_perf_metrics_and_reasons_behave_as_upstreams_model(served, 
     arrival, first_tok, last_tok = (int(with_perf.as_numpy(n)[0]) for n in
                                     ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"))
     assert 0 < arrival <= first_tok <= last_tok
+
+
+def test_serving_writes_no_byte_code_into_the_repository(served):
+    """The python stubs import every model.py (and the reference runtime beside it) when the server starts: the
+    repository stays as the package stage wrote it, with no ``__pycache__`` directory."""
+    _, repo = served("inflight_batcher_llm", True)
+    blocks = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("__pycache__") if p.is_file())
+    assert "preprocessing/1/__pycache__" in blocks and "tensorrt_llm/1/__pycache__" in blocks, blocks
+    assert not [p for p in repo.rglob("__pycache__") if p.is_dir()], "the server wrote byte code into the repository"
+    assert not list(repo.rglob("*.pyc"))
+
+
+def test_the_byte_code_block_is_what_keeps_the_cache_out(tmp_path):
+    """Negative control, with Python's own import system: a module imported from a directory without the block gets
+    a ``__pycache__`` directory; with the package stage's empty ``__pycache__`` file beside it, nothing is written."""
+    import importlib.util
+    import sys
+
+    from pipeline.stages.package import BYTECODE_BLOCK
+
+    def load(where: Path) -> None:
+        (where / "mod.py").write_text("X = 1\n")
+        spec = importlib.util.spec_from_file_location(f"probe_{where.name}", where / "mod.py")
+        before, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+        try:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        finally:
+            sys.dont_write_bytecode = before
+
+    open_dir, blocked = tmp_path / "open", tmp_path / "blocked"
+    open_dir.mkdir()
+    blocked.mkdir()
+    (blocked / BYTECODE_BLOCK).write_bytes(b"")
+    load(open_dir)
+    load(blocked)
+    assert (open_dir / "__pycache__").is_dir() and list((open_dir / "__pycache__").glob("*.pyc"))
+    assert (blocked / "__pycache__").is_file() and (blocked / "__pycache__").stat().st_size == 0

@@ -188,18 +188,18 @@ def test_verify_fails_an_added_removed_or_renamed_file_or_directory_naming_it(tm
     assert ok is False and named in msg, msg
 
 
-def test_verify_ignores_byte_code_a_server_wrote_but_not_a_planted_module(tmp_path):
+def test_verify_fails_byte_code_written_into_a_bundle(tmp_path):
+    """Serving writes no byte code into a bundle (``package.block_bytecode``), so a ``__pycache__`` directory in one
+    is a change to its tree like any other."""
     from tests.helpers.bundles import make_bundle
 
     b = make_bundle(tmp_path)
+    assert _checks(b)["tree"][0] is True
     cache = b / "triton_repo/ensemble/1/__pycache__"
     cache.mkdir()
     (cache / "model.cpython-311.pyc").write_bytes(b"\0")
     ok, msg = _checks(b)["tree"]
-    assert ok is True and "ignored: 2 byte-code cache entries" in msg, msg
-    (cache / "evil.py").write_text("")
-    ok, msg = _checks(b)["tree"]
-    assert ok is False and "__pycache__/evil.py is not in the manifest" in msg, msg
+    assert ok is False and "directory triton_repo/ensemble/1/__pycache__/ is not in the manifest" in msg, msg
 
 
 def test_verify_fails_a_model_without_a_version_directory_even_when_the_manifest_agrees(tmp_path):
@@ -230,9 +230,12 @@ def test_bundle_tree_keeps_every_directory_and_drops_byte_code(tmp_path):
     (out / "triton_repo/m/1/model.py").write_text("")
     (out / "triton_repo/m/1/__pycache__/model.cpython-311.pyc").write_bytes(b"\0")
     (out / "triton_repo/m/1/stray.pyc").write_bytes(b"\0")
+    (src / "ensemble/1/__pycache__").write_bytes(b"")  # the package stage's block against byte code: a file, kept
+    (out / "triton_repo/ensemble/1").mkdir(parents=True)
+    (out / "triton_repo/ensemble/1/__pycache__").write_bytes(b"")
     bundle.bundle_tree(out, src, "triton_repo")
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["triton_repo/ensemble/1/.keep", "triton_repo/m/1/model.py"]
+    assert files == ["triton_repo/ensemble/1/__pycache__", "triton_repo/m/1/model.py"]
     assert bundle.store_dirs(out) == ["triton_repo", "triton_repo/ensemble", "triton_repo/ensemble/1",
                                       "triton_repo/m", "triton_repo/m/1"]
 
