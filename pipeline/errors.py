@@ -9,6 +9,7 @@ import datetime as _dt
 import errno
 import logging
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -85,6 +86,9 @@ def known(exc: BaseException) -> PipelineError:
     :class:`StageFailed` line, anything else through :func:`internal` (traceback to the run log)."""
     if isinstance(exc, PipelineError):
         return exc
+    formats = sys.modules.get("pipeline.formats._base")  # self-contained: its error is no PipelineError
+    if formats is not None and isinstance(exc, formats.FormatError):
+        return UserError(str(exc))  # a format module that stops the registry, named with the fix
     code = disk_full(exc)
     if code:
         return disk_full_error(code, getattr(exc, "filename", None))

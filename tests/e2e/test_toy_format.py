@@ -252,4 +252,6 @@ def test_a_broken_toy_record_stops_every_verb_naming_its_file(tmp_path, edit, me
     copy = _copy(tmp_path / "project", {**TOY, "pipeline/formats/int8_wo.py": edit(TOY_MODULE)})
     for args in (["plan", "model=tiny-qwen3", "quant=fp8"], ["validate"]):
         proc = _cli(copy, tmp_path, *args)
-        assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]  # one line, exit 2, no traceback
+        assert lines[0].startswith(f"error: {message}"), lines[0]
