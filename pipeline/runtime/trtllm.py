@@ -130,31 +130,42 @@ def _bool(v: bool) -> str:
     return "enable" if v else "disable"
 
 
-def plugin_config(build: dict[str, Any], quant_algo: str | None) -> dict[str, Any]:
-    """``PluginConfig`` fields for the engine build."""
+def fp8_context_fmha(build: dict[str, Any], quant_algo: str | None, kv_algo: str | None) -> bool:
+    """``use_fp8_context_fmha`` as trtllm-build ends up with it (``tensorrt_llm/builder.py`` ``build()``, "Logics to
+    control paged_context_fmha and fp8_context_fmha"; ``pipeline/upstream/rules.yaml``): off outside the FP8, W4A8_AWQ
+    and NVFP4 workflows; with paged context FMHA, on exactly when the KV cache is FP8; otherwise as asked."""
+    if quant_algo not in BY_ALGO or not BY_ALGO[quant_algo].fp8_context_fmha:
+        return False
+    if build["use_paged_context_fmha"]:
+        return kv_algo == "FP8"
+    return bool(build["use_fp8_context_fmha"])
+
+
+def plugin_config(build: dict[str, Any], quant_algo: str | None, kv_algo: str | None) -> dict[str, Any]:
+    """``PluginConfig`` fields for the engine build (``kv_algo``: the checkpoint's ``kv_cache_quant_algo``)."""
     return {"gemm_plugin": build["gemm_plugin"],
             "use_paged_context_fmha": bool(build["use_paged_context_fmha"]),
-            "use_fp8_context_fmha": bool(build["use_fp8_context_fmha"]) and quant_algo in BY_ALGO
-            and BY_ALGO[quant_algo].fp8_context_fmha,
+            "use_fp8_context_fmha": fp8_context_fmha(build, quant_algo, kv_algo),
             "multiple_profiles": bool(build["multiple_profiles"])}
 
 
-def build_config_kwargs(build: dict[str, Any], quant_algo: str | None, timing_cache: str | None) -> dict[str, Any]:
+def build_config_kwargs(build: dict[str, Any], quant_algo: str | None, kv_algo: str | None,
+                        timing_cache: str | None) -> dict[str, Any]:
     """``BuildConfig(...)`` keyword arguments (LLM-API engine path); ``plugin_config`` as a field dict."""
     kw = {"max_batch_size": build["max_batch_size"], "max_input_len": build["max_input_len"],
           "max_seq_len": build["max_seq_len"], "max_num_tokens": build["max_num_tokens"],
           "max_beam_width": build["max_beam_width"], "kv_cache_type": "paged",
-          "use_strip_plan": bool(build["strip_plan"]), "plugin_config": plugin_config(build, quant_algo)}
+          "use_strip_plan": bool(build["strip_plan"]), "plugin_config": plugin_config(build, quant_algo, kv_algo)}
     if timing_cache:
         kw["input_timing_cache"] = timing_cache
         kw["output_timing_cache"] = timing_cache
     return kw
 
 
-def trtllm_build_args(build: dict[str, Any], quant_algo: str | None, checkpoint_dir: str, output_dir: str,
-                      timing_cache: str | None) -> list[str]:
+def trtllm_build_args(build: dict[str, Any], quant_algo: str | None, kv_algo: str | None, checkpoint_dir: str,
+                      output_dir: str, timing_cache: str | None) -> list[str]:
     """The ``trtllm-build`` command line for a TRT-LLM checkpoint."""
-    plug = plugin_config(build, quant_algo)
+    plug = plugin_config(build, quant_algo, kv_algo)
     args = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
             "--max_batch_size", str(build["max_batch_size"]), "--max_input_len", str(build["max_input_len"]),
             "--max_seq_len", str(build["max_seq_len"]), "--max_num_tokens", str(build["max_num_tokens"]),

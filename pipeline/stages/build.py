@@ -98,7 +98,7 @@ def run_trtllm(ctx: Context) -> BuildRecord:
     engine.mkdir()
     spec: dict[str, Any] = {"prompt": cfg.runtime.check_prompt, "check_tokens": cfg.runtime.check_tokens}
     if rt == "trtllm_engine":
-        spec.update(engine_build_spec(ctx, q.quant_algo, info.tensorrt))
+        spec.update(engine_build_spec(ctx, q.quant_algo, q.kv_cache_quant_algo, info.tensorrt))
     else:
         ctx.link_input("quantize", "checkpoint", "engine")
         options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp)
@@ -138,7 +138,8 @@ def run_trtllm(ctx: Context) -> BuildRecord:
 TIMING_CACHE = "timing.cache"  # this build's copy, in its temporary output directory (never part of the output)
 
 
-def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None) -> dict[str, Any]:
+def engine_build_spec(ctx: Context, quant_algo: str | None, kv_algo: str | None,
+                      tensorrt: str | None) -> dict[str, Any]:
     """The child process's ``trtllm-build`` job. Its timing-cache flags name this build's own copy, seeded from the
     shared cache for (SM, TensorRT version); the tokenizer is linked next to the engine (Triton's tokenizer_dir)."""
     from pipeline.runtime import trtllm
@@ -149,7 +150,7 @@ def engine_build_spec(ctx: Context, quant_algo: str | None, tensorrt: str | None
     for p in ckpt.iterdir():
         if p.is_file() and is_tokenizer_file(p.name):
             ctx.link_input("quantize", f"checkpoint/{p.name}", f"engine/{p.name}")
-    args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo,
+    args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo, kv_algo,
                                     str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))
     return {"kind": "engine", "engine_dir": str(engine), "tokenizer_dir": str(ckpt), "trtllm_build_args": args}
 

@@ -108,6 +108,26 @@ def _fp8_context_fmha(s: dict[str, Any]) -> list[str]:
     return []
 
 
+def _fp8_context_fmha_needs_fp8_kv(s: dict[str, Any]) -> list[str]:
+    b = s["build"]
+    if b["use_fp8_context_fmha"] and b["use_paged_context_fmha"] and s["quant"] in FP8_CONTEXT_FMHA_QUANTS \
+            and s["kv_cache"] != "fp8":
+        return [f"build.use_fp8_context_fmha=true with quant={s['quant']}, paged context FMHA and "
+                f"quant.kv_cache={s['kv_cache']}: trtllm-build keeps FP8 (paged) context FMHA only with an FP8 KV "
+                f"cache; --use_fp8_context_fmha disable is passed"]
+    return []
+
+
+def _fp8_kv_enables_fp8_context_fmha(s: dict[str, Any]) -> list[str]:
+    b = s["build"]
+    if not b["use_fp8_context_fmha"] and b["use_paged_context_fmha"] and s["quant"] in FP8_CONTEXT_FMHA_QUANTS \
+            and s["kv_cache"] == "fp8" and s["sm"] >= 89:
+        return [f"build.use_fp8_context_fmha=false with quant={s['quant']}, an FP8 KV cache and paged context FMHA: "
+                f"trtllm-build turns FP8 context FMHA on itself to support FP8 paged context FMHA; "
+                f"--use_fp8_context_fmha enable is passed"]
+    return []
+
+
 def _max_input_len(s: dict[str, Any]) -> list[str]:
     b = s["build"]
     if int(b["max_input_len"]) > int(b["max_seq_len"]):
@@ -137,6 +157,8 @@ PREDICATES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "chunked_context_needs_paged_context_fmha": _chunked_context,
     "kv_reuse_needs_paged_context_fmha": _kv_reuse,
     "fp8_context_fmha_needs_fp8_workflow": _fp8_context_fmha,
+    "fp8_context_fmha_needs_fp8_kv": _fp8_context_fmha_needs_fp8_kv,
+    "fp8_kv_enables_fp8_context_fmha": _fp8_kv_enables_fp8_context_fmha,
     "max_input_len_le_max_seq_len": _max_input_len,
     "no_int_quant_on_sm100": _no_int_quant_on_sm100,
     "llmapi_free_gpu_memory_fraction": _llmapi_fraction,

@@ -28,7 +28,7 @@ def test_engine_build_reads_and_writes_its_own_copy_of_the_timing_cache(tmp_path
     from pipeline.stages import build
 
     ctx, shared = _engine_ctx(tmp_path, b"shared cache")
-    spec = build.engine_build_spec(ctx, "FP8", "10.13")
+    spec = build.engine_build_spec(ctx, "FP8", "FP8", "10.13")
     args = spec["trtllm_build_args"]
     own = ctx.out / build.TIMING_CACHE
     assert args[args.index("--input_timing_cache") + 1] == args[args.index("--output_timing_cache") + 1] == str(own)
@@ -40,7 +40,7 @@ def test_engine_build_reads_and_writes_its_own_copy_of_the_timing_cache(tmp_path
     assert not own.exists() and [p.name for p in shared.parent.iterdir()] == [shared.name]
 
     first, _ = _engine_ctx(tmp_path / "first", None)  # no shared cache yet: the build starts without one
-    build.engine_build_spec(first, "FP8", "10.13")
+    build.engine_build_spec(first, "FP8", "FP8", "10.13")
     assert not (first.out / build.TIMING_CACHE).exists()
 
 

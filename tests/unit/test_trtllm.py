@@ -39,15 +39,15 @@ def _build(*extra):
 
 
 def test_trtllm_build_args_use_upstream_flags():
-    args = trtllm.trtllm_build_args(_build(), "FP8", "/ckpt", "/out", "/cache/sm90.cache")
+    args = trtllm.trtllm_build_args(_build(), "FP8", "FP8", "/ckpt", "/out", "/cache/sm90.cache")
     flags = {a for a in args if a.startswith("--")}
     assert flags <= TRTLLM_BUILD_FLAGS
     assert args[args.index("--use_fp8_context_fmha") + 1] == "enable"
     assert args[args.index("--input_timing_cache") + 1] == "/cache/sm90.cache"
-    awq = trtllm.trtllm_build_args(_build(), "W4A16_AWQ", "/c", "/o", None)
+    awq = trtllm.trtllm_build_args(_build(), "W4A16_AWQ", "FP8", "/c", "/o", None)
     assert awq[awq.index("--use_fp8_context_fmha") + 1] == "disable"  # FP8 context FMHA: FP8/W4A8/NVFP4 only
     assert "--input_timing_cache" not in awq
-    bc = trtllm.build_config_kwargs(_build(), "NVFP4", "/t.cache")
+    bc = trtllm.build_config_kwargs(_build(), "NVFP4", "FP8", "/t.cache")
     assert set(bc) <= BUILD_CONFIG_FIELDS and set(bc["plugin_config"]) <= PLUGIN_FIELDS
     assert bc["max_batch_size"] == 8 and bc["kv_cache_type"] == "paged"
 
@@ -58,3 +58,34 @@ def test_llmapi_options_use_upstream_names():
     assert set(opts["kv_cache_config"]) <= KV_CACHE_CONFIG and set(opts["cuda_graph_config"]) <= CUDA_GRAPH_CONFIG
     assert opts["kv_cache_config"]["dtype"] == "fp8" and opts["tensor_parallel_size"] == 2
     assert max(opts["cuda_graph_config"]["batch_sizes"]) <= 16
+
+
+# tensorrt_llm/builder.py build(), "Logics to control paged_context_fmha and fp8_context_fmha" (commit 008b2b8), on
+# sm89+ with context FMHA on: (quant_algo, kv algo, use_paged_context_fmha, use_fp8_context_fmha asked) -> what the
+# builder leaves in use_fp8_context_fmha
+BUILDER_FP8_CONTEXT_FMHA = [
+    ("FP8", "FP8", True, True, True), ("FP8", "FP8", True, False, True),  # "enabled to support FP8 Paged ..."
+    ("FP8", None, True, True, False),  # "must be used together with fp8 KV Cache"
+    ("NVFP4", None, True, True, False), ("W4A8_AWQ", None, True, True, False), ("NVFP4", "NVFP4", True, True, False),
+    ("FP8", None, False, True, True), ("FP8", None, False, False, False),  # no paged context FMHA: as asked
+    ("W4A16_AWQ", "FP8", True, True, False), ("W8A8_SQ_PER_CHANNEL", None, False, True, False), (None, None, True, True,
+                                                                                               False),
+]
+
+
+@pytest.mark.parametrize("algo, kv, paged, asked, expected", BUILDER_FP8_CONTEXT_FMHA)
+def test_fp8_context_fmha_is_rendered_as_the_builder_leaves_it(algo, kv, paged, asked, expected):
+    build = {**_build(), "use_paged_context_fmha": paged, "use_fp8_context_fmha": asked}
+    assert trtllm.fp8_context_fmha(build, algo, kv) is expected
+    args = trtllm.trtllm_build_args(build, algo, kv, "/c", "/o", None)
+    assert args[args.index("--use_fp8_context_fmha") + 1] == ("enable" if expected else "disable")
+
+
+def test_the_kv_cache_decides_fp8_context_fmha_where_the_builder_says_so():
+    """Negative control: the rendering that ignored the KV cache (the workflow alone decided) disagrees with the
+    builder's table on FP8 weights without an FP8 KV cache."""
+    def workflow_only(build, algo, kv):
+        return bool(build["use_fp8_context_fmha"]) and algo in ("FP8", "W4A8_AWQ", "NVFP4")
+
+    assert any(workflow_only({"use_paged_context_fmha": p, "use_fp8_context_fmha": a}, algo, kv) is not want
+               for algo, kv, p, a, want in BUILDER_FP8_CONTEXT_FMHA)

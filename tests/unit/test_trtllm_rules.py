@@ -176,3 +176,25 @@ def test_rules_verb_prints_every_rule_with_its_source(capsys):
     for rid in rules.PREDICATES:
         assert rid in out
     assert "trtGptModelInflightBatching.cpp" in out and "model_instance_state.cc" in out
+
+
+def test_fp8_context_fmha_follows_the_kv_cache_with_paged_context_fmha():
+    """The builder's adjustments of FP8 context FMHA in the FP8 workflows (FP8, W4A8_AWQ, NVFP4): off without an FP8
+    KV cache, on with one; plan names each, and the rendered build flag agrees."""
+    for quant in ("fp8", "w4a8_awq"):
+        fired = _fired(_settings(quant=quant, kv_cache="none"))
+        assert fired.get("fp8_context_fmha_needs_fp8_kv") == "adjust", (quant, fired)
+    (f,) = [f for f in rules.evaluate(_settings(quant="fp8", kv_cache="none")) if f.rule == "fp8_context_fmha_needs_fp8_kv"]
+    assert (f.setting, f.value) == ("build.use_fp8_context_fmha", False)
+    on = _settings(build={"use_fp8_context_fmha": False})  # fp8 weights, fp8 KV cache (the defaults)
+    assert _fired(on) == {"fp8_kv_enables_fp8_context_fmha": "adjust"}
+    # controls: the defaults fire neither; without paged context FMHA the builder leaves the flag as asked
+    assert "fp8_context_fmha_needs_fp8_kv" not in _fired(_settings())
+    assert not {"fp8_context_fmha_needs_fp8_kv", "fp8_kv_enables_fp8_context_fmha"} & set(_fired(_settings(
+        kv_cache="none", build={"use_paged_context_fmha": False}, serve={"enable_chunked_context": False,
+                                                                         "enable_kv_cache_reuse": False})))
+    from pipeline.cli.build import cmd_plan
+
+    doc = cmd_plan(config.compose(["model=qwen32b", "quant=fp8", "quant.kv_cache=none", "target=h100",
+                                   "runtime=trtllm_engine"]), True)
+    assert any("fp8_context_fmha_needs_fp8_kv" in a for a in doc["adjusted"])
