@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline import hf_config
 from pipeline.errors import UserError
 
 QWEN_TYPES = ("qwen", "qwen2", "qwen2_moe", "qwen2_llava_onevision", "qwen2_vl", "qwen2_audio", "qwen3", "qwen3_moe")
@@ -35,17 +36,8 @@ MODELOPT_OVERRIDES = ("use_parallel_embedding", "embedding_sharding_dim", "logit
 
 def _rope(hf: dict[str, Any], default: float) -> tuple[float, dict | None]:
     """``rope_theta`` and ``rope_scaling`` as ``from_hugging_face`` reads them (``getattr(hf_config, "rope_theta",
-    default)``, ``getattr(hf_config, "rope_scaling", None)``), from a config.json of either transformers 4
-    (``rope_theta``, ``rope_scaling``) or 5 (``rope_parameters``, where an unscaled model says
-    ``rope_type: default``)."""
-    params = hf.get("rope_parameters") or {}
-    theta = hf.get("rope_theta", params.get("rope_theta", default))
-    scaling = hf.get("rope_scaling")
-    if scaling is None and params.get("rope_type", "default") != "default":
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
-        scaling = None
-    return float(theta), scaling
+    default)``, ``getattr(hf_config, "rope_scaling", None)``), from a config.json of transformers 4 or 5."""
+    return hf_config.legacy_rope(hf, default)
 
 
 def _common(hf: dict[str, Any], dtype: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
-from pipeline import store
+from pipeline import hf_config, store
 from pipeline.errors import UserError
 from pipeline.results import FetchResult
 from pipeline.runner import Context, Stage
@@ -445,6 +445,7 @@ def run(ctx: Context) -> FetchResult:
         result = _from_synthetic(ctx)
     _check_checkpoint(ctx.out, ctx.cfg.model.source)
     validate_checkpoint(ctx.out, ctx.cfg.model.source)
+    hf_config.write_legacy_rope(ctx.out / "config.json")  # as TensorRT-LLM 1.2's transformers 4.57 reads it
     hf_cfg = json.loads((ctx.out / "config.json").read_text())
     return FetchResult(**result, architectures=hf_cfg.get("architectures"), model_type=hf_cfg.get("model_type"))
 

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
-from pipeline import calib, capacity, quality, store
+from pipeline import calib, capacity, hf_config, quality, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.formats import KV_FORMATS
@@ -301,6 +301,7 @@ def run(ctx: Context) -> QuantizeResult:
         fq = _logits("fake-quant logits (held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "export_s", peaks), status("exporting unified HF checkpoint"):
         modelopt.export_hf_checkpoint(model, ckpt)
+        hf_config.write_legacy_rope(ckpt / "config.json")  # as TensorRT-LLM 1.2's transformers 4.57 reads it
         _copy_tokenizer(src, ckpt)
     hashed = _hash_in_background(ctx, ckpt)  # overlaps the export proof
     # the proof below holds one model at a time: the calibrated one is freed first
