@@ -76,7 +76,7 @@ def _row(model: str, fmt: str, kv: str, extra: list[str], r: dict | None, outcom
 def run(models: list[str], formats: list[str], save) -> None:
     """The real fetch and quantize stages, in this process (runner.preflight / runner.run: one import of torch and
     ModelOpt for every run), one fresh output root per model; ``save(row)`` after each run."""
-    from pipeline import config, runner
+    from pipeline import hardware, runner
     from pipeline.errors import StageFailed, UserError
     from pipeline.stages import STAGES
 
@@ -86,7 +86,7 @@ def run(models: list[str], formats: list[str], save) -> None:
             for fmt, kv, extra in FORMATS:
                 if fmt not in formats:
                     continue
-                cfg = config.compose([f"model={model}", f"quant={fmt}", f"quant.kv_cache={kv}", "quant.gate=warn",
+                cfg = hardware.compose([f"model={model}", f"quant={fmt}", f"quant.kv_cache={kv}", "quant.gate=warn",
                                       "until=quantize", "target=cpu", "runtime=reference", f"paths.root={root}",
                                       *CALIB, *extra])
                 t0 = time.perf_counter()
@@ -100,9 +100,9 @@ def run(models: list[str], formats: list[str], save) -> None:
 
 
 def _bounds(fmt: str) -> tuple[float, float, float]:
-    from pipeline import config
+    from pipeline import hardware
 
-    e = config.compose([f"quant={fmt}", "target=cpu", "runtime=reference"]).quant.eval
+    e = hardware.compose([f"quant={fmt}", "target=cpu", "runtime=reference"]).quant.eval
     return float(e.export_kl_abs), float(e.export_kl_frac), float(e.export_weight_ratio)
 
 

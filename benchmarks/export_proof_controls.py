@@ -35,14 +35,14 @@ SCALES = (1.01, 1.02, 1.1, 0.9)
 def measure() -> dict:
     import datetime as dt
 
-    from pipeline import config
+    from pipeline import hardware
     from pipeline.quant import proof
     from tests.helpers import exports
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="proof-controls-") as tmp:
         for fmt in FORMATS:
-            bound = float(config.compose(["model=tiny-qwen3", f"quant={fmt}"]).quant.eval.export_weight_ratio)
+            bound = float(hardware.compose(["model=tiny-qwen3", f"quant={fmt}"]).quant.eval.export_weight_ratio)
             e = exports.write(Path(tmp) / fmt / "ckpt", fmt)
 
             def ratio(ckpt: Path) -> tuple[float, bool]:

@@ -86,7 +86,7 @@ def part_formats(out: dict) -> None:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
 
-    from pipeline import config, quality
+    from pipeline import hardware, quality
     from pipeline.quant import proof
     from pipeline.runtime import reference
     from pipeline.quant.modelopt import calibration_forward, prepare_reference, quant_config
@@ -107,7 +107,7 @@ def part_formats(out: dict) -> None:
         export_hf_checkpoint(model, export_dir=str(d))
         del model
         torch.cuda.empty_cache()
-        bounds = config.compose([f"quant={fmt}"]).quant.eval
+        bounds = hardware.compose([f"quant={fmt}"]).quant.eval
         q = json.loads((d / "hf_quant_config.json").read_text())["quantization"]
         structure = proof.check_structure(d, fmt, kv)
         layers = proof.check_layers(d, ref, bounds.export_weight_ratio, "cuda")

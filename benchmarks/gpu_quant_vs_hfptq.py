@@ -245,11 +245,11 @@ def calib_rows_jsonl(a, root: Path, out: Path) -> dict[str, Any]:
     hf_ptq's data loader tokenizes: padding, truncation at the row length) to the identical row."""
     from transformers import AutoTokenizer
 
-    from pipeline import calib, config
+    from pipeline import calib, hardware
 
     import torch
 
-    cfg = config.compose(pipeline_overrides(a))
+    cfg = hardware.compose(pipeline_overrides(a))
     q = cfg.quant
     tok = AutoTokenizer.from_pretrained(fetch_dir(root))
     spec = calib.spec(cfg)

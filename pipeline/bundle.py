@@ -113,7 +113,7 @@ LITTER_SUFFIXES = (".pyc", ".pyo")
 def is_litter(path: Path, root: Path) -> bool:
     """Whether ``path`` (under ``root``) is run-time litter that never belongs in a bundle: a byte-code cache
     directory or file. The empty ``__pycache__`` *file* the package stage puts beside each model's python files
-    (``pipeline.stages.package.block_bytecode``: it keeps the server from writing byte code) is part of the bundle."""
+    (``pipeline.triton.repository.block_bytecode``: it keeps the server from writing byte code) is part of the bundle."""
     parts = path.relative_to(root).parts
     if path.name.endswith(LITTER_SUFFIXES):
         return True

@@ -145,7 +145,7 @@ def table(p: KVPlan) -> list[dict[str, Any]]:
 # The quantize stage's GPU memory beyond the weights, as planned: at least GPU_HEADROOM × the weight bytes, or the
 # CUDA context (CUDA_CONTEXT_BYTES: context, cuBLAS workspaces, allocator slack; nvidia-smi counts them, torch's
 # max_memory_allocated does not) and one row of activations (``row_bytes``). When it runs, the stage sizes its
-# batches to the memory it finds free (``pipeline.quant.modelopt.batch_plan``), keeping a margin of each GPU free. It
+# batches to the memory it finds free (:func:`batch_plan`), keeping a margin of each GPU free. It
 # holds one model at a time: the calibrated one (bf16 weights), then, for the export proof, the export dequantized.
 GPU_HEADROOM = 0.1
 CUDA_CONTEXT_BYTES = 1.0e9
@@ -211,6 +211,53 @@ def calibration_fit_problem(model: str, params_b: float, *, device: str, target:
     options = " or ".join(f"{n}× {size} GB GPU{'s' if n > 1 else ''}" for n, size in counts)
     return (f"{model} needs ~{need:.0f} GB to calibrate ({est['weights_gb']:g} GB of bf16 weights + "
             f"{need - est['weights_gb']:.1f} GB of activations and CUDA context); {where}: run quantize on {options}")
+
+
+MAX_BATCH = 512
+CPU_BATCH = 8
+# Tokens per calibration batch beyond which a larger batch buys nothing: the matrix units are busy and ModelOpt's
+# per-batch quantizer work (a few small kernels per quantizer and batch) is spread thin. Larger batches only raise the
+# peak memory.
+BATCH_TOKENS = 65536
+# Device memory kept free beside the batches (CUDA context, cuBLAS workspaces, allocator slack, the export's
+# temporaries): the stage's peak stays under (1 - MARGIN_FRACTION) of each GPU.
+MARGIN_FRACTION = 0.1
+
+
+def batch_plan(setting: str, *, shape: dict[str, Any], weight_bytes: dict[str, int],
+               free: dict[str, dict[str, int]], dtype_bytes: int, seq_len: int, device: str, rows: int,
+               eval_seq_len: int | None = None, eval_rows: int | None = None) -> dict[str, Any]:
+    """The quantize stage's calibration batch size (``batch_size``) and its held-out evaluation's
+    (``eval_batch_size``), and the memory bound they follow, from the facts of a loaded model: its ``shape``
+    (:func:`row_bytes`' keys), its weights per CUDA device (``weight_bytes``), the memory ``free`` on each device
+    (``{device: {"free", "total"}}``) and its element size.
+
+    ``auto`` on a GPU: the largest batch whose activations (:func:`row_bytes`: calibration keeps only the last
+    position's logits, evaluation all of them) fit the memory free after the weights on the tightest device, less
+    MARGIN_FRACTION of that device, and at most BATCH_TOKENS tokens. ModelOpt's ``get_max_batch_size`` is not used:
+    its probe runs a forward pass sized to fill all free GPU memory. ``auto`` on CPU: CPU_BATCH. An integer: that, up
+    to the rows. An out-of-memory error halves a batch later (``pipeline.quant.modelopt.batched``)."""
+    eval_seq_len = eval_seq_len or seq_len
+    eval_rows = eval_rows or rows
+    if str(setting) != "auto":
+        n = max(1, int(setting))
+        return {"batch_size": min(n, rows), "eval_batch_size": min(n, eval_rows), "rule": "quant.calib.batch_size"}
+    if device != "cuda":
+        return {"batch_size": max(1, min(CPU_BATCH, rows)), "eval_batch_size": max(1, min(CPU_BATCH, eval_rows)),
+                "rule": f"cpu default {CPU_BATCH}"}
+    budget = min((max(0, m["free"] - int(MARGIN_FRACTION * m["total"])) for m in free.values()), default=0)
+    calib_row = row_bytes(shape, seq_len, dtype_bytes, logits=False)
+    eval_row = row_bytes(shape, eval_seq_len, dtype_bytes, logits=True)
+
+    def fit(per_row: float, seq: int, n: int) -> int:
+        by_memory = int(budget // per_row) if per_row > 0 else n
+        return max(1, min(by_memory, max(1, BATCH_TOKENS // seq), n, MAX_BATCH))
+
+    return {"batch_size": fit(calib_row, seq_len, rows), "eval_batch_size": fit(eval_row, eval_seq_len, eval_rows),
+            "rule": f"free GPU memory after the weights - {MARGIN_FRACTION:g} x device memory, per-row estimate, "
+                    f"at most {BATCH_TOKENS} tokens a calibration batch",
+            "weight_bytes": int(sum(weight_bytes.values())), "free_bytes_by_device": free,
+            "budget_bytes": int(budget), "row_bytes": int(calib_row), "eval_row_bytes": int(eval_row)}
 
 
 # safetensors dtype -> bytes per element

@@ -10,13 +10,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import schema
+from pipeline.catalog import STAGE_NAMES
 from pipeline.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUP_NAMES = tuple(schema.GROUPS)
-# The stages in execution order, for ``until=`` and ``force=``; the registry (pipeline/stages/__init__.py) holds these
-# names in this order, which a unit test checks.
-STAGE_NAMES = ("fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate", "publish")
 
 
 def conf_dir() -> Path:
@@ -88,25 +86,23 @@ def explain(exc: BaseException) -> str:
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
-    """Compose the root config with Hydra overrides and validate it. Raises UserError with one line."""
-    result = compose_many([list(overrides)], say=True)[0]
+    """Compose the root config with Hydra overrides, as given, and validate it. Raises UserError with one line.
+    ``target``/``runtime`` ``auto`` stay the groups' placeholders: :func:`pipeline.hardware.compose` makes them this
+    machine's first (what every command does)."""
+    result = compose_many([list(overrides)])[0]
     if isinstance(result, UserError):
         raise result
     return result
 
 
-def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig | UserError]:
-    """Compose several override lists under one Hydra initialisation (``validate`` composes hundreds).
-    ``target``/``runtime`` ``auto`` (the defaults) resolve to this machine's (``say``: print what they became)."""
+def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
+    """Compose several override lists, as given, under one Hydra initialisation (``validate`` composes hundreds)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.singleton import Singleton
 
-    from pipeline import hardware
-
     schema.register()
-    targets = shipped_targets()
     out: list[DictConfig | UserError] = []
     # Called inside a running Hydra app too (launchers): put Hydra's global state back afterwards.
     saved = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
@@ -115,8 +111,7 @@ def compose_many(jobs: list[list[str]], *, say: bool = False) -> list[DictConfig
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             for job in jobs:
                 try:
-                    cfg = hydra_compose(config_name="config",
-                                        overrides=hardware.resolve_overrides(job, targets, say=say))
+                    cfg = hydra_compose(config_name="config", overrides=list(job))
                 except UserError as exc:
                     out.append(exc)
                     continue

@@ -198,3 +198,19 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
         out.append(r_override)
     return out
 
+
+
+def compose(overrides: Iterable[str] = ()):
+    """The config this machine builds: :func:`pipeline.config.compose` after :func:`resolve_overrides` has made
+    ``target``/``runtime`` ``auto`` concrete (what they became is printed when it names a GPU)."""
+    from pipeline import config
+
+    return config.compose(resolve_overrides(overrides, config.shipped_targets(), say=True))
+
+
+def compose_many(jobs: list[list[str]], *, say: bool = False):
+    """:func:`pipeline.config.compose_many` of each job with ``auto`` made concrete for this machine."""
+    from pipeline import config
+
+    targets = config.shipped_targets()
+    return config.compose_many([resolve_overrides(job, targets, say=say) for job in jobs])

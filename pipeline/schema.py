@@ -18,9 +18,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from pipeline import formats
-
-from pipeline.triton import layouts as _layouts  # the layout registry: serve.layout and the entry-point choices
+from pipeline import catalog, formats
 
 
 def rng(default: Any, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
@@ -75,16 +73,16 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class RuntimeName(str, Enum):
-    reference = "reference"
-    trtllm_engine = "trtllm_engine"  # TensorRT engines, TRT-LLM <= 1.2.x, Triton `tensorrtllm` backend
-    trtllm_llmapi = "trtllm_llmapi"  # TRT-LLM >= 1.2 PyTorch backend, Triton python `llmapi` model
+# runtime.name: reference (PyTorch, anywhere), trtllm_engine (TensorRT engines, TRT-LLM <= 1.2.x, Triton's
+# `tensorrtllm` backend), trtllm_llmapi (TRT-LLM >= 1.2 PyTorch backend, Triton's python `llmapi` model)
+RuntimeName = Enum("RuntimeName", [(r, r) for r in catalog.RUNTIMES], type=str, module=__name__,
+                   qualname="RuntimeName")
 
 
-# The Triton layouts: ``auto`` and every folder of the layout registry (pipeline/triton/layouts/<name>/), in its order.
+# The Triton layouts: ``auto`` and every layout folder (pipeline/triton/layouts/<name>/, pipeline.catalog), sorted.
 # auto: trtllm_engine and reference -> inflight_batcher_llm (ensemble / BLS over preprocessing -> tensorrt_llm ->
 # postprocessing), trtllm_llmapi -> llmapi (one python `tensorrt_llm` model driven by 1/model.yaml).
-Layout = Enum("Layout", [("auto", "auto"), *((n, n) for n in _layouts.LAYOUTS)], type=str, module=__name__,
+Layout = Enum("Layout", [("auto", "auto"), *((n, n) for n in catalog.layout_names())], type=str, module=__name__,
               qualname="Layout")
 
 
@@ -267,12 +265,6 @@ class BuildSettings:
 
 
 # ----------------------------------------------------------------------------------------------------------- serve
-# auto: the layout's first entry point (ensemble for inflight_batcher_llm, tensorrt_llm for llmapi); or any layout's
-# entry point, in the registry's order (ensemble, tensorrt_llm_bls, tensorrt_llm, ...)
-OpenAIEntry = Enum("OpenAIEntry", [("auto", "auto"), *((e, e) for e in _layouts.entry_point_names())], type=str,
-                   module=__name__, qualname="OpenAIEntry")
-
-
 @dataclass
 class OpenAILimits:
     max_body_bytes: int = rng(8 << 20, 1024, 1 << 30)  # larger bodies get a 413
@@ -292,7 +284,9 @@ class OpenAIConfig:
     port: int = rng(9000, 0, 65535)  # 0: any free port
     api_key_env: Optional[str] = None  # an environment variable holding the key clients must send (Bearer)
     model_name: Optional[str] = None  # the model id clients name; default the bundle's model name
-    entry_point: OpenAIEntry = OpenAIEntry.auto
+    # auto: the layout's first entry point (ensemble for inflight_batcher_llm, tensorrt_llm for llmapi), or one of
+    # the served layout's entry points by name (checked against the layout where the front end starts)
+    entry_point: str = "auto"
     limits: OpenAILimits = field(default_factory=OpenAILimits)
 
 
@@ -351,12 +345,6 @@ class BenchGates:
     regression_on_cpu: bool = False  # CPU targets share cores with the load generator: report, do not fail
 
 
-# auto: the layout's entry point (ensemble for inflight_batcher_llm, tensorrt_llm for llmapi); or any layout's entry
-# point (the inflight_batcher_llm layout's tensorrt_llm takes token ids, not text: the bench refuses it there)
-BenchModel = Enum("BenchModel", [("auto", "auto"), *((e, e) for e in _layouts.entry_point_names())], type=str,
-                  module=__name__, qualname="BenchModel")
-
-
 @dataclass
 class BenchSweep:
     """The default sweep of one target device (``bench.sweep.cpu`` / ``bench.sweep.cuda``)."""
@@ -380,7 +368,9 @@ class BenchConfig:
     seed: int = 0
     request_timeout_s: float = rng(120.0, 1.0, 3600.0)
     answer_max_tokens: int = rng(24, 1, 4096)
-    model: BenchModel = BenchModel.auto  # which entry point the load goes through
+    # which entry point the load goes through: auto (the layout's first: ensemble for inflight_batcher_llm,
+    # tensorrt_llm for llmapi) or one of the packaged layout's entry points by name (checked in plan)
+    model: str = "auto"
     gates: BenchGates = field(default_factory=BenchGates)
     plot: bool = True
     openai: bool = True  # every level also through the OpenAI front end (pipeline.serving), beside the gRPC rows

@@ -247,15 +247,15 @@ def render_from(package: Path, root: Path, layout: str, decoupled: bool) -> Path
     tests do): the package's ``tensorrt_llm/1/engine`` copied, every config rendered and linted."""
     import shutil
 
-    from pipeline import config
-    from pipeline.stages.package import render_repository
+    from pipeline import hardware
+    from pipeline.triton.repository import render_repository
     from pipeline.triton import lint
 
     repo = root / "rendered" / f"{layout}-{'decoupled' if decoupled else 'unary'}"
     if repo.exists():
         shutil.rmtree(repo)
     shutil.copytree(package / ENGINE_REL, repo / ENGINE_REL)
-    cfg = config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
+    cfg = hardware.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
     render_repository(cfg, repo)
     problems = lint.lint(repo)
     if problems:

@@ -53,7 +53,7 @@ def _build_or_plan(args: argparse.Namespace) -> None:
     if args.multirun:
         sweep.multirun(args.verb, args.args, functools.partial(run_verb, args.verb, as_json=args.json))
         return
-    from pipeline.config import compose
+    from pipeline.hardware import compose  # target/runtime auto: this machine's
 
     run_verb(args.verb, compose(args.args), args.json)
 

@@ -73,7 +73,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 def cmd_outdated(args: argparse.Namespace) -> int:
     from pipeline import fleet
-    from pipeline.config import compose
+    from pipeline.hardware import compose  # target/runtime auto: this machine's
 
     if args.entry:  # one entry given by its overrides, judged on this machine (a scheduled job on the entry's runner)
         st = fleet.entry_status(compose(args.args))
@@ -98,7 +98,7 @@ def cmd_outdated(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from pipeline import fleet
-    from pipeline.config import compose
+    from pipeline.hardware import compose  # target/runtime auto: this machine's
     from pipeline.report import human
 
     cfg = compose(args.args)

@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.catalog import ENGINE_REL  # the tokenizer lives with the checkpoint in every layout
 from pipeline.errors import StageFailed
 from pipeline.eval import env, stats, tasks
 
 EVAL_JSON = "eval.json"
 FRONTEND_LOG = "frontend.log"
-ENGINE_REL = "tensorrt_llm/1/engine"  # the tokenizer lives with the checkpoint in every layout
 
 
 @contextlib.contextmanager

@@ -89,17 +89,6 @@ def config_shape(cfg) -> dict[str, int]:
 
 
 # -------------------------------------------------------------------------------------------------- calibration
-MAX_BATCH = 512
-CPU_BATCH = 8
-# Tokens per calibration batch beyond which a larger batch buys nothing: the matrix units are busy and ModelOpt's
-# per-batch quantizer work (a few small kernels per quantizer and batch) is spread thin. Larger batches only raise the
-# peak memory.
-BATCH_TOKENS = 65536
-# Device memory kept free beside the batches (CUDA context, cuBLAS workspaces, allocator slack, the export's
-# temporaries): the stage's peak stays under (1 - MARGIN_FRACTION) of each GPU.
-MARGIN_FRACTION = 0.1
-
-
 def weight_bytes_per_device(model) -> dict[str, int]:
     """Bytes of parameters and buffers per device the model occupies."""
     out: dict[str, int] = {}
@@ -123,41 +112,16 @@ def free_memory(devices) -> dict[str, dict[str, int]]:
 
 def batch_plan(setting: str, model, seq_len: int, device: str, rows: int, *, eval_seq_len: int | None = None,
                eval_rows: int | None = None) -> dict[str, Any]:
-    """The calibration batch size (``batch_size``) and the held-out evaluation's (``eval_batch_size``), and the
-    memory bound they follow.
-
-    ``auto`` on a GPU: the largest batch whose activations (``capacity.row_bytes``: calibration keeps only the last
-    position's logits, evaluation all of them) fit the memory that is free after the weights on the tightest device,
-    less MARGIN_FRACTION of that device, and at most BATCH_TOKENS tokens. ModelOpt's ``get_max_batch_size`` is not
-    used: its probe runs a forward pass sized to fill all free GPU memory. ``auto`` on CPU: CPU_BATCH. An integer:
-    that, up to the rows. An out-of-memory error halves a batch later (``batched``)."""
-    eval_seq_len = eval_seq_len or seq_len
-    eval_rows = eval_rows or rows
-    if str(setting) != "auto":
-        n = max(1, int(setting))
-        return {"batch_size": min(n, rows), "eval_batch_size": min(n, eval_rows), "rule": "quant.calib.batch_size"}
-    if device != "cuda":
-        return {"batch_size": max(1, min(CPU_BATCH, rows)), "eval_batch_size": max(1, min(CPU_BATCH, eval_rows)),
-                "rule": f"cpu default {CPU_BATCH}"}
+    """:func:`pipeline.capacity.batch_plan` for a loaded model: its shape, its weights per device and, on a GPU, the
+    memory free on each of them."""
     from pipeline import capacity
 
     per_device = {d: b for d, b in weight_bytes_per_device(model).items() if d.startswith("cuda")}
-    mem = free_memory(sorted(per_device))
-    budget = min((max(0, m["free"] - int(MARGIN_FRACTION * m["total"])) for m in mem.values()), default=0)
-    dtype_bytes = next(model.parameters()).element_size()
-    shape = model_shape(model)
-    calib_row = capacity.row_bytes(shape, seq_len, dtype_bytes, logits=False)
-    eval_row = capacity.row_bytes(shape, eval_seq_len, dtype_bytes, logits=True)
-
-    def fit(per_row: float, seq: int, n: int) -> int:
-        by_memory = int(budget // per_row) if per_row > 0 else n
-        return max(1, min(by_memory, max(1, BATCH_TOKENS // seq), n, MAX_BATCH))
-
-    return {"batch_size": fit(calib_row, seq_len, rows), "eval_batch_size": fit(eval_row, eval_seq_len, eval_rows),
-            "rule": f"free GPU memory after the weights - {MARGIN_FRACTION:g} x device memory, per-row estimate, "
-                    f"at most {BATCH_TOKENS} tokens a calibration batch",
-            "weight_bytes": int(sum(per_device.values())), "free_bytes_by_device": mem,
-            "budget_bytes": int(budget), "row_bytes": int(calib_row), "eval_row_bytes": int(eval_row)}
+    return capacity.batch_plan(setting, shape=model_shape(model), weight_bytes=per_device,
+                               free=free_memory(sorted(per_device)) if device == "cuda" and str(setting) == "auto"
+                               else {},
+                               dtype_bytes=next(model.parameters()).element_size(), seq_len=seq_len, device=device,
+                               rows=rows, eval_seq_len=eval_seq_len, eval_rows=eval_rows)
 
 
 def _oom_types():

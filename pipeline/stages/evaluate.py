@@ -29,6 +29,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from pipeline import eval as ev
+from pipeline.catalog import ENGINE_REL
 from pipeline.errors import StageFailed, UserError
 from pipeline.eval import tasks as evtasks
 from pipeline.identity import ArtifactKey
@@ -36,7 +37,6 @@ from pipeline.results import EvalResult
 from pipeline.runner import Context, Stage
 from pipeline.triton import server as srv
 
-ENGINE_REL = "tensorrt_llm/1/engine"
 EVAL_JSON, EVAL_MD = ev.EVAL_JSON, "eval.md"
 # the serving settings that shape a packaged repository (the baseline's is rendered here)
 REPO_SERVE_KEYS = ("serve.decoupled", "serve.preprocessing_instance_count", "serve.postprocessing_instance_count",
@@ -105,7 +105,7 @@ def baseline_config(cfg):
 
 def run_baseline(ctx: Context) -> EvalResult:
     from pipeline import planning
-    from pipeline.stages import package
+    from pipeline.triton import repository
 
     cfg = ctx.cfg
     if not list(cfg.eval.tasks):
@@ -116,7 +116,7 @@ def run_baseline(ctx: Context) -> EvalResult:
     b = bcfg.build
     cap = planning.CapacityView({"tp": 1, "pp": 1, "world": 1,
                                  "kv_tokens": int(b.max_batch_size) * int(b.max_seq_len)})
-    package.render_repository(bcfg, repo, cap)
+    repository.render_repository(bcfg, repo, cap)
     serve = bcfg.serve
     if serve.launcher.value == "external":  # the external server serves the bundle; the baseline is served here
         serve = OmegaConf.merge(serve, {"launcher": "local"})

@@ -21,10 +21,10 @@ from typing import Any
 import yaml
 
 from pipeline.errors import UserError
-from pipeline.triton.layouts import folders
+from pipeline import catalog
 
 DATA = Path(__file__).resolve().parent
-LAYOUTS = folders.nvidia()  # the registry's layouts whose interface is recorded here (no interface.yaml of their own)
+LAYOUTS = catalog.nvidia_layouts()  # the registry's layouts whose interface is recorded here (no interface.yaml of their own)
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,8 +42,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import config
-from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline import hardware
+from pipeline.catalog import ENGINE_REL
+from pipeline.triton.repository import render_repository
 from pipeline.triton import lint, server
 from tests.conftest import TINY
 
@@ -55,7 +56,7 @@ def _serve(layout, decoupled, tiny_build, tmp_path_factory):
     src = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent / ENGINE_REL
     repo = tmp_path_factory.mktemp(f"{layout}-{decoupled}") / "repo"
     shutil.copytree(src, repo / ENGINE_REL)
-    cfg = config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
+    cfg = hardware.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
     render_repository(cfg, repo)
     assert lint.lint(repo) == []
     return server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=repo.parent / "w", timeout_s=600), repo

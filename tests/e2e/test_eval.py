@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.eval import gate, tasks
 from tests.conftest import REPO, TINY, report, run_cli, statuses
 
@@ -57,7 +57,7 @@ def test_one_baseline_serves_every_format_and_target_of_a_device(tiny_build):
     from pipeline.stages import STAGES
 
     def planned(*extra):
-        cfg = config.compose([*TINY, f"paths.root={tiny_build}", *extra])
+        cfg = hardware.compose([*TINY, f"paths.root={tiny_build}", *extra])
         return runner.preflight(cfg, STAGES, environment=False).by_name
 
     same = planned()
@@ -140,7 +140,7 @@ def test_a_failed_request_is_named_not_the_closed_session_lm_eval_ends_with(tmp_
     train_tokenizer(512).save_pretrained(tmp_path / "tok")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    ecfg = OmegaConf.merge(config.compose([]).eval, {"limit": 20})
+    ecfg = OmegaConf.merge(hardware.compose([]).eval, {"limit": 20})
     try:
         with pytest.raises(StageFailed) as err:
             ev.run_harness(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", tmp_path / "tok", ecfg,
@@ -223,7 +223,7 @@ def test_served_baseline_scores_what_lm_evals_own_model_scores(smol_build, tmp_p
 def test_planted_regression_fails_and_the_baseline_matches_itself(smol_build, tmp_path):
     from pipeline import eval as ev
 
-    cfg = config.compose([f"paths.root={smol_build}"])
+    cfg = hardware.compose([f"paths.root={smol_build}"])
     base_out = _stage_out(smol_build, "eval_baseline", SMOL_LABEL)
     baseline = json.loads((base_out / "eval.json").read_text())
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.stages import fetch
 
 TOKENS = ["<s>", "</s>", *(chr(c) for c in range(97, 123)), "ab", "abc"]
@@ -66,7 +66,7 @@ def counted_reads(monkeypatch):
 def test_the_conversion_parses_the_file_once(tmp_path, counted_reads):
     src = tmp_path / "tiny.gguf"
     _tiny_llama_gguf(src)
-    cfg = config.compose([f"model.source=gguf://{src}", "model.dtype=float32"])
+    cfg = hardware.compose([f"model.source=gguf://{src}", "model.dtype=float32"])
     ctx = SimpleNamespace(cfg=cfg, out=tmp_path / "out", paths={"store": tmp_path / "store"})
     ctx.out.mkdir()
     ctx.paths["store"].mkdir()

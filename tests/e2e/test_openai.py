@@ -394,10 +394,10 @@ def test_a_prompt_too_long_for_the_context_is_a_400_also_when_counted_while_trit
 
 
 def _front(repo: Path, grpc: str, *overrides: str):
-    from pipeline import config
+    from pipeline import hardware
     from pipeline.serving import run
 
-    cfg = config.compose(list(overrides))
+    cfg = hardware.compose(list(overrides))
     return run.running(repo, grpc, cfg.serve.openai)
 
 
@@ -464,7 +464,7 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
     model's own name, no key and no 413."""
     from types import SimpleNamespace
 
-    from pipeline import config, runner
+    from pipeline import hardware, runner
     from pipeline.eval import endpoint
     from pipeline.serving import client as oa_client
     from pipeline.stages import evaluate
@@ -478,7 +478,7 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
     server = SimpleNamespace(grpc_url="127.0.0.1:9")  # no Triton: everything observed is answered before it
     seen: dict = {}
     for label, overrides in (("own", own), ("shipped", [])):
-        cfg = config.compose([*TINY, *overrides])
+        cfg = hardware.compose([*TINY, *overrides])
         out = tmp_path / label
         out.mkdir()
         front = load._Front(SimpleNamespace(cfg=runner.stage_config(cfg, bench.STAGE), inputs={"package": repo},

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
-from pipeline.stages.package import render_repository
+from pipeline import hardware
+from pipeline.triton.repository import render_repository
 from pipeline.triton.layouts import ENGINE_REL
 from pipeline.triton import lint, server
 from tests.conftest import TINY
@@ -25,7 +25,7 @@ def _render(tiny_build: Path, dest: Path, layout: str, decoupled: bool) -> Path:
     src = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent / ENGINE_REL
     repo = dest / "repo"
     shutil.copytree(src, repo / ENGINE_REL)
-    cfg = config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
+    cfg = hardware.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"])
     render_repository(cfg, repo)
     assert lint.lint(repo) == []
     return repo
@@ -46,7 +46,7 @@ def layout(request, tiny_build, tmp_path_factory):
 def _front(repo: Path, grpc: str, *overrides: str):
     from pipeline.serving import run
 
-    cfg = config.compose([f"serve.openai.model_name={MODEL}", *overrides])
+    cfg = hardware.compose([f"serve.openai.model_name={MODEL}", *overrides])
     return run.running(repo, grpc, cfg.serve.openai)
 
 
@@ -142,7 +142,7 @@ def test_200_requests_in_a_row_leave_nothing_behind(layout):
     from pipeline.serving import run
     from pipeline.serving.frontend import FrontEnd
 
-    cfg = config.compose([f"serve.openai.model_name={MODEL}"])
+    cfg = hardware.compose([f"serve.openai.model_name={MODEL}"])
     app = FrontEnd.from_config(cfg.serve.openai, repo, s.grpc_url).app()
     sock = run.bind("127.0.0.1", 0)
     srv = run._server(app, sock)

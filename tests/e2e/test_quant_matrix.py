@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline import config, runner
+from pipeline import hardware, runner
 from pipeline.errors import StageFailed, UserError
 from pipeline.stages import STAGES
 from tests.conftest import TINY, run_cli
@@ -28,7 +28,7 @@ def root(tmp_path_factory):
 def _quantize(root, fmt, kv, *extra):
     given = {e.split("=")[0] for e in extra}
     small = [o for o in ("quant.calib.num_samples=8", "quant.calib.seq_len=64") if o.split("=")[0] not in given]
-    cfg = config.compose([*TINY, f"quant={fmt}", f"quant.kv_cache={kv}", f"paths.root={root}", "until=quantize",
+    cfg = hardware.compose([*TINY, f"quant={fmt}", f"quant.kv_cache={kv}", f"paths.root={root}", "until=quantize",
                           *small, *extra])
     planned = {p.stage.name: p for p in runner.plan(cfg, list(STAGES[:2]))}
     for name in ("fetch", "quantize"):
@@ -133,7 +133,7 @@ def test_the_gate_measures_the_deployed_export_not_the_fake_quant_model(root):
     result = json.loads((out / "accuracy.json").read_text())
     acc, bs = result["accuracy"], result["batch_size"]
     src = next(p for p in root.glob(".store/tiny-qwen3-fetch-*") if p.is_dir())
-    cfg = config.compose([*TINY, "quant=nvfp4"])
+    cfg = hardware.compose([*TINY, "quant=nvfp4"])
     rows = calib.pack(AutoTokenizer.from_pretrained(src), calib.load("builtin").heldout, cfg.quant.eval.seq_len,
                       cfg.quant.eval.num_samples)
     base = quality.logits(AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval(), rows, bs)
@@ -193,7 +193,7 @@ def test_target_cpu_fit_check_uses_this_hosts_memory(monkeypatch):
 
     from pipeline.stages import quantize
 
-    cfg = config.compose(["model=qwen32b", "quant.calib.dataset=builtin", "quant.calib.num_samples=8"])
+    cfg = hardware.compose(["model=qwen32b", "quant.calib.dataset=builtin", "quant.calib.num_samples=8"])
     for total_gb, fits in ((24, False), (512, True)):
         monkeypatch.setattr(psutil, "virtual_memory", lambda t=total_gb: SimpleNamespace(total=t * 10**9))
         problems = quantize.check(cfg)
@@ -228,7 +228,7 @@ def test_accuracy_gate_fails_the_stage_and_warn_downgrades_it(root):
 def test_calibration_file_content_enters_the_fingerprint(tmp_path):
     data = tmp_path / "calib.jsonl"
     data.write_text("\n".join(json.dumps({"text": f"Sentence number {i} about the weather."}) for i in range(20)))
-    a = config.compose([*TINY, f"quant.calib.dataset={data}"])
+    a = hardware.compose([*TINY, f"quant.calib.dataset={data}"])
     fp1 = runner.plan(a, list(STAGES[:2]))[1].fingerprint
     data.write_text(data.read_text() + "\n" + json.dumps({"text": "One more line."}))
     fp2 = runner.plan(a, list(STAGES[:2]))[1].fingerprint

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from pipeline import config, runner
+from pipeline import hardware, runner
 from pipeline.errors import StageFailed
 from pipeline.stages import STAGES
 from tests.conftest import TINY
@@ -38,7 +38,7 @@ def _plant(monkeypatch, should_fail):
 
 
 def _quantize(root, *extra):
-    cfg = config.compose([*TINY, "quant=fp8", f"paths.root={root}", "until=quantize", *extra])
+    cfg = hardware.compose([*TINY, "quant=fp8", f"paths.root={root}", "until=quantize", *extra])
     planned = {p.stage.name: p for p in runner.plan(cfg, list(STAGES[:2]))}
     for name in ("fetch", "quantize"):
         if not planned[name].cached:

@@ -23,13 +23,13 @@ def tiny_fp8(tmp_path_factory):
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from pipeline import config
+    from pipeline import hardware
     from pipeline.runner import Context
     from pipeline.quant import modelopt
     from pipeline.stages import fetch
 
     d = tmp_path_factory.mktemp("ref")
-    cfg = config.compose(["model=tiny-qwen3"])
+    cfg = hardware.compose(["model=tiny-qwen3"])
     src = d / "src"
     src.mkdir()
     fetch._from_synthetic(Context(cfg=cfg, stage=fetch.STAGE, out=src, final=src, inputs={}, manifests={}, paths={}))
@@ -48,9 +48,9 @@ def tiny_fp8(tmp_path_factory):
 
 
 def _kl_limit(t):
-    from pipeline import config
+    from pipeline import hardware
 
-    e = config.compose(["model=tiny-qwen3", "quant=fp8"]).quant.eval
+    e = hardware.compose(["model=tiny-qwen3", "quant=fp8"]).quant.eval
     return e.export_kl_abs + e.export_kl_frac * quality.compare(t["base"], t["fq"], t["rows"])["kl_mean"]
 
 

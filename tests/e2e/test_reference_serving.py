@@ -30,13 +30,13 @@ def _render(tiny_build: Path, dest: Path, layout: str, decoupled: bool) -> Path:
     rendered by the package stage's own code."""
     import shutil
 
-    from pipeline import config
-    from pipeline.stages.package import render_repository
+    from pipeline import hardware
+    from pipeline.triton.repository import render_repository
 
     src = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent / ENGINE
     repo = dest / "repo"
     shutil.copytree(src, repo / ENGINE, copy_function=os.link)
-    render_repository(config.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"]),
+    render_repository(hardware.compose([*TINY, f"serve.layout={layout}", f"serve.decoupled={str(decoupled).lower()}"]),
                       repo)
     return repo
 
@@ -350,7 +350,7 @@ def test_the_byte_code_block_is_what_keeps_the_cache_out(tmp_path):
     import importlib.util
     import sys
 
-    from pipeline.stages.package import BYTECODE_BLOCK
+    from pipeline.triton.repository import BYTECODE_BLOCK
 
     def load(where: Path) -> None:
         (where / "mod.py").write_text("X = 1\n")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from tests.conftest import TINY, cli_env, report, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,8 +264,8 @@ def test_hf_token_never_reaches_any_output(tmp_path):
 
 def test_shipped_models_do_not_trust_remote_code_and_the_server_binds_loopback(tiny_build):
     for name in config.group_options("model"):
-        assert config.compose([f"model={name}"]).model.trust_remote_code is False
-    assert config.compose([]).serve.host == "127.0.0.1"
+        assert hardware.compose([f"model={name}"]).model.trust_remote_code is False
+    assert hardware.compose([]).serve.host == "127.0.0.1"
     log = next(tiny_build.glob(".store/*-bench-*/server.log")).read_text()
     assert "Started GRPCInferenceService at 127.0.0.1:" in log and "0.0.0.0" not in log
 

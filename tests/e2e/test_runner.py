@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from pipeline import config, runner
+from pipeline import hardware, runner
 from pipeline.runner import Stage
 
 
@@ -16,7 +16,7 @@ def _slow(ctx):
 
 
 def _concurrent(root: str, q, barrier):
-    cfg = config.compose(["model=tiny-qwen3", f"paths.root={root}"])
+    cfg = hardware.compose(["model=tiny-qwen3", f"paths.root={root}"])
     st = Stage(name="a", run=_slow, reads=(), label=lambda c: "t")
     planned = {p.stage.name: p for p in runner.plan(cfg, [st])}
     barrier.wait(60)  # both have planned "no output yet" before either executes

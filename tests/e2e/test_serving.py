@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from pipeline.errors import UserError
-from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline.catalog import ENGINE_REL
+from pipeline.triton.repository import render_repository
 from pipeline.triton import lint, server
 from tests.conftest import TINY, report, run_cli, statuses
 
@@ -38,7 +39,7 @@ def engine_repo(tmp_path: Path, tiny_build: Path, *, world: int = 1, version: st
     for r in range(world):
         (eng / f"rank{r}.engine").write_bytes(b"stand-in")
     _tokenizer_into(eng, tiny_build)
-    cfg = config.compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine", *extra])
+    cfg = hardware.compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine", *extra])
     render_repository(cfg, repo)
     return repo
 
@@ -96,7 +97,7 @@ def llmapi_repo(tmp_path: Path, tiny_build: Path, *, extra: tuple[str, ...] = ()
     repo = tmp_path / "llmapi"
     eng = repo / ENGINE_REL
     eng.mkdir(parents=True)
-    cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", *extra])
+    cfg = hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", *extra])
     (eng / "llmapi.json").write_text(json.dumps(trtllm.llmapi_options(config.to_plain(cfg.build), "fp8",
                                                                        planning.resolve(cfg).tp, 1)))
     _tokenizer_into(eng, tiny_build)
@@ -435,7 +436,7 @@ def test_docker_launcher_command_and_its_clear_refusal(tmp_path):
                                 mount="/models", host="127.0.0.1", http_port=18000, grpc_port=18001, name="b")
     assert cmd[:2] == ["docker", "run"] and "--gpus" in cmd and "/srv/repo:/models:ro" in cmd
     assert "127.0.0.1:18001:8001" in cmd and "--model-repository=/models" in cmd
-    cfg = config.compose(["serve.launcher=docker"])
+    cfg = hardware.compose(["serve.launcher=docker"])
     if shutil.which("docker") and os.system("docker info >/dev/null 2>&1") == 0:
         pytest.skip("a Docker engine runs here; the refusal path is for machines without one")
     with pytest.raises(UserError, match="serve.launcher=docker"):

@@ -59,9 +59,9 @@ TOY = {"pipeline/formats/int8_wo.py": TOY_MODULE, "conf/quant/int8_wo.yaml": TOY
 # Read inside the copy: what the derived places make of the toy format.
 FACTS = """
 import json
-from pipeline import calib, capacity, compat, config, schema
+from pipeline import calib, capacity, compat, config, hardware, schema
 from pipeline.upstream import rules
-cfg = config.compose(["model=tiny-qwen3", "quant=int8_wo"])
+cfg = hardware.compose(["model=tiny-qwen3", "quant=int8_wo"])
 print(json.dumps({
     "enum": [f.value for f in schema.QuantFormat],
     "quant": config.to_plain(cfg.quant), "max_drop": config.to_plain(cfg.eval.max_drop),

@@ -101,7 +101,7 @@ def test_format_calibrates_on_gpu_and_the_export_passes_the_proof(qwen3_small, t
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from pipeline import config, quality
+    from pipeline import hardware, quality
     from pipeline.quant import proof
     from pipeline.quant.modelopt import prepare_reference, quant_config
 
@@ -115,7 +115,7 @@ def test_format_calibrates_on_gpu_and_the_export_passes_the_proof(qwen3_small, t
     del model
     assert sum(k == "kv" for k, _ in ref.scales.values()) == (0 if kv == "none" else 2 * 4)
     assert sum(k == "input" for k, _ in ref.scales.values()) == (0 if fmt == "int4_awq" else 7 * 4)
-    bounds = config.compose([f"quant={fmt}"]).quant.eval
+    bounds = hardware.compose([f"quant={fmt}"]).quant.eval
     structure = proof.check_structure(tmp_path, fmt, kv)
     layers = proof.check_layers(tmp_path, ref, bounds.export_weight_ratio, "cuda")
     assert structure.problems == [] and structure.details["quantized_linears"] == 7 * 4, structure

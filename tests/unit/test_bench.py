@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from pipeline.errors import UserError
 from pipeline.stages import bench
 
@@ -30,23 +30,30 @@ def test_entry_point_per_layout_and_a_refused_choice_is_one_line():
         bench.choose_entry("auto", "reference-ensemble")
 
 
-def test_env_check_refuses_an_entry_point_the_layout_lacks_before_any_work():
-    cfg = config.compose(["runtime=reference", "serve.layout=llmapi", "bench.model=tensorrt_llm_bls",
-                          "serve.launcher=external", "serve.url=127.0.0.1:1"])
-    assert bench.env_check(cfg) == ["bench.model=tensorrt_llm_bls: the llmapi layout has no such entry point "
-                                    "(it has: tensorrt_llm); set bench.model=auto"]
-    cfg = config.compose(["runtime=reference", "serve.layout=llmapi", "serve.launcher=external",
-                          "serve.url=127.0.0.1:1"])
-    assert bench.env_check(cfg) == []
+def test_plan_refuses_an_entry_point_the_layout_lacks_before_any_work():
+    cfg = hardware.compose(["runtime=reference", "serve.layout=llmapi", "bench.model=tensorrt_llm_bls",
+                            "serve.launcher=external", "serve.url=127.0.0.1:1"])
+    assert bench.check(cfg) == ["bench.model=tensorrt_llm_bls: the llmapi layout has no such entry point "
+                                "(it has: tensorrt_llm); set bench.model=auto"]
+    bad_front = hardware.compose(["runtime=reference", "serve.openai.entry_point=tensorrt_llm_bls",
+                                  "serve.launcher=external", "serve.url=127.0.0.1:1"])
+    assert bench.check(bad_front) == []  # the inflight_batcher_llm layout has tensorrt_llm_bls
+    bad_front = hardware.compose(["runtime=reference", "serve.layout=llmapi", "serve.openai.entry_point=ensemble",
+                                  "serve.launcher=external", "serve.url=127.0.0.1:1"])
+    assert bench.check(bad_front) == ["serve.openai.entry_point=ensemble: the llmapi layout's entry point is "
+                                      "tensorrt_llm"]
+    cfg = hardware.compose(["runtime=reference", "serve.layout=llmapi", "serve.launcher=external",
+                            "serve.url=127.0.0.1:1"])
+    assert bench.check(cfg) == [] and bench.env_check(cfg) == []
 
 
 def test_default_sweep_is_a_smoke_on_cpu_and_full_on_gpus_and_explicit_values_win():
-    cpu = config.compose(["target=cpu", "runtime=reference"]).bench
+    cpu = hardware.compose(["target=cpu", "runtime=reference"]).bench
     assert list(cpu.concurrency) == [1, 8] and cpu.requests_per_level <= 4 and cpu.workloads.chat.max_tokens <= 16
-    gpu = config.compose(["target=h100", "model=qwen32b"]).bench
+    gpu = hardware.compose(["target=h100", "model=qwen32b"]).bench
     assert list(gpu.concurrency) == [1, 8, 32] and gpu.workloads.chat.max_tokens == 32
     assert gpu.workloads.rag.prompt_words == 300
-    mine = config.compose(["target=cpu", "runtime=reference", "bench.concurrency=[1,2,3]",
+    mine = hardware.compose(["target=cpu", "runtime=reference", "bench.concurrency=[1,2,3]",
                            "bench.workloads.chat.max_tokens=5"]).bench
     assert list(mine.concurrency) == [1, 2, 3] and mine.workloads.chat.max_tokens == 5
     assert mine.workloads.chat.prompt_words == 24 and mine.workloads.rag.max_tokens == 8
@@ -63,23 +70,23 @@ def _conf_with_workload(tmp_path, monkeypatch, entry: str) -> None:
 
 def test_a_new_workload_is_one_config_entry(tmp_path, monkeypatch):
     _conf_with_workload(tmp_path, monkeypatch, "  code: {by_device: {cpu: {prompt_words: 60, max_tokens: 12}}}")
-    cfg = config.compose(["target=cpu", "runtime=reference"]).bench
+    cfg = hardware.compose(["target=cpu", "runtime=reference"]).bench
     assert bench.workload_names(cfg) == ["code", "chat", "rag"]
     assert (cfg.workloads.code.prompt_words, cfg.workloads.code.max_tokens) == (60, 12)
-    assert bench.workload_names(config.compose(["target=cpu", "runtime=reference", "bench.only=[rag,code]"]).bench) \
+    assert bench.workload_names(hardware.compose(["target=cpu", "runtime=reference", "bench.only=[rag,code]"]).bench) \
         == ["rag", "code"]
     with pytest.raises(UserError, match="bench.only: unknown workload 'summarise'; choose from: code, chat, rag"):
-        config.compose(["target=cpu", "runtime=reference", "bench.only=[summarise]"])
+        hardware.compose(["target=cpu", "runtime=reference", "bench.only=[summarise]"])
     with pytest.raises(UserError, match="bench.workloads.code.max_tokens is not set for target.device=cuda"):
-        config.compose(["target=h100", "model=qwen32b"])  # no cuda sizes given
+        hardware.compose(["target=h100", "model=qwen32b"])  # no cuda sizes given
     with pytest.raises(UserError, match=r"bench.workloads.code.max_tokens=0 is out of range"):
-        config.compose(["target=cpu", "runtime=reference", "bench.workloads.code.max_tokens=0"])
+        hardware.compose(["target=cpu", "runtime=reference", "bench.workloads.code.max_tokens=0"])
 
 
 def test_a_workload_without_sizes_and_out_of_range_sizes_are_refused(tmp_path, monkeypatch):
     _conf_with_workload(tmp_path, monkeypatch, "  code: {prompt_words: 60}")
     with pytest.raises(UserError, match="bench.workloads.code.max_tokens is not set for target.device=cpu"):
-        config.compose(["target=cpu", "runtime=reference"])
+        hardware.compose(["target=cpu", "runtime=reference"])
 
 
 def _level(conc: int, tps: float, ttft_p95: float, errors: int = 0) -> dict:
@@ -101,7 +108,7 @@ def _found(result: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _cfg(*extra: str):  # composed once per override set (read-only here)
-    return config.compose(["target=cpu", "runtime=reference", *extra])
+    return hardware.compose(["target=cpu", "runtime=reference", *extra])
 
 
 def test_gate_verdicts_checks_and_regressions():

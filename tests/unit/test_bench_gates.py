@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.stages import bench
 
 PCT = 25.0
@@ -35,7 +35,7 @@ def _found(result: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _cfg(*extra: str):
-    return config.compose(["target=cpu", "runtime=reference", "bench.gates.regression_on_cpu=true",
+    return hardware.compose(["target=cpu", "runtime=reference", "bench.gates.regression_on_cpu=true",
                            f"bench.gates.regression_pct={PCT:g}", *extra])
 
 
@@ -85,7 +85,7 @@ def test_regressions_are_compared_level_by_level():
 
 
 def test_on_cpu_regressions_are_reported_not_gated_unless_asked():
-    cfg = config.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
+    cfg = hardware.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
     g = bench.gates(cfg, _run(_level(**{**BASE, "ttft": 40.0})), _found(_run(_level(**BASE))))
     assert g["regressions"] and g["breaches"] == [] and g["regressions_gated"] is False and g["verdict"] == "pass"
 
@@ -132,7 +132,7 @@ def test_the_regression_checks_record_the_change_to_two_decimals():
 
 
 def test_regressions_are_gated_on_gpu_targets_without_being_asked():
-    cfg = config.compose(["model=qwen32b", "quant=fp8", "target=h100", f"bench.gates.regression_pct={PCT:g}"])
+    cfg = hardware.compose(["model=qwen32b", "quant=fp8", "target=h100", f"bench.gates.regression_pct={PCT:g}"])
     g = bench.gates(cfg, _run(_level(**{**BASE, "ttft": 40.0})), _found(_run(_level(**BASE))))
     assert g["regressions_gated"] is True and g["verdict"] == "fail" and g["breaches"] == g["regressions"]
 
@@ -165,7 +165,7 @@ def test_a_gated_baseline_sharing_no_level_with_the_run_is_no_baseline_not_pass(
     other = {**previous, "bench": {"workloads": {"rag": previous["bench"]["workloads"]["chat"]}}}
     assert bench.gates(_cfg(), _run(_level(4, **BASE)), other)["verdict"] == "no-baseline"
     # reported only (CPU without regression_on_cpu): the verdict does not hang on it, the line still says so
-    cpu = config.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
+    cpu = hardware.compose(["target=cpu", "runtime=reference", f"bench.gates.regression_pct={PCT:g}"])
     g = bench.gates(cpu, _run(_level(1, **BASE)), previous)
     assert g["verdict"] == "pass" and "nothing compared" in bench.baseline_line(g)
 

@@ -1,14 +1,14 @@
 """The build stage's engine spec and its shared TensorRT timing cache (no TensorRT-LLM needed)."""
 from __future__ import annotations
 
-from pipeline import config
+from pipeline import hardware
 
 
 def _engine_ctx(tmp_path, shared_content: bytes | None):
     from pipeline.runner import Context
     from pipeline.stages import build
 
-    cfg = config.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine"])
+    cfg = hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine"])
     quantize = tmp_path / "quantize"
     (quantize / "checkpoint").mkdir(parents=True)
     (quantize / "checkpoint" / "tokenizer.json").write_text("{}")

@@ -135,9 +135,9 @@ def test_the_published_bundle_reader_takes_latest_and_skips_incomplete_versions(
     """One reader of published bundles (bench's regression baseline and fleet's outdated both use it)."""
     from pathlib import Path
 
-    from pipeline import config
+    from pipeline import hardware
 
-    cfg = config.compose(["model=tiny-qwen3", "target=cpu", "runtime=reference", "quant=fp8",
+    cfg = hardware.compose(["model=tiny-qwen3", "target=cpu", "runtime=reference", "quant=fp8",
                           f"publish.dest={tmp_path / 'pub'}"])
     _, base = bundle.published_base(cfg)
     assert base == f"{tmp_path / 'pub'}/tiny-qwen3/fp8-kvfp8/cpu/reference"
@@ -189,7 +189,7 @@ def test_verify_fails_an_added_removed_or_renamed_file_or_directory_naming_it(tm
 
 
 def test_verify_fails_byte_code_written_into_a_bundle(tmp_path):
-    """Serving writes no byte code into a bundle (``package.block_bytecode``), so a ``__pycache__`` directory in one
+    """Serving writes no byte code into a bundle (``repository.block_bytecode``), so a ``__pycache__`` directory in one
     is a change to its tree like any other."""
     from tests.helpers.bundles import make_bundle
 
@@ -299,17 +299,17 @@ def test_a_gate_that_did_not_pass_keeps_latest_even_when_asked(tmp_path):
 
 def test_the_matrix_entry_of_a_config_and_how_it_differs():
     """The build's recorded settings (what its stages read) against the entry of the shipped matrix."""
-    from pipeline import config, matrix
+    from pipeline import config, hardware, matrix
     from pipeline.bundle import flatten
 
     smoke = ["model=tiny-qwen3", "quant=fp8", "target=cpu", "runtime=reference", "quant.gate=warn"]
     settings = lambda cfg: {k: v for k, v in flatten(config.to_plain(cfg)).items()  # noqa: E731
                             if k.startswith(("serve.", "quant.", "bench."))}
-    cfg = config.compose(smoke)
+    cfg = hardware.compose(smoke)
     assert matrix.differences(cfg, settings(cfg)) == ("smoke", [])
-    cfg = config.compose([*smoke, "serve.torch_threads=0"])
+    cfg = hardware.compose([*smoke, "serve.torch_threads=0"])
     assert matrix.differences(cfg, settings(cfg)) == ("smoke", ["serve.torch_threads: 1 -> 0"])
-    own = config.compose([*smoke, "model.name=my-model"])  # a model of one's own is in no matrix
+    own = hardware.compose([*smoke, "model.name=my-model"])  # a model of one's own is in no matrix
     assert matrix.differences(own, settings(own)) == (None, [])
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import calib, config
+from pipeline import calib, hardware
 from pipeline.errors import UserError
 
 HF_PTQ = "examples/hf_ptq/hf_ptq.py @ NVIDIA/Model-Optimizer a2fbac7"
@@ -41,7 +41,7 @@ def test_the_recipe_is_the_one_hf_ptq_py_defaults_to():
 
 def test_plan_for_qwen32b_nvfp4_b200_calibrates_on_the_recipe(online):
     """Done-means: at least 512 × 512 tokens from the recipe's dataset, with an estimate on the target."""
-    cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200"])
+    cfg = hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200"])
     s = calib.plan_summary(cfg)
     assert s["dataset"] == "cnn_nemotron_v2_mix" and s["num_samples"] >= 512 and s["seq_len"] >= 512
     assert s["tokens"] >= 512 * 512 and not s["short"] and s["short_reasons"] == []
@@ -53,30 +53,30 @@ def test_plan_for_qwen32b_nvfp4_b200_calibrates_on_the_recipe(online):
 
 @pytest.mark.parametrize("quant", ["fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"])
 def test_every_format_takes_the_recipe_for_a_real_model(quant, online):
-    s = calib.spec(config.compose(["model=qwen32b", f"quant={quant}", "target=h200"]))
+    s = calib.spec(hardware.compose(["model=qwen32b", f"quant={quant}", "target=h200"]))
     assert (s.dataset, s.num_samples, s.seq_len, s.short_reasons) == ("cnn_nemotron_v2_mix", 1024, 512, ())
 
 
 def test_tiny_and_embedded_models_keep_their_own_small_set_recorded_as_short():
     for model in ("tiny-qwen3", "smollm2-135m"):
-        s = calib.spec(config.compose([f"model={model}"]))
+        s = calib.spec(hardware.compose([f"model={model}"]))
         assert (s.dataset, s.num_samples, s.seq_len) == ("builtin", 24, 128)
         assert s.basis == f"model config {model} (model.calib)"
         assert len(s.short_reasons) == 1 and "below ModelOpt's recipe of 1024×512" in s.short_reasons[0]
 
 
 def test_a_smaller_explicit_setting_is_allowed_and_recorded_as_short(online):
-    s = calib.spec(config.compose(["model=qwen32b", "quant.calib.num_samples=256"]))
+    s = calib.spec(hardware.compose(["model=qwen32b", "quant.calib.num_samples=256"]))
     assert (s.num_samples, s.seq_len, s.basis) == (256, 512, "quant.calib")
     assert s.short_reasons and "256×512 tokens (quant.calib)" in s.short_reasons[0]
     # a larger one is not short; the negative control of the rule above
-    big = calib.spec(config.compose(["model=qwen32b", "quant.calib.num_samples=2048", "quant.calib.seq_len=1024"]))
+    big = calib.spec(hardware.compose(["model=qwen32b", "quant.calib.num_samples=2048", "quant.calib.seq_len=1024"]))
     assert big.short_reasons == ()
 
 
 def test_a_local_checkpoint_offline_falls_back_to_the_shipped_corpus_and_plan_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = config.compose(_local(tmp_path))
+    cfg = hardware.compose(_local(tmp_path))
     s = calib.spec(cfg)
     assert s.dataset == "builtin" and s.allow_short and not s.fallback
     assert (s.num_samples, s.seq_len) == (1024, 512)  # the recipe's size is still what is asked for
@@ -84,15 +84,15 @@ def test_a_local_checkpoint_offline_falls_back_to_the_shipped_corpus_and_plan_sa
     summary = calib.plan_summary(cfg)
     assert summary["short"] and summary["dataset"] == "builtin"
     # an hf:// model never falls back: it needs the Hub anyway
-    assert calib.spec(config.compose(["model=qwen32b"])).dataset == "cnn_nemotron_v2_mix"
+    assert calib.spec(hardware.compose(["model=qwen32b"])).dataset == "cnn_nemotron_v2_mix"
 
 
 def test_a_local_checkpoint_online_asks_for_the_recipe_and_may_fall_back(tmp_path, online, monkeypatch):
     monkeypatch.setattr(calib, "hub_unavailable", lambda: None)
-    s = calib.spec(config.compose(_local(tmp_path)))
+    s = calib.spec(hardware.compose(_local(tmp_path)))
     assert (s.dataset, s.fallback, s.short_reasons) == ("cnn_nemotron_v2_mix", True, ())
     # an explicit dataset is never replaced
-    explicit = calib.spec(config.compose(_local(tmp_path, "quant.calib.dataset=cnn_dailymail")))
+    explicit = calib.spec(hardware.compose(_local(tmp_path, "quant.calib.dataset=cnn_dailymail")))
     assert not explicit.fallback
 
 
@@ -147,7 +147,7 @@ def test_plan_prints_the_calibration_line(online, capsys):
     from pipeline.cli.build import cmd_plan
     from pipeline.ui import out
 
-    doc = cmd_plan(config.compose(["model=qwen32b", "quant=nvfp4", "target=b200"]), as_json=True)
+    doc = cmd_plan(hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200"]), as_json=True)
     assert doc["calibration"]["tokens"] == 524288
     with out.capture() as cap:
         report.print_plan(doc)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline import capacity, config
+from pipeline import capacity, hardware
 
 LLAMA31_8B = capacity.Shape(params=8.03e9, num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32,
                             num_kv_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False)
@@ -35,7 +35,7 @@ def test_pool_tokens_and_sequences_hand_computed():
 
 
 def test_planner_picks_the_smallest_tp_that_fits_and_warns_on_worst_case_demand():
-    qwen32b = capacity.shape_from(dict(config.compose(["model=qwen32b"]).model.shape))
+    qwen32b = capacity.shape_from(dict(hardware.compose(["model=qwen32b"]).model.shape))
     small = capacity.plan(qwen32b, "none", "fp8", 24, 8, max_seq_len=2048)  # 65 GB of bf16 weights on 24 GB GPUs
     assert small.fits and small.tp == 4
     none = capacity.plan(qwen32b, "none", "fp8", 24, 2, max_seq_len=2048)
@@ -122,39 +122,31 @@ QWEN14B = {"hidden_size": 5120, "intermediate_size": 17408, "num_heads": 40, "nu
            "vocab_size": 65536}
 
 
-def _batch_plan(monkeypatch, shape, weights, free, total, rows=512, seq=512):
-    """modelopt.batch_plan with the GPU's free memory and the model's shape given (no GPU here)."""
-    import torch
-
-    from pipeline.quant import modelopt
-
-    monkeypatch.setattr(modelopt, "weight_bytes_per_device", lambda m: {"cuda:0": int(weights)})
-    monkeypatch.setattr(modelopt, "free_memory", lambda devs: {"cuda:0": {"free": int(free), "total": int(total)}})
-    monkeypatch.setattr(modelopt, "model_shape", lambda m: shape)
-    model = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    return modelopt.batch_plan("auto", model, seq, "cuda", rows, eval_seq_len=128, eval_rows=6)
+def _batch_plan(shape, weights, free, total, rows=512, seq=512):
+    """capacity.batch_plan for one GPU with ``free`` of ``total`` bytes free after ``weights`` bytes of bf16 weights."""
+    return capacity.batch_plan("auto", shape=shape, weight_bytes={"cuda:0": int(weights)},
+                               free={"cuda:0": {"free": int(free), "total": int(total)}}, dtype_bytes=2, seq_len=seq,
+                               device="cuda", rows=rows, eval_seq_len=128, eval_rows=6)
 
 
-def test_batches_are_sized_to_the_free_memory_with_a_margin_and_a_token_cap(monkeypatch):
-    from pipeline.quant import modelopt
-
+def test_batches_are_sized_to_the_free_memory_with_a_margin_and_a_token_cap():
     # 14B shape on an H200: ~115 GB free after 29.5 GB of weights; the token cap (64k tokens = 128 rows) binds
     total = 150.1e9
-    p = _batch_plan(monkeypatch, QWEN14B, 29.5e9, 115e9, total)
-    assert p["budget_bytes"] == int(115e9 - modelopt.MARGIN_FRACTION * total)
-    assert p["batch_size"] == modelopt.BATCH_TOKENS // 512 == 128
+    p = _batch_plan(QWEN14B, 29.5e9, 115e9, total)
+    assert p["budget_bytes"] == int(115e9 - capacity.MARGIN_FRACTION * total)
+    assert p["batch_size"] == capacity.BATCH_TOKENS // 512 == 128
     assert 29.5e9 + p["batch_size"] * p["row_bytes"] <= 0.9 * total
     assert p["eval_batch_size"] == 6 and p["eval_row_bytes"] > capacity.row_bytes(QWEN14B, 128, logits=False)
     # 32B on an 80 GB GPU: ~13.9 GB free after the weights; memory binds, and the peak stays under 0.9 × the GPU
     w32, total = 65.6e9, 80e9
-    p = _batch_plan(monkeypatch, {**QWEN32B_SYNTH, "vocab_size": 151936}, w32, total - w32 - 0.5e9, total)
+    p = _batch_plan({**QWEN32B_SYNTH, "vocab_size": 151936}, w32, total - w32 - 0.5e9, total)
     assert 1 < p["batch_size"] < 128
     assert w32 + 0.5e9 + p["batch_size"] * p["row_bytes"] <= 0.9 * total < w32 + 0.5e9 + (p["batch_size"] + 1) * \
-        p["row_bytes"] + modelopt.MARGIN_FRACTION * total
+        p["row_bytes"] + capacity.MARGIN_FRACTION * total
     # negative control: sizing to all the free memory (what a probe does) would break the 0.9 bound
     assert w32 + (total - w32 - 0.5e9) > 0.9 * total
     # less free than the margin: one row, never zero
-    assert _batch_plan(monkeypatch, QWEN14B, 29.5e9, 5e9, total)["batch_size"] == 1
+    assert _batch_plan(QWEN14B, 29.5e9, 5e9, total)["batch_size"] == 1
 
 
 def test_calibration_rows_skip_the_logits_that_evaluation_keeps():

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from pipeline.cli.build import cmd_validate
 from pipeline.errors import UserError
 
@@ -58,7 +58,7 @@ def test_validate_reports_every_problem(tmp_path, monkeypatch, capsys):
     results = []
     for combo in config.combinations():
         try:
-            config.compose([f"{k}={v}" for k, v in combo.items()])
+            hardware.compose([f"{k}={v}" for k, v in combo.items()])
         except UserError as exc:
             results.append(exc.problems)
     assert len(results) == len(config.combinations())
@@ -172,9 +172,9 @@ def test_validate_summarises_expected_refusals_in_one_line_per_target():
                                            ("bench.concurrency=[1,${oops}]", "bench.concurrency[1]")])
 def test_an_interpolation_to_a_missing_key_is_one_problem_naming_the_key(override, key):
     with pytest.raises(UserError) as exc:
-        config.compose([override])
+        hardware.compose([override])
     msg = str(exc.value)
     assert msg.startswith(f"cannot resolve config key {key}: Interpolation key ")
     assert "must name a config key that exists" in msg and "\n" not in msg
     # negative control: an interpolation to a key that exists resolves
-    assert config.compose(["build.max_batch_size=${build.max_input_len}"]).build.max_batch_size > 0
+    assert hardware.compose(["build.max_batch_size=${build.max_input_len}"]).build.max_batch_size > 0

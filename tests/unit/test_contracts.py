@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf.errors import ConfigAttributeError, ReadonlyConfigError
 
-from pipeline import config, planning, runner
+from pipeline import config, hardware, planning, runner
 from pipeline.runner import Stage
 from pipeline.stages import STAGE_NAMES, STAGES, bench, build, package
 
@@ -21,7 +21,7 @@ BIG = ["model.shape.num_layers=80", "model.shape.hidden_size=8192", "model.shape
 
 
 def _cfg(tmp_path: Path, *extra: str):
-    return config.compose(["model=tiny-qwen3", f"paths.root={tmp_path}", *extra])
+    return hardware.compose(["model=tiny-qwen3", f"paths.root={tmp_path}", *extra])
 
 
 # ------------------------------------------------------------------------------------------------ the config view
@@ -148,7 +148,7 @@ def test_the_engine_build_spec_reads_only_declared_keys(tmp_path):
     """The trtllm_engine path (TensorRT-LLM is not installed here): its spec comes from the build's view alone."""
     from pipeline.runner import Context
 
-    cfg = config.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", "quant=fp8"])
+    cfg = hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", "quant=fp8"])
     ckpt = tmp_path / "quantize" / "checkpoint"
     ckpt.mkdir(parents=True)
     (ckpt / "tokenizer.json").write_text("{}")
@@ -157,7 +157,7 @@ def test_the_engine_build_spec_reads_only_declared_keys(tmp_path):
     ctx = Context(cfg=runner.stage_config(cfg, build.STAGE), stage=build.STAGE, out=out, final=tmp_path / "final",
                   inputs={"quantize": tmp_path / "quantize"}, manifests={"quantize": {}},
                   paths={"store": tmp_path / "store"})
-    args = build.engine_build_spec(ctx, "FP8", "10.13")["trtllm_build_args"]
+    args = build.engine_build_spec(ctx, "FP8", "FP8", "10.13")["trtllm_build_args"]
     assert args[args.index("--max_seq_len") + 1] == str(cfg.build.max_seq_len)
     assert (out / "engine" / "tokenizer.json").is_file()
 
@@ -169,10 +169,10 @@ def test_package_values_read_only_declared_keys(tmp_path, runtime):
     ps = runner.plan(cfg, [dataclasses.replace(package.STAGE, inputs=())])[0]
     seen = planning.CapacityView(ps.parts["capacity"])  # what its run gets (Context.capacity)
     full = planning.resolve(cfg)
-    from pipeline.triton import layouts
+    from pipeline.triton import layouts, repository
 
     model_yaml = layouts.get("llmapi").part("placeholders").model_yaml
-    assert package.values(view, {}, seen) == package.values(cfg, {}, full)
+    assert repository.values(view, {}, seen) == repository.values(cfg, {}, full)
     assert model_yaml(view, tmp_path, seen) == model_yaml(cfg, tmp_path, full)
 
 
@@ -187,7 +187,7 @@ def test_bench_gates_and_baseline_read_only_declared_keys(tmp_path):
 
 
 def test_the_registry_holds_the_stage_names_config_checks():
-    assert STAGE_NAMES == config.STAGE_NAMES
+    assert STAGE_NAMES == config.STAGE_NAMES == tuple(s.name for s in STAGES)
 
 
 # ---------------------------------------------------------------------------------------------------- code digest

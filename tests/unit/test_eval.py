@@ -226,14 +226,14 @@ def test_a_short_echo_is_an_error():
 
 
 def test_plan_names_a_format_without_an_allowed_drop_and_a_bad_one():
-    from pipeline import config
+    from pipeline import hardware
     from pipeline.stages import evaluate
 
-    cfg = config.compose(["quant=nvfp4", "~eval.max_drop.nvfp4", "eval.max_drop.fp8=-0.1"])
+    cfg = hardware.compose(["quant=nvfp4", "~eval.max_drop.nvfp4", "eval.max_drop.fp8=-0.1"])
     problems = evaluate.check(cfg)
     assert "eval.max_drop has no entry for quant.format=nvfp4; add eval.max_drop.nvfp4=0.05 (say)" in problems
     assert "eval.max_drop.fp8=-0.1: an allowed drop of the task score lies in [0, 1]" in problems
-    assert evaluate.check(config.compose(["eval.tasks=[]", "quant=nvfp4", "~eval.max_drop.nvfp4"])) == []
+    assert evaluate.check(hardware.compose(["eval.tasks=[]", "quant=nvfp4", "~eval.max_drop.nvfp4"])) == []
 
 
 # lm-eval 0.4.13's log after one request failed (api_models.py amodel_call's warning and error lines; the aiohttp

@@ -12,7 +12,7 @@ import pytest
 
 import torch
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.quant import proof
 from tests.helpers import exports
 
@@ -23,7 +23,7 @@ ATTN = "model.layers.1.self_attn"
 @functools.lru_cache(maxsize=None)
 def shipped_ratio(fmt: str) -> float:
     """The per-layer bound ``quant.eval.export_weight_ratio`` that ``quant=<fmt>`` ships."""
-    return float(config.compose(["model=tiny-qwen3", f"quant={fmt}"]).quant.eval.export_weight_ratio)
+    return float(hardware.compose(["model=tiny-qwen3", f"quant={fmt}"]).quant.eval.export_weight_ratio)
 
 
 @pytest.fixture(scope="module", params=["fp8", "int8_sq", "int4_awq"])

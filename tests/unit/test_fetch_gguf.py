@@ -6,13 +6,13 @@ import importlib.metadata as md
 
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.errors import UserError
 from pipeline.stages import fetch
 
 
 def _default_location() -> str:
-    return config.compose([]).model.source[len("gguf://"):]
+    return hardware.compose([]).model.source[len("gguf://"):]
 
 
 def test_a_missing_package_names_the_install_command():
@@ -27,7 +27,7 @@ def test_the_default_gguf_resolves_in_its_installed_package():
     """The control of the test above: the shipped package is found, so the default's check passes."""
     path = fetch.gguf_path(_default_location())
     assert path.is_file() and path.suffix == ".gguf"
-    assert fetch.check(config.compose([])) == []
+    assert fetch.check(hardware.compose([])) == []
 
 
 def test_provenance_names_the_package_its_version_and_the_files_sha256(tmp_path):

@@ -76,19 +76,19 @@ def test_a_tokenizer_or_config_that_does_not_parse_is_named(ckpt):
 
 
 def test_plan_names_a_damaged_local_checkpoint_before_anything_runs(ckpt, tmp_path):
-    from pipeline import config
+    from pipeline import hardware
 
     f = ckpt / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-1])
-    problems = fetch.check(config.compose([f"model.source={ckpt}", f"paths.root={tmp_path / 'root'}"]))
+    problems = fetch.check(hardware.compose([f"model.source={ckpt}", f"paths.root={tmp_path / 'root'}"]))
     assert len(problems) == 1 and "model.safetensors is damaged" in problems[0]
 
 
 def test_a_gguf_path_without_the_scheme_gets_the_form_to_use(tmp_path):
-    from pipeline import config
+    from pipeline import hardware
 
     path = tmp_path / "m.gguf"
-    problems = fetch.check(config.compose([f"model.source={path}"]))
+    problems = fetch.check(hardware.compose([f"model.source={path}"]))
     assert problems == [f"model.source={path}: a GGUF file is given as model.source=gguf://{path} (or "
                         f"gguf://PACKAGE/FILE.gguf for one a package ships)"]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline import compat, config, formats, runner, schema
+from pipeline import compat, config, formats, hardware, runner, schema
 from pipeline.formats import FormatError, KVFormat, QuantFormat, Tolerances
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_planted_missing_extra_and_copied_formats_fail(tmp_path):
 @pytest.mark.parametrize("name", list(formats.FORMATS))
 def test_the_preset_composes_with_the_module_tolerances(name):
     t = formats.FORMATS[name].tolerances
-    cfg = config.compose(["model=tiny-qwen3", f"quant={name}"])
+    cfg = hardware.compose(["model=tiny-qwen3", f"quant={name}"])
     q = config.to_plain(cfg.quant)
     assert q["thresholds"] == {"kl_max": t.kl_max, "top1_min": t.top1_min, "ppl_ratio_max": t.ppl_ratio_max}
     assert (q["eval"]["export_kl_abs"], q["eval"]["export_kl_frac"], q["eval"]["export_weight_ratio"]) == (
@@ -86,13 +86,13 @@ def test_the_preset_composes_with_the_module_tolerances(name):
 
 
 def test_an_override_wins_over_the_module_and_a_wrong_one_is_refused():
-    cfg = config.compose(["model=tiny-qwen3", "quant=nvfp4", "quant.thresholds.kl_max=0.33",
+    cfg = hardware.compose(["model=tiny-qwen3", "quant=nvfp4", "quant.thresholds.kl_max=0.33",
                           "quant.eval.export_kl_frac=0.9", "eval.max_drop.nvfp4=0.2"])
     assert cfg.quant.thresholds.kl_max == 0.33 and cfg.quant.eval.export_kl_frac == 0.9
     assert cfg.quant.thresholds.top1_min == formats.FORMATS["nvfp4"].tolerances.top1_min  # the rest: the module's
     assert cfg.eval.max_drop.nvfp4 == 0.2 and cfg.eval.max_drop.fp8 == formats.FORMATS["fp8"].tolerances.max_drop
     with pytest.raises(Exception, match="quant.thresholds.top1_min=1.5 is out of range"):
-        config.compose(["model=tiny-qwen3", "quant=fp8", "quant.thresholds.top1_min=1.5"])
+        hardware.compose(["model=tiny-qwen3", "quant=fp8", "quant.thresholds.top1_min=1.5"])
 
 
 def test_the_resolver_names_an_unknown_format_or_fact():
@@ -231,11 +231,11 @@ def test_the_reference_runtime_loads_with_the_packaged_copy_of_the_registry(tmp_
     to the same numbers, passed in or found by the copied runtime itself; a registry without the export's quant_algo
     refuses it, and a copied runtime without the registry beside it says so."""
     from pipeline.runtime import reference
-    from pipeline.stages import package
+    from pipeline.triton import repository
     from tests.helpers import exports
 
     version_dir = tmp_path / "repo" / "m" / "1"
-    for dst, origin in package.reference_files().items():
+    for dst, origin in repository.reference_files().items():
         (version_dir / dst).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(origin, version_dir / dst)
     assert (version_dir / "reference_formats" / "fp8.py").is_file()
@@ -283,21 +283,21 @@ def test_the_reference_runtime_loads_with_the_packaged_copy_of_the_registry(tmp_
 
 
 def test_the_package_fingerprint_covers_every_copied_format_file(tmp_path, monkeypatch):
-    from pipeline.stages import package
+    from pipeline.triton import repository
 
     src = tmp_path / "formats"
     shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__"))
     (src / "__pycache__").mkdir()
     (src / "__pycache__" / "fp8.py").write_text("litter\n")  # never copied, never fingerprinted
-    monkeypatch.setitem(package.REFERENCE_PACKAGES, "reference_formats", src)
-    files = package.reference_files()
+    monkeypatch.setitem(repository.REFERENCE_PACKAGES, "reference_formats", src)
+    files = repository.reference_files()
     assert {d for d in files if d.startswith("reference_formats/")} == {
         f"reference_formats/{p.name}" for p in PACKAGE.glob("*.py")}
-    before = package.templates_digest()
+    before = repository.templates_digest()
     (src / "__pycache__" / "fp8.py").write_text("other litter\n")
-    assert package.templates_digest() == before  # negative control: litter does not count
+    assert repository.templates_digest() == before  # negative control: litter does not count
     (src / "fp8.py").write_text((src / "fp8.py").read_text() + "# changed\n")
-    assert package.templates_digest() != before
+    assert repository.templates_digest() != before
 
 
 def test_stage_code_digests_cover_the_discovered_format_modules():

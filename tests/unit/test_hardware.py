@@ -203,17 +203,17 @@ def test_the_recorded_versions_cite_nvidias_pages():
 def test_defaults_compose_to_cpu_and_reference_without_a_gpu(monkeypatch):
     monkeypatch.setattr(hardware, "local_gpu", lambda: None)
     monkeypatch.setattr(hardware, "trtllm_probe", lambda: None)
-    cfg = config.compose(["model=tiny-qwen3"])
+    cfg = hardware.compose(["model=tiny-qwen3"])
     assert (cfg.target.name, cfg.target.device.value, cfg.runtime.name.value) == ("cpu", "cpu", "reference")
 
 
 def test_defaults_compose_to_the_local_gpu_and_its_trtllm_runtime(monkeypatch):
     monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
     monkeypatch.setattr(hardware, "trtllm_probe", lambda: _installed("1.2.1"))
-    cfg = config.compose(["model=tiny-qwen3"])
+    cfg = hardware.compose(["model=tiny-qwen3"])
     assert (cfg.target.name, cfg.runtime.name.value) == ("h200", "trtllm_llmapi")
     # given values are kept: the defaults resolve, explicit choices do not move
-    cfg = config.compose(["model=tiny-qwen3", "target=cpu", "runtime=reference"])
+    cfg = hardware.compose(["model=tiny-qwen3", "target=cpu", "runtime=reference"])
     assert (cfg.target.name, cfg.runtime.name.value) == ("cpu", "reference")
 
 
@@ -241,11 +241,11 @@ def test_the_users_command_on_a_hopper_host_is_refused_with_the_fix(monkeypatch)
 
     monkeypatch.setattr(hardware, "local_gpu", lambda: H200)
     monkeypatch.setattr(hardware, "trtllm_probe", lambda: None)
-    cfg = config.compose(["model=qwen32b", "quant=nvfp4"])
+    cfg = hardware.compose(["model=qwen32b", "quant=nvfp4"])
     assert cfg.target.name == "h200"
     problems = planning.compat_problems(cfg)
     assert problems and problems[0].startswith("nvfp4 needs Blackwell") and "for h200 use fp8 or int4_awq" in \
         problems[0]
     # negative control: the same command on a Blackwell host is not refused by the compatibility rules
     monkeypatch.setattr(hardware, "local_gpu", lambda: B200)
-    assert planning.compat_problems(config.compose(["model=qwen32b", "quant=nvfp4"])) == []
+    assert planning.compat_problems(hardware.compose(["model=qwen32b", "quant=nvfp4"])) == []

@@ -8,7 +8,7 @@ import json
 import pytest
 from omegaconf.errors import ConfigAttributeError
 
-from pipeline import bundle, config, report, runner
+from pipeline import bundle, hardware, report, runner
 from pipeline.identity import ArtifactKey
 from pipeline.runner import Stage
 
@@ -16,7 +16,7 @@ KEY = ArtifactKey(model="tiny-qwen3", quant="int4_awq", kv="fp8", target="h100",
 
 
 def _cfg(tmp_path, *extra):
-    return config.compose(["model=tiny-qwen3", "quant=int4_awq", "target=h100", "runtime=trtllm_llmapi",
+    return hardware.compose(["model=tiny-qwen3", "quant=int4_awq", "target=h100", "runtime=trtllm_llmapi",
                            f"paths.root={tmp_path}", *extra])
 
 

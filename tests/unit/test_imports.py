@@ -1,6 +1,7 @@
-"""The import rules of the ``pipeline`` package, read from the source with ``ast`` (nothing imported): nothing below the
-CLI imports ``pipeline.cli``, and no import cycle joins the package's modules. Every import statement counts: at
-module level, inside a function, or under ``if TYPE_CHECKING:``."""
+"""The import rules of the ``pipeline`` package, read from the source (nothing imported): nothing below the CLI imports
+``pipeline.cli``, no import cycle joins the package's modules, no arrow runs back up the floors that ``pyproject.toml``
+lists (import-linter's layers contract) and no stage imports another. Every import statement counts: at module level,
+inside a function, or under ``if TYPE_CHECKING:``."""
 from __future__ import annotations
 
 import ast
@@ -169,3 +170,47 @@ def test_the_graph_reports_nothing_for_a_planted_acyclic_package(tmp_path):
     assert graph["planted.cli"] == {"planted.a"} and graph["planted.b"] == {"planted.sub.c"}
     assert cycles(graph) == []
     assert cli_importers(graph, "planted.cli") == []
+
+
+ROOT = PACKAGE.parent
+
+
+def _lint_imports(config: Path) -> tuple[int, str]:
+    """import-linter's ``lint-imports`` on ``config`` -> (exit status, its report)."""
+    import contextlib
+    import io
+
+    from importlinter.cli import lint_imports
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = lint_imports(config_filename=str(config), no_cache=True)
+    return code, out.getvalue()
+
+
+def test_no_arrow_runs_back_up_the_floors_and_no_stage_imports_another():
+    code, report = _lint_imports(ROOT / "pyproject.toml")
+    assert code == 0, report
+    assert "2 kept, 0 broken" in report, report
+
+
+def test_the_floor_contract_sees_a_planted_upward_import(tmp_path, monkeypatch):
+    """Negative control: a planted package whose bottom floor imports its top one, inside a function, and whose two
+    stages import each other; the same contracts, on it, are broken and name both arrows."""
+    root = _plant(tmp_path, {
+        "__init__.py": "",
+        "cli.py": "from planted import core\n",
+        "core.py": "def f():\n    from planted import cli\n",
+        "stages/__init__.py": "",
+        "stages/a.py": "from planted.stages import b\n",
+        "stages/b.py": "",
+    })
+    (tmp_path / "lint.toml").write_text(
+        '[tool.importlinter]\nroot_package = "planted"\n\n'
+        '[[tool.importlinter.contracts]]\nname = "floors"\ntype = "layers"\nlayers = ["planted.cli", "planted.core"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "stages"\ntype = "independence"\n'
+        'modules = ["planted.stages.a", "planted.stages.b"]\n')
+    monkeypatch.syspath_prepend(str(root.parent))
+    code, report = _lint_imports(tmp_path / "lint.toml")
+    assert code != 0 and "0 kept, 2 broken" in report, report
+    assert "planted.core -> planted.cli" in report and "planted.stages.a -> planted.stages.b" in report, report

@@ -8,8 +8,7 @@ import dataclasses
 import pytest
 
 from pipeline import schema, upstream
-from pipeline.stages import package
-from pipeline.triton import layouts
+from pipeline.triton import layouts, repository
 
 
 def coverage_problems(registry: dict) -> list[str]:
@@ -30,8 +29,11 @@ def test_registry_covers_schema_runtimes_and_upstream():
     assert coverage_problems(layouts.LAYOUTS) == []
     assert layouts.problems() == []
     assert list(layouts.LAYOUTS) == sorted(layouts.LAYOUTS)  # the folders' order, on every machine
-    assert [e.value for e in schema.OpenAIEntry] == ["auto", *layouts.entry_point_names()]
-    assert [e.value for e in schema.BenchModel] == ["auto", "ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
+    assert layouts.entry_point_names() == ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
+    # the catalog (the bottom floor's view: folders alone) and the registry (the records) list the same layouts
+    from pipeline import catalog
+
+    assert catalog.layout_names() == tuple(layouts.LAYOUTS) == tuple(lay.value for lay in schema.Layout)[1:]
 
 
 def test_planted_wrong_registry_fails(tmp_path):
@@ -60,7 +62,7 @@ def test_front_end_api(name):
 
 
 def test_package_reads_the_registry():
-    assert package.MODELS[("trtllm_llmapi", layouts.LLMAPI)] == ("tensorrt_llm.llmapi",)
+    assert repository.MODELS[("trtllm_llmapi", layouts.LLMAPI)] == ("tensorrt_llm.llmapi",)
     assert layouts.default_for("trtllm_llmapi") == layouts.LLMAPI
     assert layouts.default_for("reference") == layouts.default_for("trtllm_engine") == layouts.IFB
     assert set(layouts.REFERENCE_TEMPLATES) == {"tensorrt_llm.reference", "tensorrt_llm.llmapi_reference"}

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from pipeline import config, fleet, store
+from pipeline import fleet, hardware, store
 
 
 def _hold_lock(path) -> subprocess.Popen:
@@ -41,7 +41,7 @@ def test_orphaned_temp_directories_go_and_owned_ones_stay(tmp_path):
 
 
 def test_gc_removes_a_killed_builds_temp_directory_of_any_age(tmp_path):
-    cfg = config.compose(["model=tiny-qwen3", f"paths.root={tmp_path}"])
+    cfg = hardware.compose(["model=tiny-qwen3", f"paths.root={tmp_path}"])
     tmp = tmp_path / "engines" / ".x-build-aaaaaaaaaaaa.tmp-99-abcdef"
     tmp.mkdir(parents=True)
     (tmp / "rank0.engine").write_bytes(b"0" * 100)

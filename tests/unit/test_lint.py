@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.errors import UserError
-from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline.catalog import ENGINE_REL
+from pipeline.triton.repository import render_repository
 from pipeline.triton import lint
 
 CASES = {
@@ -38,7 +39,7 @@ def rendered(tmp_path_factory) -> dict[str, Path]:
                 "version": "1.2.1", "build_config": {"max_batch_size": 8},
                 "pretrained_config": {"mapping": {"world_size": 1}}}))
             (eng / "rank0.engine").write_bytes(b"stand-in")  # TensorRT-LLM cannot build one here
-        render_repository(config.compose(overrides), repo)
+        render_repository(hardware.compose(overrides), repo)
         model_py = repo / "tensorrt_llm" / "1" / "model.py"
         if not model_py.is_file():  # the llmapi reference model.py is written elsewhere; lint needs only its presence
             model_py.write_text("")

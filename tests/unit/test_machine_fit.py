@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline import config, hardware
+from pipeline import hardware
 from pipeline.stages import quantize
 
 
@@ -22,7 +22,7 @@ def host(monkeypatch):
 
 def test_a_quantize_that_cannot_fit_this_host_is_refused_with_what_works(host, tmp_path):
     host(gpu=None, ram_gb=24)
-    cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200", f"paths.root={tmp_path}"])
+    cfg = hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200", f"paths.root={tmp_path}"])
     problem = quantize.machine_fit_problem(cfg)
     assert problem is not None and problem.startswith("qwen32b needs ~72 GB to calibrate")
     assert "quantize runs on this machine, which has 24 GB of memory and no GPU" in problem
@@ -33,7 +33,7 @@ def test_a_quantize_that_cannot_fit_this_host_is_refused_with_what_works(host, t
 
 def test_the_same_plan_on_a_gpu_host_or_a_small_model_passes(host, tmp_path):
     host(gpu={"name": "NVIDIA H200", "sm": 90, "memory_gb": 141.0, "count": 1}, ram_gb=24)
-    cfg = config.compose(["model=qwen32b", "quant=nvfp4", "target=b200", f"paths.root={tmp_path}"])
+    cfg = hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200", f"paths.root={tmp_path}"])
     assert quantize.machine_fit_problem(cfg) is None
     host(gpu=None, ram_gb=24)
-    assert quantize.machine_fit_problem(config.compose(["model=smollm2-135m", f"paths.root={tmp_path}"])) is None
+    assert quantize.machine_fit_problem(hardware.compose(["model=smollm2-135m", f"paths.root={tmp_path}"])) is None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.errors import UserError
 
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96,
@@ -30,7 +30,7 @@ def ckpt(tmp_path) -> Path:
 
 
 def test_name_shape_and_parameters_come_from_the_checkpoint(ckpt):
-    cfg = config.compose([f"model.source={ckpt}"])
+    cfg = hardware.compose([f"model.source={ckpt}"])
     assert cfg.model.name == "my-model_v2"
     s = cfg.model.shape
     assert (s.num_layers, s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.head_dim,
@@ -40,18 +40,18 @@ def test_name_shape_and_parameters_come_from_the_checkpoint(ckpt):
 
 
 def test_a_given_name_is_kept_and_a_matching_shape_is_accepted(ckpt):
-    cfg = config.compose([f"model.source={ckpt}", "model.name=mine", "model.shape.num_layers=3"])
+    cfg = hardware.compose([f"model.source={ckpt}", "model.name=mine", "model.shape.num_layers=3"])
     assert cfg.model.name == "mine" and cfg.model.shape.num_layers == 3
 
 
 def test_a_given_shape_that_disagrees_with_config_json_is_refused(ckpt):
     with pytest.raises(UserError, match=r"model\.shape\.num_layers=30 but .*config\.json says 3"):
-        config.compose([f"model.source={ckpt}", "model.shape.num_layers=30"])
+        hardware.compose([f"model.source={ckpt}", "model.shape.num_layers=30"])
 
 
 def test_the_shipped_model_keeps_its_own_settings():
     """Negative control: the default model, from its own source, is not touched."""
-    cfg = config.compose([])
+    cfg = hardware.compose([])
     assert cfg.model.name == "smollm2-135m" and cfg.model.shape.num_layers == 30 and len(cfg.model.checks) == 1
 
 
@@ -59,8 +59,8 @@ def test_plan_checks_the_calibration_data_is_here(ckpt, monkeypatch):
     from pipeline.stages import quantize
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = config.compose([f"model.source={ckpt}", "quant.calib.dataset=cnn_dailymail"])
+    cfg = hardware.compose([f"model.source={ckpt}", "quant.calib.dataset=cnn_dailymail"])
     problems = quantize.env_check(cfg)
     assert len(problems) == 1 and problems[0].startswith("quant.calib.dataset=cnn_dailymail comes from the Hub")
     assert "quant.calib.dataset=builtin" in problems[0]
-    assert quantize.env_check(config.compose([f"model.source={ckpt}", "quant.calib.dataset=builtin"])) == []
+    assert quantize.env_check(hardware.compose([f"model.source={ckpt}", "quant.calib.dataset=builtin"])) == []

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline import calib, capacity, config
+from pipeline import calib, capacity, hardware
 from pipeline.quant import modelopt, proof
 from pipeline.runtime import trtllm
 
@@ -88,7 +88,7 @@ def test_awq_group_size_must_divide_every_linear_input_and_the_fix_names_one_tha
 
 def test_the_awq_check_reads_a_synthetic_models_own_config():
     """A synthetic model is built from its own config, which wins over ``model.shape`` where the two disagree."""
-    cfg = config.compose(["model=tiny-qwen3", "model.synthetic.config.hidden_size=192"])
+    cfg = hardware.compose(["model=tiny-qwen3", "model.synthetic.config.hidden_size=192"])
     assert cfg.model.shape.hidden_size == 128
     shape = modelopt.config_shape(cfg)
     assert shape["hidden_size"] == 192 and shape["num_heads"] == 4 and "params_b" not in shape

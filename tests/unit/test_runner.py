@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config, runner
+from pipeline import hardware, runner
 from pipeline.errors import StageFailed
 from pipeline.runner import Stage
 
@@ -40,7 +40,7 @@ B = Stage(name="b", run=_write_quant, reads=("quant.format",), inputs=("a",), la
 
 
 def _cfg(tmp_path: Path, *extra: str):
-    return config.compose(["model=tiny-qwen3", f"paths.root={tmp_path}", *extra])
+    return hardware.compose(["model=tiny-qwen3", f"paths.root={tmp_path}", *extra])
 
 
 def test_fingerprint_covers_slice_inputs_and_libs(tmp_path):

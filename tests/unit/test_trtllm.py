@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import config
+from pipeline import config, hardware
 from pipeline.errors import UserError
 from pipeline.runtime import trtllm
 
@@ -35,7 +35,7 @@ CUDA_GRAPH_CONFIG = {"batch_sizes", "max_batch_size", "enable_padding"}
 
 
 def _build(*extra):
-    return config.to_plain(config.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", *extra]).build)
+    return config.to_plain(hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", *extra]).build)
 
 
 def test_trtllm_build_args_use_upstream_flags():

@@ -7,9 +7,9 @@ import functools
 
 import pytest
 
-from pipeline import config
+from pipeline import hardware
 from pipeline.errors import UserError
-from pipeline.stages import package
+from pipeline.triton import repository
 from pipeline.upstream import rules
 
 
@@ -27,7 +27,7 @@ def _settings(**over) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _compose(*overrides: str):
-    return config.compose(list(overrides))
+    return hardware.compose(list(overrides))
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,11 +82,11 @@ def test_kv_reuse_without_paged_context_fmha_is_rendered_off_with_the_reason():
     (f,) = rules.evaluate(s)
     assert (f.rule, f.action, f.setting, f.value) == ("kv_reuse_needs_paged_context_fmha", "adjust",
                                                       "serve.enable_kv_cache_reuse", False)
-    cfg = config.compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine",
+    cfg = hardware.compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine",
                           "build.use_paged_context_fmha=false", "serve.enable_chunked_context=false"])
-    assert package.rendered_engine_parameters(cfg)["enable_kv_cache_reuse"] == "false"
+    assert repository.rendered_engine_parameters(cfg)["enable_kv_cache_reuse"] == "false"
     default = _compose("model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine")
-    assert package.rendered_engine_parameters(default)["enable_kv_cache_reuse"] == "true"  # control
+    assert repository.rendered_engine_parameters(default)["enable_kv_cache_reuse"] == "true"  # control
 
 
 def test_fp8_context_fmha_is_adjusted_off_outside_the_fp8_workflows():
@@ -124,7 +124,7 @@ def test_a_planted_wrong_container_pair_is_refused_by_plan():
     with pytest.raises(UserError, match="ships TensorRT-LLM 1.1.0"):
         from pipeline.cli.build import cmd_plan
 
-        cmd_plan(config.compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_llmapi",
+        cmd_plan(hardware.compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_llmapi",
                                  "runtime.container=nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"]), True)
     s = _settings(serve={"image": "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"})
     assert _fired(s) == {"container_pair": "refuse"}
@@ -134,9 +134,9 @@ def test_plan_refuses_the_int4_awq_engine_build_trtllm_build_refuses(capsys):
     from pipeline.cli.build import cmd_plan
 
     with pytest.raises(UserError, match="fp8_kv_paged_context_fmha") as exc:
-        cmd_plan(config.compose(["model=qwen32b", "quant=int4_awq", "target=h100", "runtime=trtllm_engine"]), True)
+        cmd_plan(hardware.compose(["model=qwen32b", "quant=int4_awq", "target=h100", "runtime=trtllm_engine"]), True)
     assert "quant.kv_cache=none" in str(exc.value)
-    doc = cmd_plan(config.compose(["model=qwen32b", "quant=int4_awq", "target=h100", "runtime=trtllm_engine",
+    doc = cmd_plan(hardware.compose(["model=qwen32b", "quant=int4_awq", "target=h100", "runtime=trtllm_engine",
                                    "quant.kv_cache=none"]), True)
     assert any("fp8_context_fmha_needs_fp8_workflow" in a for a in doc["adjusted"])
 
@@ -161,7 +161,7 @@ def test_every_parameter_rule_refuses_what_the_backend_would_not_take(name, bad,
 
 def test_rendered_engine_parameters_pass_and_a_missing_required_one_is_caught():
     cfg = _compose("model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_engine")
-    params = package.rendered_engine_parameters(cfg)
+    params = repository.rendered_engine_parameters(cfg)
     assert params["gpt_model_type"] == "inflight_fused_batching" and int(params["max_tokens_in_paged_kv_cache"]) > 0
     assert rules.parameter_problems(params) == []
     del params["gpt_model_type"]
@@ -195,6 +195,6 @@ def test_fp8_context_fmha_follows_the_kv_cache_with_paged_context_fmha():
                                                                          "enable_kv_cache_reuse": False})))
     from pipeline.cli.build import cmd_plan
 
-    doc = cmd_plan(config.compose(["model=qwen32b", "quant=fp8", "quant.kv_cache=none", "target=h100",
+    doc = cmd_plan(hardware.compose(["model=qwen32b", "quant=fp8", "quant.kv_cache=none", "target=h100",
                                    "runtime=trtllm_engine"]), True)
     assert any("fp8_context_fmha_needs_fp8_kv" in a for a in doc["adjusted"])

@@ -93,10 +93,10 @@ def test_containers_verb_names_the_source_of_every_figure(capsys):
 
 
 def test_the_default_serving_image_pairs_with_the_default_trtllm_version():
-    from pipeline import config
+    from pipeline import hardware
 
     for runtime in ("trtllm_engine", "trtllm_llmapi"):
-        cfg = config.compose(["model=tiny-qwen3", f"runtime={runtime}"])
+        cfg = hardware.compose(["model=tiny-qwen3", f"runtime={runtime}"])
         assert upstream.container_for(cfg.runtime.trtllm_version) == cfg.runtime.container == cfg.serve.image
         # the default container ships the default TensorRT-LLM version, per NVIDIA's matrix
         assert upstream.container_pairs()[cfg.runtime.container]["trtllm"] == cfg.runtime.trtllm_version

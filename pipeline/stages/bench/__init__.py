@@ -35,8 +35,8 @@ from pipeline.stages.bench.gates import (GATE_FIELDS, REGRESSION_METRICS, baseli
                                          summary_row)
 from pipeline.stages.bench.load import COUNTING, make_prompts, workload_names
 from pipeline.stages.bench.report import markdown, plot
-from pipeline.stages.bench.stage import STAGE, bench_result, choose_entry, env_check, packaged_configs, run
+from pipeline.stages.bench.stage import STAGE, bench_result, check, choose_entry, env_check, packaged_configs, run
 
 __all__ = ["COUNTING", "GATE_FIELDS", "REGRESSION_METRICS", "STAGE", "aiperf",
-           "baseline_line", "bench_result", "choose_entry", "env_check", "gates", "make_prompts", "markdown",
+           "baseline_line", "bench_result", "check", "choose_entry", "env_check", "gates", "make_prompts", "markdown",
            "packaged_configs", "plot", "previous_bench", "run", "summary_row", "workload_names"]

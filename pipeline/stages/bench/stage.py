@@ -38,10 +38,10 @@ def choose_entry(choice: str, layout: str, entry_points: list[str] | tuple[str, 
 
 
 def _layout_of(cfg) -> str | None:
-    from pipeline.stages import package
+    from pipeline.triton import repository
 
     try:
-        return package.layout(cfg)
+        return repository.layout(cfg)
     except UserError:  # package reports a layout that cannot serve the runtime itself
         return None
 
@@ -63,7 +63,7 @@ def run(ctx: Context) -> BenchResult:
     repo = ctx.inputs["package"]
     pkg = ctx.result("package")
     layout = pkg.layout
-    entry_model = choose_entry(cfg.bench.model.value, layout, pkg.entry_points)
+    entry_model = choose_entry(str(cfg.bench.model), layout, pkg.entry_points)
     tok = AutoTokenizer.from_pretrained(repo / ENGINE_REL)
     packaged = packaged_configs(repo)
     baseline = previous_bench(ctx)
@@ -133,16 +133,32 @@ def bench_result(result: dict[str, Any]) -> BenchResult:
         gates={k: result["gates"][k] for k in GATE_FIELDS})
 
 
-def env_check(cfg) -> list[str]:
-    """Before any work starts: the entry point must exist in the layout the package stage will write, and the
-    server binary must exist here (serve.launcher=local)."""
+def check(cfg) -> list[str]:
+    """Plan time: the entry points named (``bench.model``; ``serve.openai.entry_point`` when the bench goes through the
+    front end) must be the layout's that the package stage will write."""
+    from pipeline.triton import layouts
+
     problems = []
     lay = _layout_of(cfg)
-    if lay is not None:
+    if lay is None:
+        return problems
+    try:
+        choose_entry(str(cfg.bench.model), lay)
+    except UserError as exc:
+        problems.append(str(exc))
+    entry = str(cfg.serve.openai.entry_point)
+    if cfg.bench.get("openai", False) and entry != "auto":
         try:
-            choose_entry(cfg.bench.model.value, lay)
+            layouts.get(lay).check_entry(entry)
         except UserError as exc:
             problems.append(str(exc))
+    return problems
+
+
+def env_check(cfg) -> list[str]:
+    """Before any work starts, on this machine: aiperf where the bench runs it, and the server binary
+    (serve.launcher=local)."""
+    problems = []
     if cfg.bench.get("openai", False) and cfg.bench.get("aiperf", False):
         import importlib.util
 
@@ -158,6 +174,7 @@ def env_check(cfg) -> list[str]:
 
 
 STAGE = Stage(
+    check=check,
     env_check=env_check,
     volatile=("bench.json", "bench.md", "bench.png", "server.log", "requests.jsonl", "openai-front-end.log"),
     name="bench",

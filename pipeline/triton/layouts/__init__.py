@@ -1,7 +1,7 @@
 """The Triton-layout registry: one folder per model-repository layout, found in this package's directory.
 
 Discovery: every sub-directory of ``pipeline/triton/layouts/`` that holds an ``__init__.py`` and whose name does not
-start with ``_`` or ``.`` is a layout (:func:`pipeline.triton.layouts.folders.names`). Layouts are read in sorted
+start with ``_`` or ``.`` is a layout (:func:`pipeline.catalog.layout_names`). Layouts are read in sorted
 order of their folder names, so :data:`LAYOUTS`, the config's ``serve.layout`` choices (``schema.Layout``), the
 entry-point choices and every message that lists layouts are the same on every machine. Adding a layout is adding one
 folder; nothing outside it names it.
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import UserError
-from pipeline.triton.layouts import folders
+from pipeline import catalog
 from pipeline.triton.layouts.record import ENGINE_REL, LLM_MODEL, Layout
 
 __all__ = ["ENGINE_REL", "LLM_MODEL", "Layout", "LAYOUTS", "ENTRY_POINTS", "REFERENCE_TEMPLATES", "IFB", "LLMAPI",
@@ -69,7 +69,7 @@ def _load(name: str) -> Layout:
     return dataclasses.replace(lay, folder=Path(mod.__file__).resolve().parent, package=mod.__name__)
 
 
-LAYOUTS: dict[str, Layout] = {name: _load(name) for name in folders.names()}
+LAYOUTS: dict[str, Layout] = {name: _load(name) for name in catalog.layout_names()}
 # The templates that run the reference runtime (they get its self-contained copies beside model.py).
 REFERENCE_TEMPLATES = tuple(t for lay in LAYOUTS.values() for t in lay.reference)
 ENTRY_POINTS = {name: lay.entry_points for name, lay in LAYOUTS.items()}

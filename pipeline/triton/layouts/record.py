@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pipeline.errors import UserError
-from pipeline.triton.layouts.folders import INTERFACE
+from pipeline.catalog import ENGINE_REL, LAYOUT_INTERFACE as INTERFACE, LLM_MODEL
 
-ENGINE_REL = "tensorrt_llm/1/engine"  # the engine or checkpoint, and its tokenizer, in every layout
-LLM_MODEL = "tensorrt_llm"  # the model that runs the LLM, in every layout (the engine lives under it)
 PARTS = ("placeholders", "served", "codec")  # the modules every layout folder holds beside its __init__.py
 
 

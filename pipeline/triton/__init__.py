@@ -1,0 +1,1 @@
+"""Triton: layout folders (``layouts/``), rendering, ``lint``, the server launcher and the streaming gRPC client."""
