@@ -37,8 +37,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline import config
-from pipeline.stages.package import ENGINE_REL, render_repository
+from pipeline import hardware
+from pipeline.catalog import ENGINE_REL
+from pipeline.triton.repository import render_repository
 from pipeline.triton import lint, server
 from tests.conftest import REPO
 from tests.helpers.trtllm_standin import tensorrt_llm as standin
@@ -77,7 +78,7 @@ def _planted(name: str) -> str:
 def _render(dest: Path, *overrides: str) -> Path:
     repo = dest / "repo"
     (repo / ENGINE_REL).mkdir(parents=True)
-    render_repository(config.compose(["model=tiny-qwen3", "runtime=trtllm_llmapi", *overrides]), repo)
+    render_repository(hardware.compose(["model=tiny-qwen3", "runtime=trtllm_llmapi", *overrides]), repo)
     return repo / "tensorrt_llm"
 
 
@@ -414,7 +415,7 @@ def test_streaming_on_a_unary_model_is_refused(served):
 def _front(s, repo):
     from pipeline.serving import run
 
-    cfg = config.compose([f"serve.openai.model_name={MODEL}"])
+    cfg = hardware.compose([f"serve.openai.model_name={MODEL}"])
     return run.running(repo, s.grpc_url, cfg.serve.openai)
 
 
