@@ -175,7 +175,7 @@ def test_latest_names_the_newest_passing_version_and_readers_skip_incomplete_one
 
 def test_outdated_and_gc_read_the_published_bundles(store, tmp_path):
     from pipeline import runner
-    from pipeline.config import compose
+    from pipeline.hardware import compose  # target/runtime auto: this machine's, as the CLI composes
     from pipeline.stages import STAGES
 
     dest, env = store

@@ -36,7 +36,7 @@ def _keypair(d: Path, name: str = "signer") -> tuple[Path, Path]:
 
 
 def _sign_cfg(tmp_path: Path, *extra: str):
-    from pipeline.config import compose
+    from pipeline.hardware import compose  # target/runtime auto: this machine's, as the CLI composes
 
     return compose([*TINY, f"paths.root={tmp_path / 'root'}", *extra]).publish.sign
 
