@@ -18,8 +18,9 @@ machine without an NVIDIA GPU (:func:`torch_problem`); otherwise the same argume
 always did (a machine whose pip has no CPU build to offer gets PyPI's torch from pip, as before, never from uv).
 
 uv's own output is kept short: its summary lines and the source distributions it built (``Built NAME==VERSION``),
-not one line per installed package. uv runs from the environment (``python -m uv``: ``pip install uv`` put it
-there). Nothing but the standard library is imported: it runs before the project is installed.
+not one line per download or installed package (its last 40 lines when uv fails). uv runs from the environment
+(``python -m uv``: ``pip install uv`` put it there). Nothing but the standard library is imported: it runs before
+the project is installed.
 """
 from __future__ import annotations
 
@@ -34,14 +35,20 @@ from pathlib import Path
 # pip option -> uv flag (each value of a multi-valued option is passed with the flag)
 FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
          "constraint": "--constraint"}
-KEEP = re.compile(r"^(Resolved|Prepared|Installed|Uninstalled|Audited|Built|Building|Downloading|Using|warning|"
-                  r"error|  ×|  ╰|  │|  help|hint)")
+KEEP = re.compile(r"^(Resolved|Prepared|Installed|Uninstalled|Audited|\s*Built |Using|warning|error|  ×|  ╰|  │|"
+                  r"  help|hint)")
 
 
 def pip_config(python: str) -> dict[str, list[str]]:
     """pip's settings on this machine (``pip config list`` of ``python``: config files, then ``PIP_*`` variables,
     which win), keyed by option name; a value holding several entries (``a b`` or one per line) is split."""
-    out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    return parse_pip_config(subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
+                                           text=True).stdout)
+
+
+def parse_pip_config(out: str) -> dict[str, list[str]]:
+    """:func:`pip_config` from ``pip config list``'s output (``global.find-links='/opt/wheels'``,
+    ``:env:.find-links='/opt/wheels'``)."""
     files: dict[str, list[str]] = {}
     env: dict[str, list[str]] = {}
     for line in out.splitlines():

@@ -31,11 +31,14 @@ ENGINE_REL = "tensorrt_llm/1/engine"  # the tokenizer lives with the checkpoint 
 def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None, *, shared=None,
            stage: str = "evaluate") -> Iterator[tuple[Any, Any]]:
     """Triton serving ``repo`` (``serve.launcher``: local, docker, or the server at ``serve.url``) with the OpenAI
-    front end before it (``python -m pipeline.serving``, a process of its own); yields the two leases
-    (``pipeline.serving.shared.Lease``: the server, and the front end's base URL ``http://HOST:PORT/v1``). With the
-    run's ``shared`` scope, a server and front end an earlier stage started for the same repository are reused and
-    the run stops them; without, everything started here is stopped on every exit path. ``timings`` gets the seconds
-    each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``) and whether this stage started them."""
+    front end before it; yields the two leases (``pipeline.serving.shared.Lease``: the server, and the front end's
+    base URL ``http://HOST:PORT/v1``). With the run's ``shared`` scope, the front end is ``python -m
+    pipeline.serving`` in a process of its own (as the bench runs it), and a server and front end an earlier stage
+    started for the same repository are reused; the run stops them. Without one, the front end runs in a thread of
+    this process (the quickest to start) and everything started here is stopped on every exit path. ``timings``
+    gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``) and whether this stage
+    started them."""
+    from pipeline.eval import endpoint
     from pipeline.serving import shared as sh
     from pipeline.ui import status
 
@@ -47,7 +50,15 @@ def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None,
         with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
             server = stack.enter_context(sh.triton(shared, serve, repo, work, stage))
         with status("starting the OpenAI front end"):
-            front = stack.enter_context(sh.front_end(shared, server, serve.openai, repo, work, stage))
+            if shared is None:
+                t1 = time.perf_counter()
+                url = stack.enter_context(endpoint.openai(serve, server.value, repo, work))
+                sh.log.info("OpenAI front end started for %s (%s, in this process) by %s in %.1f s", repo, url, stage,
+                            time.perf_counter() - t1)
+                stack.callback(sh.log.info, "OpenAI front end stopped for %s", repo)
+                front = sh.Lease(url, None, True, round(time.perf_counter() - t1, 2), 0, [stage])
+            else:
+                front = stack.enter_context(sh.front_end(shared, server, serve.openai, repo, work, stage))
         timings.update(server_start_s=server.wait_s, frontend_start_s=front.wait_s,
                        server_started_by_this_stage=server.started, frontend_started_by_this_stage=front.started)
         try:
@@ -68,24 +79,26 @@ def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path, *, shared=None
     timings: dict[str, Any] = {}
     leases: list[Any] = []
 
-    def front_log() -> Path:
+    def front_log() -> Path:  # a front end in a process of its own: the part of its log written meanwhile
         if len(leases) > 1:
             leases[1].copy_log(out / FRONTEND_LOG)
         return out / FRONTEND_LOG
 
-    try:
-        with served(serve, repo, work, timings, shared=shared, stage=stage) as (server, front):
-            leases[:] = [server, front]
-            url = front.value
-            key = endpoint.api_key(serve)
-            model = endpoint.model_name(url, key)
-            with status(f"lm-eval: {', '.join(ecfg.tasks)} via {url}"):
-                doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key, frontend_log=front_log)
-            doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
-    finally:
-        if leases:
-            leases[0].copy_log(out / "server.log")
-            front_log()
+    # a front end in this process: its log records, written while the block runs
+    with frontend_log(out / FRONTEND_LOG) if shared is None else contextlib.nullcontext():
+        try:
+            with served(serve, repo, work, timings, shared=shared, stage=stage) as (server, front):
+                leases[:] = [server, front]
+                url = front.value
+                key = endpoint.api_key(serve)
+                model = endpoint.model_name(url, key)
+                with status(f"lm-eval: {', '.join(ecfg.tasks)} via {url}"):
+                    doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key, frontend_log=front_log)
+                doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
+        finally:
+            if leases:
+                leases[0].copy_log(out / "server.log")
+                front_log()
     doc["timings"] = {**timings, "lm_eval_s": doc["wall_s"], **doc.pop("harness_timings", {})}
     return doc
 

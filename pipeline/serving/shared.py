@@ -47,7 +47,7 @@ class Lease:
         """The log as this stage saw it into ``dest``: the whole log when it started the server, else a line saying
         which stage started it and the part written since this stage took it."""
         if self.log_path is None or not Path(self.log_path).is_file():
-            return
+            return  # nothing to copy (a front end in the stage's own process logs there)
         if self.started:
             shutil.copy2(self.log_path, dest)
             return
