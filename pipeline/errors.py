@@ -110,6 +110,11 @@ def setup_logging(path: Path) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    # a logging.config.dictConfig earlier in this process (Hydra configures logging for a multirun job) disables
+    # every logger that existed then: their records would never reach the run log
+    for logger in logging.root.manager.loggerDict.values():
+        if isinstance(logger, logging.Logger):
+            logger.disabled = False
 
 
 def current_log() -> Path | None:

@@ -74,6 +74,9 @@ class Stage:
     # config choosing them: their values enter the fingerprint, and they are all ``run`` sees of the plan
     # (Context.capacity; None when no field is declared)
     capacity: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
+    # input stages whose output ``run`` serves through the run's shared resources (Context.shared: the bench and the
+    # task evaluation serve the packaged repository on one Triton server): what the run keeps for the stages left
+    serves: tuple[str, ...] = ()
 
 
 @dataclass
@@ -90,6 +93,9 @@ class Context:
     known_hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 already known (hard links)
     extra: dict[str, Any] = field(default_factory=dict)  # the stage's ``extra`` fingerprint inputs, as fingerprinted
     capacity: planning.CapacityView | None = None  # the declared fields of the resolved capacity plan, as fingerprinted
+    # what the stages of this build run share (a server serving an input's output): None outside a run (a stage
+    # called on its own starts and stops what it serves itself)
+    shared: "Shared | None" = None
 
     def result(self, name: str) -> Any:
         """The typed result (a ``pipeline.results`` model) of upstream stage ``name``, read from its manifest: how a
@@ -118,6 +124,72 @@ class Context:
             if sha is not None:
                 self.known_hashes[target.relative_to(self.out).as_posix()] = sha
         return dst
+
+
+class Shared:
+    """Resources the stages of one build run share beyond their outputs: a Triton server (and the OpenAI front end
+    before it) serving one stage's output, which the bench and the task evaluation both serve. The first stage that
+    asks enters it; a later stage of the run asking with the same key gets the same one (when ``usable`` says it
+    still is); it is closed once no stage left to run serves its ``tag`` (:meth:`keep_only`, called by :func:`run`
+    after each stage), and on every exit path of the run (:meth:`close`), newest first. A stage's outputs never
+    depend on whether it got a shared one: only how long it waited. Nothing here outlives the run."""
+
+    def __init__(self) -> None:
+        self._held: dict[Any, tuple[str, Any, contextlib.ExitStack]] = {}  # key -> (tag, value, its exit stack)
+        self._notes: dict[Any, dict[str, Any]] = {}
+
+    def notes(self, key: Any) -> dict[str, Any]:
+        """What the users of the resource held under ``key`` note about it (which stages took it), kept as long
+        as it is held."""
+        return self._notes.setdefault(key, {})
+
+    def get(self, key: Any, tag: str, factory: Callable[[], Any],
+            usable: Callable[[Any], bool] = lambda value: True) -> tuple[Any, bool]:
+        """(the resource held under ``key``, False) when there is a usable one; else (``factory()`` entered, True),
+        closing an unusable one first, with every resource entered after it (they may depend on it)."""
+        held = self._held.get(key)
+        if held is not None:
+            if usable(held[1]):
+                return held[1], False
+            self._close_from(key)
+        stack = contextlib.ExitStack()
+        try:
+            value = stack.enter_context(factory())
+        except BaseException:
+            stack.close()
+            raise
+        self._held[key] = (tag, value, stack)
+        return value, True
+
+    def _close_from(self, key: Any) -> None:
+        keys = list(self._held)
+        for k in reversed(keys[keys.index(key):]):
+            self._close(k)
+
+    def _close(self, key: Any) -> None:
+        _tag, _value, stack = self._held.pop(key)
+        self._notes.pop(key, None)
+        stack.close()
+
+    def keep_only(self, tags: set[str]) -> None:
+        """Close what no stage left to run serves (its tag not in ``tags``), newest first."""
+        for k in reversed(list(self._held)):
+            if self._held[k][0] not in tags:
+                self._close(k)
+
+    def close(self) -> None:
+        """Close everything held, newest first; the first error is raised after all were closed."""
+        first: BaseException | None = None
+        for k in reversed(list(self._held)):
+            try:
+                self._close(k)
+            except BaseException as exc:  # noqa: BLE001 - close the rest, then raise
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 _ABSENT = object()
@@ -377,8 +449,10 @@ def host_info() -> dict[str, Any]:
             "cpus": os.cpu_count()}
 
 
-def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage], console: Any = None) -> dict[str, Any]:
-    """Run one stage into a temp dir under its lock, write its manifest, rename into place. Returns the manifest."""
+def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage], console: Any = None,
+            shared: Shared | None = None) -> dict[str, Any]:
+    """Run one stage into a temp dir under its lock, write its manifest, rename into place. Returns the manifest.
+    ``shared``: the run's shared resources (:class:`Shared`), which the stage's context carries."""
     st = ps.stage
     paths = resolved_paths(cfg)
 
@@ -397,7 +471,8 @@ def execute(cfg: DictConfig, ps: PlannedStage, planned: dict[str, PlannedStage],
         manifests = {n: store.read_manifest(planned[n].out) or {} for n in st.inputs}
         ctx = Context(cfg=stage_config(cfg, st), stage=st, out=tmp, final=ps.out, inputs=inputs, manifests=manifests,
                       paths=paths, console=console, fingerprint=ps.fingerprint, extra=ps.parts.get("extra") or {},
-                      capacity=planning.CapacityView(ps.parts["capacity"]) if "capacity" in ps.parts else None)
+                      capacity=planning.CapacityView(ps.parts["capacity"]) if "capacity" in ps.parts else None,
+                      shared=shared)
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         try:
@@ -529,6 +604,13 @@ def env_problems(p: "BuildPlan") -> list[str]:
             for msg in ps.stage.env_check(p.cfg)]
 
 
+def served_later(plan: "BuildPlan", i: int) -> set[str]:
+    """The outputs (their paths) that the stages after the ``i``-th of ``plan`` that will run serve
+    (``Stage.serves``): what the run's shared resources must keep serving."""
+    return {str(plan.by_name[n].out) for ps in plan.stages[i + 1:] if not ps.cached for n in ps.stage.serves
+            if n in plan.by_name}
+
+
 @dataclass
 class BuildReport:
     """What one build did: a row per stage (cached or ran, timings, size, output, result) and the publish outcome."""
@@ -581,27 +663,32 @@ def run(plan: BuildPlan, console: Any = None) -> BuildReport:
         log.info("removed %s, left by a build that was killed", p)
     rows = []
     t_all = time.perf_counter()
-    for ps in plan.stages:
-        t0 = time.perf_counter()
-        if ps.cached:
-            manifest = store.read_manifest(ps.out) or {}
-            status = "cached"
-        else:
-            if console is not None:
-                console.print(f"[bold cyan]▶ {ps.stage.name}[/] [dim]({ps.reason})[/]")
-            upstream_missing(ps, plan.by_name)
-            with _quiet(log_path, ps.stage.name):
-                manifest = execute(cfg, ps, plan.by_name, console)
-            status = "cached" if ps.cached else "ran"  # a concurrent run may have built it while we waited
-        elapsed = time.perf_counter() - t0
-        size = sum(f["size"] for f in manifest.get("files", []))
-        rows.append({"stage": ps.stage.name, "status": status, "seconds": round(elapsed, 2),
-                     "stage_wall_s": manifest.get("wall_s"), "peak_rss_mb": manifest.get("peak_rss_mb"),
-                     "bytes": size, "output": str(ps.out), "fingerprint": ps.fingerprint, "result":
-                     manifest.get("result", {})})
-        if status == "ran" and console is not None:
-            console.print(f"  [green]✓[/] {ps.stage.name} {elapsed:.1f}s → {ps.out}")
-        log.info("stage %s: %s (%.2fs) %s", ps.stage.name, status, elapsed, ps.out)
+    shared = Shared()  # a server the bench and the evaluation both serve is started once per run
+    try:
+        for i, ps in enumerate(plan.stages):
+            t0 = time.perf_counter()
+            if ps.cached:
+                manifest = store.read_manifest(ps.out) or {}
+                status = "cached"
+            else:
+                if console is not None:
+                    console.print(f"[bold cyan]▶ {ps.stage.name}[/] [dim]({ps.reason})[/]")
+                upstream_missing(ps, plan.by_name)
+                with _quiet(log_path, ps.stage.name):
+                    manifest = execute(cfg, ps, plan.by_name, console, shared)
+                    shared.keep_only(served_later(plan, i))  # what no stage left to run serves is stopped now
+                status = "cached" if ps.cached else "ran"  # a concurrent run may have built it while we waited
+            elapsed = time.perf_counter() - t0
+            size = sum(f["size"] for f in manifest.get("files", []))
+            rows.append({"stage": ps.stage.name, "status": status, "seconds": round(elapsed, 2),
+                         "stage_wall_s": manifest.get("wall_s"), "peak_rss_mb": manifest.get("peak_rss_mb"),
+                         "bytes": size, "output": str(ps.out), "fingerprint": ps.fingerprint, "result":
+                         manifest.get("result", {})})
+            if status == "ran" and console is not None:
+                console.print(f"  [green]✓[/] {ps.stage.name} {elapsed:.1f}s → {ps.out}")
+            log.info("stage %s: %s (%.2fs) %s", ps.stage.name, status, elapsed, ps.out)
+    finally:
+        shared.close()
     published = None
     for ps in plan.stages:
         if ps.stage.after is None:

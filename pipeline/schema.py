@@ -345,6 +345,11 @@ class BenchGates:
     regression_on_cpu: bool = False  # CPU targets share cores with the load generator: report, do not fail
 
 
+class AiperfLevels(str, Enum):
+    all = "all"  # aiperf profiles every level of the sweep
+    one = "one"  # the first workload's highest concurrency alone (each aiperf run starts its own services)
+
+
 @dataclass
 class BenchSweep:
     """The default sweep of one target device (``bench.sweep.cpu`` / ``bench.sweep.cuda``)."""
@@ -352,6 +357,7 @@ class BenchSweep:
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     requests_per_level: int = rng(8, 1, 100_000)
     warmup_requests: int = rng(2, 0, 10_000)
+    aiperf_levels: AiperfLevels = AiperfLevels.all
 
 
 @dataclass
@@ -374,7 +380,8 @@ class BenchConfig:
     gates: BenchGates = field(default_factory=BenchGates)
     plot: bool = True
     openai: bool = True  # every level also through the OpenAI front end (pipeline.serving), beside the gRPC rows
-    aiperf: bool = True  # with openai: aiperf profiles every level natively against the front end (the aiperf export)
+    aiperf: bool = True  # with openai: aiperf profiles natively against the front end (the aiperf export)
+    aiperf_levels: AiperfLevels = AiperfLevels.all  # which levels aiperf profiles (bench.sweep.<device>: one on CPU)
 
 
 # ------------------------------------------------------------------------------------------------------------ eval

@@ -10,12 +10,20 @@ code, a full disk one line naming the output, anything else one line with its tr
 """
 from __future__ import annotations
 
+import os
 import sys
 
-from pipeline.cli import build, bundle, fleet, lint, serve
-from pipeline.cli.common import PROG, Formatter, Parser, stdout_gone
-from pipeline import errors
-from pipeline.errors import UserError
+# Before torch is imported (its OpenMP runtime reads this once): threads that wait for work sleep instead of
+# spinning. On a 2-core machine the pipeline's own processes (the server, the load generators, lm-eval) and anything
+# else running share the cores, and spinning threads then cost several times the work itself: six SmolLM2 forward
+# passes on 2 threads took 71 s spinning and 20 s sleeping, side by side beside other jobs on the 2-core VM
+# (2026-12-03). The thread count, and so every result, is unchanged; a value set by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pipeline.cli import build, bundle, fleet, lint, serve  # noqa: E402
+from pipeline.cli.common import PROG, Formatter, Parser, stdout_gone  # noqa: E402
+from pipeline import errors  # noqa: E402
+from pipeline.errors import UserError  # noqa: E402
 
 DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Triton. Each verb takes its options and, "
                "where it composes a config, Hydra overrides (key=value, +key=value, ~key, hydra/launcher=NAME), passed "

@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.catalog import ENGINE_REL  # the tokenizer lives with the checkpoint in every layout
 from pipeline.errors import StageFailed
@@ -29,53 +28,77 @@ FRONTEND_LOG = "frontend.log"
 
 
 @contextlib.contextmanager
-def served(serve, repo: Path, work: Path, timings: dict[str, float] | None = None) -> Iterator[tuple[Any, str]]:
+def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None, *, shared=None,
+           stage: str = "evaluate") -> Iterator[tuple[Any, Any]]:
     """Triton serving ``repo`` (``serve.launcher``: local, docker, or the server at ``serve.url``) with the OpenAI
-    front end before it; yields (server, base URL ``http://HOST:PORT/v1``). Everything started is stopped on every
-    exit path. ``timings`` gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``)."""
+    front end before it; yields the two leases (``pipeline.serving.shared.Lease``: the server, and the front end's
+    base URL ``http://HOST:PORT/v1``). With the run's ``shared`` scope, the front end is ``python -m
+    pipeline.serving`` in a process of its own (as the bench runs it), and a server and front end an earlier stage
+    started for the same repository are reused; the run stops them. Without one, the front end runs in a thread of
+    this process (the quickest to start) and everything started here is stopped on every exit path. ``timings``
+    gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``) and whether this stage
+    started them."""
     from pipeline.eval import endpoint
-    from pipeline.triton import server as srv
+    from pipeline.serving import shared as sh
     from pipeline.ui import status
 
     timings = {} if timings is None else timings
     stopping: list[float] = []
     with contextlib.ExitStack() as stack:
-        # the first callback registered runs last: after the front end and the server stopped
+        # the first callback registered runs last: after the front end and the server stopped (or were kept)
         stack.callback(lambda: stopping and timings.update(stop_s=round(time.perf_counter() - stopping[0], 2)))
-        t0 = time.perf_counter()
         with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
-            server = stack.enter_context(srv.launched(serve, repo, work))
-        t1 = time.perf_counter()
+            server = stack.enter_context(sh.triton(shared, serve, repo, work, stage))
         with status("starting the OpenAI front end"):
-            url = stack.enter_context(endpoint.openai(serve, server, repo, work))
-        timings.update(server_start_s=round(t1 - t0, 2), frontend_start_s=round(time.perf_counter() - t1, 2))
+            if shared is None:
+                t1 = time.perf_counter()
+                url = stack.enter_context(endpoint.openai(serve, server.value, repo, work))
+                sh.log.info("OpenAI front end started for %s (%s, in this process) by %s in %.1f s", repo, url, stage,
+                            time.perf_counter() - t1)
+                stack.callback(sh.log.info, "OpenAI front end stopped for %s", repo)
+                front = sh.Lease(url, None, True, round(time.perf_counter() - t1, 2), 0, [stage])
+            else:
+                front = stack.enter_context(sh.front_end(shared, server, serve.openai, repo, work, stage))
+        timings.update(server_start_s=server.wait_s, frontend_start_s=front.wait_s,
+                       server_started_by_this_stage=server.started, frontend_started_by_this_stage=front.started)
         try:
-            yield server, url
+            yield server, front
         finally:
             stopping.append(time.perf_counter())
 
 
-def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path) -> dict[str, Any]:
+def evaluate_repo(repo: Path, serve, ecfg, out: Path, work: Path, *, shared=None,
+                  stage: str = "evaluate") -> dict[str, Any]:
     """The tasks of ``ecfg`` against the model repository ``repo`` served with ``serve`` through the OpenAI front
-    end; lm-eval's log and the server's go to ``out``. -> the harness's document plus where it ran."""
+    end (the run's, with ``shared``: see :func:`served`); lm-eval's log, the server's and the front end's (the part
+    written while this stage used them) go to ``out``. -> the harness's document plus where it ran."""
     from pipeline.eval import endpoint
     from pipeline.ui import status
 
-    log_path = None
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    with frontend_log(out / FRONTEND_LOG) as fe_log:
+    timings: dict[str, Any] = {}
+    leases: list[Any] = []
+
+    def front_log() -> Path:  # a front end in a process of its own: the part of its log written meanwhile
+        if len(leases) > 1:
+            leases[1].copy_log(out / FRONTEND_LOG)
+        return out / FRONTEND_LOG
+
+    # a front end in this process: its log records, written while the block runs
+    with frontend_log(out / FRONTEND_LOG) if shared is None else contextlib.nullcontext():
         try:
-            with served(serve, repo, work, timings) as (server, url):
-                log_path = server.log_path
+            with served(serve, repo, work, timings, shared=shared, stage=stage) as (server, front):
+                leases[:] = [server, front]
+                url = front.value
                 key = endpoint.api_key(serve)
                 model = endpoint.model_name(url, key)
                 with status(f"lm-eval: {', '.join(ecfg.tasks)} via {url}"):
-                    doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key, frontend_log=fe_log)
+                    doc = run_harness(url, model, repo / ENGINE_REL, ecfg, out, api_key=key, frontend_log=front_log)
                 doc.update(endpoint=url, served_model=model, launcher=serve.launcher.value)
         finally:
-            if log_path is not None and Path(log_path).is_file():
-                shutil.copy2(log_path, out / "server.log")
+            if leases:
+                leases[0].copy_log(out / "server.log")
+                front_log()
     doc["timings"] = {**timings, "lm_eval_s": doc["wall_s"], **doc.pop("harness_timings", {})}
     return doc
 
@@ -103,12 +126,13 @@ def frontend_log(path: Path) -> Iterator[Path]:
 
 
 def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *, api_key: str | None = None,
-                frontend_log: Path | None = None) -> dict[str, Any]:
+                frontend_log: Path | Callable[[], Path] | None = None) -> dict[str, Any]:
     """lm-eval's tasks ``ecfg.tasks`` against the OpenAI endpoint ``base_url`` (``http://HOST:PORT/v1``), model
     ``model``, tokenized with ``tokenizer``; its log goes to ``work/lm-eval.log``. ``api_key`` reaches lm-eval as
     ``OPENAI_API_KEY`` (which its local models send as a Bearer token), in the child's environment only.
     When lm-eval fails, the error names its cause (:func:`failure` : the first failed request, with what the front
-    end's log ``frontend_log`` says of it). -> the harness's document."""
+    end's log ``frontend_log`` says of it; a callable writes that log and returns its path). -> the harness's
+    document."""
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="eval-tasks-") as include:
         spec = {"base_url": base_url, "model": model, "tokenizer": str(tokenizer), "tasks": list(ecfg.tasks),
@@ -138,6 +162,8 @@ def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *,
                 raise StageFailed(f"lm-eval did not finish within eval.timeout_s={ecfg.timeout_s:g} s "
                                   f"(log: {log_path})") from exc
         if proc.returncode != 0 or not out_path.is_file():
+            if callable(frontend_log):
+                frontend_log = frontend_log()
             raise StageFailed(f"lm-eval failed against {base_url} (exit {proc.returncode}): "
                               f"{failure(log_path, frontend_log)} (log: {log_path})")
         doc = json.loads(out_path.read_text())

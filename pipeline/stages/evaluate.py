@@ -59,11 +59,13 @@ def _label_baseline(cfg) -> str:
     return f"{cfg.model.name}.{getattr(cfg.target.device, 'value', cfg.target.device)}"
 
 
-def _evaluate_repo(ctx: Context, repo: Path, serve) -> dict[str, Any]:
-    """Serve ``repo`` and run the tasks against it (``pipeline.eval.evaluate_repo``); server faults fail the
-    stage with the server's log tail kept beside its outputs."""
+def _evaluate_repo(ctx: Context, repo: Path, serve, shared=None) -> dict[str, Any]:
+    """Serve ``repo`` and run the tasks against it (``pipeline.eval.evaluate_repo``; ``shared``: the run's scope,
+    whose server and front end for ``repo`` the bench may have started); server faults fail the stage with the
+    server's log tail kept beside its outputs."""
     try:
-        doc = ev.evaluate_repo(repo, serve, ctx.cfg.eval, ctx.out, ctx.paths["store"] / "servers")
+        doc = ev.evaluate_repo(repo, serve, ctx.cfg.eval, ctx.out, ctx.paths["store"] / "servers", shared=shared,
+                               stage=ctx.stage.name)
     except srv.ServerError as exc:
         (ctx.out / "server-error.txt").write_text(str(exc) + "\n")
         raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
@@ -120,7 +122,7 @@ def run_baseline(ctx: Context) -> EvalResult:
     serve = bcfg.serve
     if serve.launcher.value == "external":  # the external server serves the bundle; the baseline is served here
         serve = OmegaConf.merge(serve, {"launcher": "local"})
-    doc = _evaluate_repo(ctx, repo, serve)
+    doc = _evaluate_repo(ctx, repo, serve)  # its own repository, served by no other stage: a server of its own
     fetched = ctx.result("fetch")
     doc["checkpoint"] = {"model": cfg.model.name, "dtype": cfg.model.dtype.value, "fetch": ctx.inputs["fetch"].name,
                          "source_sha": fetched.resolved_sha or fetched.gguf_sha256}
@@ -159,7 +161,7 @@ def run(ctx: Context) -> EvalResult:
     if "skipped" in baseline:
         raise StageFailed(f"the baseline at {base_path.parent} was skipped; re-run it (force=[eval_baseline])")
     repo = ctx.inputs["package"]
-    doc = _evaluate_repo(ctx, repo, cfg.serve)
+    doc = _evaluate_repo(ctx, repo, cfg.serve, ctx.shared)  # the bench's server and front end, when it just ran
     t0 = time.perf_counter()
     doc["gate"] = ev.gate(baseline, doc, cfg.eval, cfg.quant.format.value)
     doc["baseline"] = {"source": ctx.inputs["eval_baseline"].name, "checkpoint": baseline.get("checkpoint"),
@@ -221,6 +223,7 @@ STAGE = Stage(
            *LAUNCH_KEYS),
     unhashed_reads=RUN_KEYS,
     inputs=("package", "eval_baseline"),
+    serves=("package",),  # on the run's server: the bench serves the same repository
     libs=("lm_eval", "transformers", "tritonclient"),
     extra=task_extra,
     volatile=(EVAL_JSON, EVAL_MD, "lm-eval.log", "server.log", ev.FRONTEND_LOG),

@@ -23,10 +23,11 @@ def _bench_out(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def aiperf_build(tiny_build, tmp_path_factory) -> Path:
     """The shared tiny build re-benched with aiperf's export on (``bench.aiperf=true``, the default outside the
-    tests), published: the bench and publish stages re-run, the rest is cached."""
+    tests) at every level (``bench.aiperf_levels=all``, the default on GPUs), published: the bench and publish
+    stages re-run, the rest is cached."""
     root = tmp_path_factory.mktemp("aiperf") / "root"
     shutil.copytree(tiny_build, root)
-    proc = run_cli("build", *TINY, "bench.aiperf=true", root=root)
+    proc = run_cli("build", *TINY, "bench.aiperf=true", "bench.aiperf_levels=all", root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root
 
@@ -167,5 +168,12 @@ def test_llmapi_layout_is_benched_through_its_tensorrt_llm_model(tiny_build, tmp
             assert lv["time_to_first_token"]["p50"] > 0
     measured = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert all(r["error"] is None for r in measured) and sum(r["output_tokens"] for r in measured) > 0
-    for d, lv in _level_dirs(out, doc):  # aiperf's chat endpoint through the front end to the tensorrt_llm model
+    # on CPU aiperf profiles one level by default (bench.aiperf_levels=one): the first workload's highest
+    # concurrency, whose export is aiperf's chat endpoint through the front end to the tensorrt_llm model
+    assert doc["openai"]["aiperf"]["levels"] == "one"
+    profiled = [(d, lv) for d, lv in _level_dirs(out, doc) if lv.get("aiperf")]
+    assert [(d.parent.name, lv["concurrency"]) for d, lv in profiled] == [("chat", 2)]
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("aiperf/*/concurrency_*")) == \
+        ["aiperf/chat/concurrency_2"]
+    for d, lv in profiled:
         assert bench.aiperf.export_problems(d, True, lv["request_count"], lv["concurrency"]) == []

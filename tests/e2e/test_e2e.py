@@ -103,6 +103,9 @@ def test_rerun_is_a_noop_and_a_quant_change_reruns_only_downstream(tiny_build, t
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.perf_counter() - t0 < 20
     assert statuses(root) == {s: "cached" for s in STAGE_NAMES}
+    from pipeline.serving import shared
+
+    assert shared.startups(Path(report(root)["log"]).read_text()) == {}  # a cached stage starts no server
 
     plan = run_cli("plan", "--json", *TINY, "quant.calib.num_samples=8", root=root)
     doc = json.loads(plan.stdout)

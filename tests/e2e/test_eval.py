@@ -50,6 +50,40 @@ def test_the_bundle_records_the_task_gate(tiny_build):
     assert base.name.startswith("tiny-qwen3.cpu-eval_baseline-")  # no quant, target or runtime in its name
 
 
+def test_the_bench_and_the_evaluation_share_one_server_and_front_end(tiny_build):
+    """One build starts the packaged repository's tritonserver and OpenAI front end once: the bench starts them, the
+    evaluation reuses them, the run stops them (the run log's lines, counted); the baseline's own repository gets a
+    server of its own. Each stage records whether it started them and keeps its own part of the server's log. A
+    planted second start-up (and a start-up never stopped) is what the count reports."""
+    from collections import Counter
+
+    from pipeline.serving import shared
+
+    log = Path(report(tiny_build)["log"]).read_text()
+    repo = str(_stage_out(tiny_build, "package"))
+    counts = shared.startups(log)
+    assert shared.startup_problems(log) == [], shared.startup_problems(log)
+    for what in ("tritonserver", "OpenAI front end"):
+        assert counts[(what, repo)] == Counter(started=1, reused=1, stopped=1), (what, counts)
+    base = [n for (what, r), n in counts.items() if what == "tritonserver" and "-eval_baseline-" in r]
+    assert base == [Counter(started=1, stopped=1)], counts
+    bench = json.loads((_stage_out(tiny_build, "bench") / "bench.json").read_text())
+    assert bench["server_shared"] == {"started_by_this_stage": True, "stages": ["bench"]}
+    timings = json.loads((_stage_out(tiny_build, "evaluate") / "eval.json").read_text())["timings"]
+    assert timings["server_started_by_this_stage"] is False and timings["frontend_started_by_this_stage"] is False
+    own = (_stage_out(tiny_build, "evaluate") / "server.log").read_text()
+    assert own.startswith("(shared: started by the bench stage of this build run; its log from when evaluate took")
+    assert "Started GRPCInferenceService" not in own  # the start-up is in the bench's part
+    assert "Started GRPCInferenceService" in (_stage_out(tiny_build, "bench") / "server.log").read_text()
+
+    started = next(ln for ln in log.splitlines() if f"tritonserver started for {repo} " in ln)
+    stopped = next(ln for ln in log.splitlines() if f"tritonserver stopped for {repo} " in ln)
+    assert shared.startup_problems(log + started + "\n" + stopped + "\n") == [
+        f"tritonserver started 2 times for {repo}"]
+    assert shared.startup_problems(log + started + "\n") == [
+        f"tritonserver started 2 times for {repo}", f"tritonserver for {repo}: started 2, stopped 1"]
+
+
 def test_one_baseline_serves_every_format_and_target_of_a_device(tiny_build):
     """The baseline's fingerprint holds the model, the tasks and the device kind: another format reuses it (plan
     says cached), another task limit or model dtype does not."""

@@ -467,6 +467,7 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
     from pipeline import hardware, runner
     from pipeline.eval import endpoint
     from pipeline.serving import client as oa_client
+    from pipeline.serving import shared
     from pipeline.stages import evaluate
     from pipeline.stages.bench import load
     from pipeline.stages.bench import stage as bench
@@ -482,7 +483,8 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
         out = tmp_path / label
         out.mkdir()
         front = load._Front(SimpleNamespace(cfg=runner.stage_config(cfg, bench.STAGE), inputs={"package": repo},
-                                            out=out), server)
+                                            out=out, shared=None, paths={"store": tmp_path / "store"}),
+                            SimpleNamespace(value=server))
         try:
             seen["bench", label] = _observe(front.url, front.api_key)
             records, _ = front.level(["Hello"], [0], 1, 2, chat=False)  # its load generator, with its key
@@ -491,9 +493,10 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
             seen["keyless load", label] = records[0].error
         finally:
             front.close()
-        serve = runner.stage_config(cfg, evaluate.STAGE).serve
-        with endpoint.openai(serve, server, repo, tmp_path) as url:
-            seen["eval", label] = _observe(url, endpoint.api_key(serve))
+        serve = runner.stage_config(cfg, evaluate.STAGE).serve  # the evaluation's front end, as it starts it
+        with shared.front_end(None, SimpleNamespace(value=server), serve.openai, repo, tmp_path / "w",
+                              "evaluate") as lease:
+            seen["eval", label] = _observe(lease.value, endpoint.api_key(serve))
     for where in ("bench", "eval"):
         got = seen[where, "own"]
         assert got["id"] == "renamed" and got["without_key"] == 401, (where, got)

@@ -60,6 +60,46 @@ def test_default_sweep_is_a_smoke_on_cpu_and_full_on_gpus_and_explicit_values_wi
     assert bench.workload_names(mine) == ["chat", "rag"]
 
 
+# The CPU smoke as docs/stages.md states it (the bench bullet), and as make build on a CPU machine runs it.
+CPU_SMOKE = {"concurrency": [1, 8], "requests": [2, 8], "warmup_requests": 1, "chat": (24, 16), "rag": (150, 8),
+             "aiperf_levels": "one", "aiperf_profiles": [("chat", 8)]}
+CPU_SMOKE_DOC = ("on `target=cpu` a smoke (concurrency 1 and 8, 2 and\n  8 requests, one warm-up request; `chat` 24 "
+                 "prompt words and 16 output tokens, `rag` 150 words and 8 tokens; aiperf\n  at one level, "
+                 "`bench.aiperf_levels=one`: `chat` at concurrency 8)")
+
+
+def cpu_smoke_mismatches(b) -> list[str]:
+    """How the composed bench config ``b`` differs from :data:`CPU_SMOKE`, one line per setting."""
+    from pipeline.stages.bench import load
+
+    got = {"concurrency": list(b.concurrency),
+           "requests": [max(int(c), int(b.requests_per_level)) for c in b.concurrency],
+           "warmup_requests": int(b.warmup_requests),
+           "chat": (b.workloads.chat.prompt_words, b.workloads.chat.max_tokens),
+           "rag": (b.workloads.rag.prompt_words, b.workloads.rag.max_tokens),
+           "aiperf_levels": b.aiperf_levels.value, "aiperf_profiles": sorted(load.aiperf_levels(b))}
+    return [f"{k}: {got[k]!r}, documented {v!r}" for k, v in CPU_SMOKE.items() if got[k] != v]
+
+
+def test_the_cpu_defaults_compose_to_the_documented_smoke_and_a_planted_change_is_caught():
+    from pipeline.stages.bench import load
+
+    text = (config.CONF_DIR.parent / "docs" / "stages.md").read_text()
+    assert CPU_SMOKE_DOC in text
+    assert cpu_smoke_mismatches(hardware.compose([]).bench) == []  # the embedded default: target cpu
+    # negative controls: a planted default or override is named
+    assert cpu_smoke_mismatches(hardware.compose(["bench.sweep.cpu.aiperf_levels=all"]).bench) == [
+        "aiperf_levels: 'all', documented 'one'",
+        "aiperf_profiles: [('chat', 1), ('chat', 8), ('rag', 1), ('rag', 8)], documented [('chat', 8)]"]
+    assert cpu_smoke_mismatches(hardware.compose(["bench.sweep.cpu.requests_per_level=3"]).bench) == [
+        "requests: [3, 8], documented [2, 8]"]
+    # GPUs: aiperf at every level; bench.only picks the first workload aiperf profiles with `one`
+    gpu = hardware.compose(["target=h100", "model=qwen32b"]).bench
+    assert gpu.aiperf_levels.value == "all" and len(load.aiperf_levels(gpu)) == 6
+    rag_only = hardware.compose(["bench.only=[rag]"]).bench
+    assert load.aiperf_levels(rag_only) == {("rag", 8)}
+
+
 def _conf_with_workload(tmp_path, monkeypatch, entry: str) -> None:
     conf = tmp_path / "conf"
     shutil.copytree(config.CONF_DIR, conf)

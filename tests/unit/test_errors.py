@@ -109,3 +109,27 @@ def test_server_error_is_in_the_hierarchy():
     assert errors.known(errors.ServerError("died")).exit_code == 1
     wrapped = RuntimeError("safetensors: No space left on device (os error 28)")
     assert errors.disk_full(wrapped) == 28 and errors.disk_full(ValueError("x")) is None
+
+
+def test_the_run_log_gets_the_records_of_loggers_an_earlier_dict_config_disabled(tmp_path):
+    """Hydra configures logging for a multirun job with ``logging.config.dictConfig``, which disables every logger
+    that exists then; the run log set up afterwards still gets their records. Negative control: a logger disabled
+    after the set-up writes nothing."""
+    import logging
+    import logging.config
+
+    from pipeline import errors
+
+    early = logging.getLogger("pipeline.test_early_logger")
+    logging.config.dictConfig({"version": 1})  # disable_existing_loggers defaults to true
+    assert early.disabled
+    log = tmp_path / "run.log"
+    errors.setup_logging(log)
+    early.info("reached the run log")
+    late = logging.getLogger("pipeline.test_late_logger")
+    late.disabled = True
+    late.info("never written")
+    for h in logging.getLogger().handlers:
+        h.flush()
+    text = log.read_text()
+    assert "reached the run log" in text and "never written" not in text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +13,7 @@ from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
 from pipeline.runner import Context, Stage
+from pipeline.serving import shared
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
 from pipeline.stages.bench.load import COUNTING, OPENAI_READS, OPENAI_UNHASHED, run_workloads
 from pipeline.stages.bench.report import markdown, plot
@@ -71,16 +71,18 @@ def run(ctx: Context) -> BenchResult:
                               "counting": COUNTING, "workloads": {}, "answers": []}
     requests: list[dict[str, Any]] = []
     started = time.perf_counter()
-    log_path = None
     writer = ThreadPoolExecutor(1, thread_name_prefix="bench-reports")
     reports = None
+    lease = None
     try:
-        with contextlib.ExitStack() as stack:  # the server is stopped on every exit path
+        with contextlib.ExitStack() as stack:  # a server of its own is stopped on every exit path; the run's is kept
             with status(f"starting tritonserver ({cfg.serve.launcher.value}; loading models)"):
-                server = stack.enter_context(srv.launched(cfg.serve, repo, ctx.paths["store"] / "servers"))
-            log_path = server.log_path
+                lease = stack.enter_context(shared.triton(ctx.shared, cfg.serve, repo, ctx.paths["store"] / "servers",
+                                                          "bench"))
+            server = lease.value
             result["server_start_s"] = round(time.perf_counter() - started, 2)
             result["server"] = srv.describe(server, cfg.serve)  # what the bundle records it was benched on
+            result["server_shared"] = {"started_by_this_stage": lease.started, "stages": lease.by}
             mismatches = client.server_model_mismatches(server.grpc_url, packaged)
             if mismatches:
                 more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
@@ -94,7 +96,7 @@ def run(ctx: Context) -> BenchResult:
             except ValueError as exc:
                 raise StageFailed(str(exc)) from exc
             result["decoupled"] = entry.decoupled
-            run_workloads(ctx, server, entry, tok, result, requests)
+            run_workloads(ctx, lease, entry, tok, result, requests)
             # measured: the plot needs only the measurements; it is drawn while the server shuts down
             reports = writer.submit(_measurement_reports, ctx.out, result, bool(cfg.bench.plot))
     except srv.ServerError as exc:
@@ -102,8 +104,8 @@ def run(ctx: Context) -> BenchResult:
         raise StageFailed(str(exc).splitlines()[0] + " (server log tail: server-error.txt)") from exc
     finally:
         writer.shutdown(wait=True)
-        if log_path is not None and log_path.is_file():
-            shutil.copy2(log_path, ctx.out / "server.log")
+        if lease is not None:
+            lease.copy_log(ctx.out / "server.log")
     reports.result()  # raises what the writer raised
 
     result["gates"] = gates(cfg, result, baseline)
@@ -186,6 +188,7 @@ STAGE = Stage(
     # the regression baseline: the bundle published there (bench.json, volatile); where the front end listens
     unhashed_reads=("publish.dest", *OPENAI_UNHASHED),
     inputs=("package",),
+    serves=("package",),  # on the run's server: the task evaluation serves the same repository
     libs=("tritonclient", "nvidia-pytriton", "transformers", "aiperf"),
     root="store",
     label=lambda cfg: ArtifactKey.of(cfg).label,
