@@ -602,6 +602,9 @@ def _verify(where: str, *, container: str | None, public_key: str | None, certif
         except FileNotFoundError:
             bad.append(f"{f['path']} is missing")
             continue
+        except IsADirectoryError:  # e.g. the python backend's __pycache__ where the package stage put its block file
+            bad.append(f"{f['path']} is a directory; the manifest lists a file")
+            continue
         if sha != f["sha256"]:
             bad.append(f"{f['path']} has sha256 {sha[:12]}…, the manifest says {f['sha256'][:12]}…")
     n = len(doc.get("files", []))

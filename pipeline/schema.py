@@ -63,6 +63,17 @@ def format_default(key: str, lo: float | None = None, hi: float | None = None) -
     return rng(f"${{{FORMAT_RESOLVER}:${{..format}},tolerances.{key}}}", lo, hi)
 
 
+class ComputeDType(str, Enum):
+    """The reference runtime's compute dtype. ``auto``: bfloat16 on a GPU and on a CPU with native bfloat16 (AVX512-BF16
+    or AMX), float32 on any other CPU, where bfloat16 matrix products are emulated several times slower than float32
+    ones; decided where the model is loaded (``pipeline.runtime.reference.compute_dtype``)."""
+
+    auto = "auto"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
 class GateMode(str, Enum):
     fail = "fail"
     warn = "warn"
@@ -231,7 +242,7 @@ class TargetConfig:
 @dataclass
 class RuntimeConfig:
     name: RuntimeName = MISSING
-    dtype: DType = DType.bfloat16  # compute dtype of the reference runtime
+    dtype: ComputeDType = ComputeDType.auto  # compute dtype of the reference runtime (ComputeDType)
     check_prompt: str = "The capital of France is"
     check_tokens: int = rng(8, 1, 512)
     # TRT-LLM runtimes: the version the serving container has (e.g. "1.2.1"); the build refuses another one

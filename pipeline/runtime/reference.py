@@ -120,6 +120,21 @@ def default_formats():
     return reference_formats
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), as torch's own CPU probes report it."""
+    probes = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(p is not None and p() for p in probes)
+
+
+def compute_dtype(name: str | None, device: str) -> torch.dtype:
+    """The compute dtype a model loads in: ``name`` (``bfloat16``, ``float16``, ``float32``), or for ``auto`` (and
+    none) bfloat16 on a GPU and on a CPU with native bfloat16, float32 on any other CPU (its bfloat16 matrix products
+    are emulated: a SmolLM2-135M forward of 8 x 64 tokens on one thread took 4.6 s in bfloat16, 1.05 s in float32)."""
+    if name in (None, "", "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") or native_bf16() else torch.float32
+    return getattr(torch, str(name))
+
+
 def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", formats=None) -> nn.Module:
     """Build the model described by ``ckpt/config.json`` and fill it from the (quantized) safetensors.
 
@@ -180,7 +195,9 @@ def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "c
                 mod.kv_format = kv_fmt
                 kv_scaled = True
 
-    tensors = {k: take(k) for k in list(where)}
+    # the unquantized tensors in the compute dtype (a bfloat16 checkpoint computed in float32 on a CPU without native
+    # bfloat16); integer tensors as they are
+    tensors = {k: (t.to(dtype) if t.is_floating_point() else t) for k, t in ((k, take(k)) for k in list(where))}
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     del tensors
     if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):

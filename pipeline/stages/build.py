@@ -45,7 +45,7 @@ def run(ctx: Context) -> BuildRecord:
 
     rt = ctx.cfg.runtime
     device = "cuda" if ctx.cfg.target.device.value == "cuda" else "cpu"
-    dtype = getattr(torch, rt.dtype.value)
+    dtype = reference.compute_dtype(rt.dtype.value, device)
     t0 = time.perf_counter()
     with status(f"loading the engine through the reference runtime on {device}"):
         model = reference.load(engine, dtype=dtype, device=device)
@@ -68,7 +68,7 @@ def run(ctx: Context) -> BuildRecord:
         "sm": ctx.cfg.target.sm,
         "device": device,
         "gpu_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
-        "dtype": rt.dtype.value,
+        "dtype": str(dtype).removeprefix("torch."),  # runtime.dtype as it resolved here (auto: by the device)
         "quant": reference.read_quant_config(engine),
         "build_settings": to_plain(ctx.cfg.build),
         "capacity": ctx.capacity.summary,

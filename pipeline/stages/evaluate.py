@@ -3,13 +3,14 @@
 Both stages serve a Triton repository, put the OpenAI front end in front of it and run lm-evaluation-harness against
 that endpoint (``pipeline.eval``): what is measured is what applications get.
 
-- ``eval_baseline``: the fetched checkpoint in its own dtype (``model.dtype``), without weight or KV-cache
-  quantization, served by the reference runtime (``inflight_batcher_llm`` layout) on a server this stage starts
-  (``serve.launcher`` local or docker; with ``external`` the baseline is still served here, locally). Its
-  fingerprint holds the fetched checkpoint, the tasks (names, the project's task files' digests, limit, few-shot,
-  seed), lm-eval's version, the serving settings that shape the repository and the device kind (``target.device``:
-  CPU and GPU kernels round differently), and nothing of the quantization, the target or the runtime: every format
-  and target of one model on one device kind shares one baseline.
+- ``eval_baseline``: the fetched checkpoint (``model.dtype``), without weight or KV-cache quantization, served by the
+  reference runtime (``inflight_batcher_llm`` layout) in the build's compute dtype (``runtime.dtype``, as the
+  quantized model computes) on a server this stage starts (``serve.launcher`` local or docker; with ``external`` the
+  baseline is still served here, locally). Its fingerprint holds the fetched checkpoint, the tasks (names, the
+  project's task files' digests, limit, few-shot, seed), lm-eval's version, the serving settings that shape the
+  repository, the compute dtype and the device kind (``target.device``: CPU and GPU kernels round differently), and
+  nothing of the quantization or the target: every format and target of one model on one device kind shares one
+  baseline.
 - ``evaluate``: the packaged repository of this build, served as the bench serves it (``serve.launcher`` local,
   docker or external), the same tasks; then the paired gate per task (``pipeline.eval.stats``): both scores, the
   per-item difference with its confidence interval, the item count and the verdict against
@@ -80,7 +81,8 @@ def _skipped(ctx: Context, why: str) -> EvalResult:
 
 # ------------------------------------------------------------------------------------------------------ baseline
 def baseline_config(cfg):
-    """The config the baseline repository is rendered with: the reference runtime in the checkpoint's own dtype,
+    """The config the baseline repository is rendered with: the reference runtime in the build's compute dtype
+    (``runtime.dtype``: the quantized model and its baseline compute alike),
     nothing quantized, the ``inflight_batcher_llm`` layout, this build's serving and build settings."""
     from pipeline import schema
 
@@ -89,7 +91,7 @@ def baseline_config(cfg):
     plain = to_plain(cfg)
     base = OmegaConf.structured(schema.PipelineConfig)
     merged = {
-        "runtime": {"name": "reference", "dtype": plain["model"]["dtype"]},
+        "runtime": {"name": "reference", "dtype": plain["runtime"]["dtype"]},  # the build's compute dtype
         "quant": {"format": "none", "kv_cache": "none"},
         "target": {"name": plain["target"]["device"], "device": plain["target"]["device"],
                    "gpus_per_node": 1},
@@ -140,7 +142,7 @@ def _score(task: dict[str, Any]) -> dict[str, Any]:
 BASELINE = Stage(
     name="eval_baseline",
     run=run_baseline,
-    reads=("model.name", "model.dtype", "target.device", "build", *REPO_SERVE_KEYS, *TASK_KEYS),
+    reads=("model.name", "model.dtype", "runtime.dtype", "target.device", "build", *REPO_SERVE_KEYS, *TASK_KEYS),
     unhashed_reads=(*LAUNCH_KEYS, *RUN_KEYS),
     inputs=("fetch",),
     libs=("lm_eval", "transformers", "torch", "tritonclient"),

@@ -26,3 +26,25 @@ def test_fake_fp8_keeps_shape_dtype_and_values():
     assert torch.equal(got, direct)
     assert not torch.equal(got, x)  # negative control: it does quantize
     assert not torch.equal(rt.fake_fp8(x, scale * 2), direct)  # and the scale matters
+
+
+def test_auto_compute_dtype_is_bfloat16_only_where_it_is_native(monkeypatch):
+    """``runtime.dtype=auto``: bfloat16 on a GPU and on a CPU that computes it natively, float32 on other CPUs."""
+    import torch
+
+    from pipeline.runtime import reference
+
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags |= set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    if flags:  # the kernel's own account of the CPU, beside torch's probes
+        assert reference.native_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert reference.compute_dtype("float16", "cpu") is torch.float16  # an explicit dtype is taken as it is
+    assert reference.compute_dtype("auto", "cuda") is torch.bfloat16
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(reference, "native_bf16", lambda native=native: native)
+        assert reference.compute_dtype("auto", "cpu") is want and reference.compute_dtype(None, "cpu") is want

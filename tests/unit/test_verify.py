@@ -63,6 +63,16 @@ def test_a_missing_file_fails_naming_it(local):
     assert ok is False and msg == f"{CONFIG} is missing"
 
 
+def test_a_file_turned_into_a_directory_fails_naming_it(local):
+    """A listed file replaced by a directory (byte code where the package stage's empty ``__pycache__`` file was)."""
+    (local / CONFIG).unlink()
+    (local / CONFIG).mkdir()
+    (local / CONFIG / "x.pyc").write_bytes(b"\0")
+    ok, msg = checks(local)["checksums"]
+    assert ok is False and msg == f"{CONFIG} is a directory; the manifest lists a file"
+    assert checks(local)["tree"][0] is False
+
+
 def test_two_swapped_files_fail_naming_both(local):
     a, b = (local / CONFIG).read_bytes(), (local / MODEL).read_bytes()
     (local / CONFIG).write_bytes(b)

@@ -169,9 +169,9 @@ class TritonPythonModel:
         threads = int(_param(cfg, "torch_threads", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        dtype = _param(cfg, "dtype", "bfloat16")
         device = _param(cfg, "device", "cpu")
-        self.model = rt.load(path, dtype=getattr(torch, dtype), device=device, formats=formats)
+        dtype = rt.compute_dtype(_param(cfg, "dtype", "auto"), device)  # auto: bfloat16 where it is native
+        self.model = rt.load(path, dtype=dtype, device=device, formats=formats)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.model.config.eos_token_id
         self.model_eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}

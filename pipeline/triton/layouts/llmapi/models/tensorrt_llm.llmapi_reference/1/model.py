@@ -146,11 +146,10 @@ class TritonPythonModel:
         threads = int(_param(cfg, "torch_threads", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        dtype = _param(cfg, "dtype") or doc.get("dtype") or "bfloat16"
-        if dtype == "auto":
-            dtype = "bfloat16"
         device = _param(cfg, "device", "cpu")
-        self.model = rt.load(path, dtype=getattr(torch, dtype), device=device, formats=formats)
+        # the parameter, else model.yaml's LLM-API dtype; auto: bfloat16 where it is native, else float32
+        dtype = rt.compute_dtype(_param(cfg, "dtype") or doc.get("dtype") or "auto", device)
+        self.model = rt.load(path, dtype=dtype, device=device, formats=formats)
         self.tokenizer = AutoTokenizer.from_pretrained(doc.get("tokenizer") or path)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.model.config.eos_token_id
