@@ -38,7 +38,6 @@ import shutil
 import time
 import urllib.request
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest

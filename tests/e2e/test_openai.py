@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -131,7 +130,7 @@ def test_completion_echo_with_logprobs_returns_the_prompt_log_probabilities(serv
     ids = tok.encode(PROMPT, add_special_tokens=False)
     assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert "".join(lp.tokens[:len(ids)]) == PROMPT and lp.text_offset[1] == len(lp.tokens[0])
-    model = rt.load(ckpt, dtype=torch.bfloat16)
+    model = rt.load(ckpt, dtype=rt.compute_dtype("auto", "cpu"))  # as served
     want = torch.log_softmax(_loglik_pass_logits(model, ids, _repo(tiny_build)), -1)
     expected = [float(want[i - 1, ids[i]]) for i in range(1, len(ids))]
     got = lp.token_logprobs[1:len(ids)]
@@ -171,7 +170,7 @@ def test_echo_logprobs_keep_the_entry_of_an_end_token_generated_first(served, ti
     ckpt = _repo(tiny_build) / "tensorrt_llm" / "1" / "engine"
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     eos = tok.eos_token_id
-    model = rt.load(ckpt, dtype=torch.bfloat16)
+    model = rt.load(ckpt, dtype=rt.compute_dtype("auto", "cpu"))  # as served
     base = tok.encode(PROMPT, add_special_tokens=False)
     with torch.no_grad():  # PROMPT + one more token, every token at once: the one whose next token is surely eos
         cand = torch.tensor([base + [t] for t in range(len(tok))])

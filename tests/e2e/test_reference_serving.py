@@ -75,7 +75,7 @@ def reference(served):
     from pipeline.runtime import reference as rt
 
     _url, repo = served("inflight_batcher_llm", True)
-    model = rt.load(repo / ENGINE, dtype=torch.bfloat16)
+    model = rt.load(repo / ENGINE, dtype=rt.compute_dtype("auto", "cpu"))  # as served (runtime.dtype auto)
     tok = AutoTokenizer.from_pretrained(repo / ENGINE)
     eos = {model.generation_config.eos_token_id} - {None}
 

@@ -628,7 +628,7 @@ def test_soak_500_requests_at_concurrency_32(tiny_build, tmp_path):
     errors = sum(r.error is not None for r in r1 + r2)
     growth = rss_500 / rss_100 - 1
     _record_section("soak: 500 requests at concurrency 32", [
-        f"tiny-qwen3 on the reference runtime behind the real tritonserver, 8 streamed tokens per request.", "",
+        "tiny-qwen3 on the reference runtime behind the real tritonserver, 8 streamed tokens per request.", "",
         "| requests | errors | server RSS after 100 (MB) | after 500 (MB) | growth | requests/s (last 400) |",
         "|---|---|---|---|---|---|",
         f"| 500 | {errors} | {rss_100 / 2**20:.0f} | {rss_500 / 2**20:.0f} | {100 * growth:+.1f}% | "

@@ -49,13 +49,12 @@ def _plant(project: Path, rel: str, old: str | None, new: str | None = None) -> 
 
 def _reference_greedy(checkpoint: Path, prompt: str, n: int) -> str:
     """The reference runtime's own greedy text for ``prompt`` (a lone request: what the toy's model must return)."""
-    import torch
     from transformers import AutoTokenizer
 
     from pipeline.runtime import reference
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
-    model = reference.load(checkpoint, dtype=torch.bfloat16)
+    model = reference.load(checkpoint, dtype=reference.compute_dtype("auto", "cpu"))  # as served
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos]) - {None}
     ids = [t for t in reference.generate(model, tok(prompt)["input_ids"], n, eos) if t not in eos]

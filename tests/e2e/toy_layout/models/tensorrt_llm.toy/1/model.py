@@ -36,8 +36,8 @@ class TritonPythonModel:
         threads = int(param(cfg, "torch_threads", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        self.model = rt.load(path, dtype=getattr(torch, param(cfg, "dtype", "float32")),
-                             device=param(cfg, "device", "cpu"))
+        device = param(cfg, "device", "cpu")
+        self.model = rt.load(path, dtype=rt.compute_dtype(param(cfg, "dtype", "auto"), device), device=device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         eos = self.model.config.eos_token_id
         self.eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
