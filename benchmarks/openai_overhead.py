@@ -42,9 +42,9 @@ sys.path.insert(0, str(REPO))
 TINY = ["model=tiny-qwen3", "quant.gate=warn", "until=package"]
 
 
-def _build(root: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", *TINY, f"paths.root={root}"], cwd=root,
-                          capture_output=True, text=True)
+def _build(root: Path, dtype: str) -> Path:
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", *TINY, f"runtime.dtype={dtype}",
+                           f"paths.root={root}"], cwd=root, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"tiny build failed:\n{proc.stderr[-3000:]}")
     return next(root.glob("triton_repo/*-package-*/manifest.json")).parent
@@ -195,6 +195,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20, help="alternating rounds per level (each path once a round)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="the built model's runtime.dtype (auto: bfloat16 where the CPU has it natively, else float32)")
     ap.add_argument("--no-doc", action="store_true", help="print only; do not write docs/benchmarks.md")
     args = ap.parse_args()
 
@@ -212,7 +214,7 @@ def main() -> None:
     levels = []
     with tempfile.TemporaryDirectory(prefix="openai-overhead-") as tmp:
         tmp = Path(tmp)
-        repo = args.repo.resolve() if args.repo else _build(tmp)
+        repo = args.repo.resolve() if args.repo else _build(tmp, args.dtype)
         served = served_model.load(repo, load_tokenizer=False)
         tok = AutoTokenizer.from_pretrained(str(served.tokenizer_dir))
         settings = front.write_settings(compose([]).serve.openai, tmp / "front.json", port=0,
@@ -285,8 +287,14 @@ def main() -> None:
         rows.append((lv["concurrency"], g, o, lv["targets"]))
 
     stamp, sha = dt.datetime.now(dt.timezone.utc), commit()
+    if args.repo:
+        computed = "the given repository's runtime.dtype"
+    else:
+        from pipeline.runtime.reference import compute_dtype
+
+        computed = f"runtime.dtype={args.dtype}: {str(compute_dtype(args.dtype, 'cpu')).removeprefix('torch.')} here"
     result = {"benchmark": "openai_overhead", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
-              "machine": machine(), "max_tokens": args.max_tokens, "requests_per_round_per_worker": args.requests,
+              "machine": machine(), "compute_dtype": computed, "max_tokens": args.max_tokens, "requests_per_round_per_worker": args.requests,
               "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
               "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
               "levels": levels, "all_targets_met": all(verdicts)}
@@ -297,7 +305,8 @@ def main() -> None:
 
     per_round = ", ".join(f"{args.requests * lv['concurrency']} at {lv['concurrency']}" for lv in levels)
     lines = [f"## OpenAI front end vs direct gRPC (`benchmarks/openai_overhead.py`)",
-             f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime) on a real "
+             f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime, "
+             f"{computed}) on a real "
              f"tritonserver; the front end in its own process (`python -m pipeline.serving`), the load generators "
              f"in this one, all on the same cores. {args.rounds} alternating rounds per level of {args.requests} "
              f"requests per path and concurrent worker ({per_round}), "
