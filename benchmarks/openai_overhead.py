@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -304,7 +302,7 @@ def main() -> None:
         return f"{x:.2f}"
 
     per_round = ", ".join(f"{args.requests * lv['concurrency']} at {lv['concurrency']}" for lv in levels)
-    lines = [f"## OpenAI front end vs direct gRPC (`benchmarks/openai_overhead.py`)",
+    lines = ["## OpenAI front end vs direct gRPC (`benchmarks/openai_overhead.py`)",
              f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime, "
              f"{computed}) on a real "
              f"tritonserver; the front end in its own process (`python -m pipeline.serving`), the load generators "
