@@ -205,7 +205,8 @@ def test_the_reference_runtime_is_built_and_served_on_cuda(tmp_path):
                 root=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (build_json,) = tmp_path.glob("engines/**/build.json")  # the build stage's record, next to the engine
-    assert json.loads(build_json.read_text())["device"] == "cuda"
+    build = json.loads(build_json.read_text())
+    assert build["device"] == "cuda" and build["dtype"] == "bfloat16"  # runtime.dtype auto on a GPU
     bench = _manifest(tmp_path, "bench")["result"]
     levels = [lv for w in bench["workloads"].values() for lv in w]  # {workload: [level, ...]}
     assert levels and all(lv["error_count"] == 0 and lv["request_count"] >= 1 for lv in levels)
