@@ -35,6 +35,9 @@ from pathlib import Path
 # pip option -> uv flag (each value of a multi-valued option is passed with the flag)
 FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
          "constraint": "--constraint"}
+# credentials in a URL (``https://user:token@host/simple``): never printed (the rule of pipeline.bundle.redact, which
+# cannot be imported before the project is installed)
+_CREDENTIALS = re.compile(r"(//)[^/@\s]+@")
 KEEP = re.compile(r"^(Resolved|Prepared|Installed|Uninstalled|Audited|\s*Built |Using|warning|error|  ×|  ╰|  │|"
                   r"  help|hint)")
 
@@ -84,13 +87,18 @@ def torch_problem(report: str, gpu: bool) -> str | None:
     if gpu:
         return None
     m = re.search(r"^\s*\+ torch==(\S+)", report, re.M)
-    cuda = [n for n in re.findall(r"^\s*\+ (nvidia-[a-z0-9-]+)==", report, re.M)]
+    cuda = re.findall(r"^\s*\+ (nvidia-[a-z0-9-]+)==", report, re.M)
     if (m and "+cpu" not in m.group(1)) or cuda:
         what = f"torch {m.group(1)}" if m else "CUDA libraries"
         return (f"uv would install {what}{' with ' + ', '.join(cuda[:3]) if cuda else ''} on a machine without an "
                 f"NVIDIA GPU: give pip the CPU build of torch (pip config set global.find-links DIR holding "
                 f"torch-<version>+cpu, or an index that has it)")
     return None
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``."""
+    return _CREDENTIALS.sub(r"\1***@", text)
 
 
 def has_gpu() -> bool:
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.torch_or_pip:
         dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, env=env)
         if dry.returncode:
-            sys.stderr.write(dry.stderr)
+            sys.stderr.write(redact(dry.stderr))
             return dry.returncode
         problem = torch_problem(dry.stderr + dry.stdout, has_gpu())
         if problem:
@@ -124,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in proc.stdout:
         tail = (tail + [line])[-40:]
         if not a.quiet and KEEP.match(line):
-            sys.stdout.write(line)
+            sys.stdout.write(redact(line))
             sys.stdout.flush()
     rc = proc.wait()
     if rc:
-        print(f"uv pip install failed (exit {rc}): {shlex.join(cmd)}", file=sys.stderr)
-        sys.stderr.write("".join(tail))
+        print(f"uv pip install failed (exit {rc}): {redact(shlex.join(cmd))}", file=sys.stderr)
+        sys.stderr.write(redact("".join(tail)))
     return rc
 
 

@@ -15,9 +15,9 @@ import sys
 
 # Before torch is imported (its OpenMP runtime reads this once): threads that wait for work sleep instead of
 # spinning. On a 2-core machine the pipeline's own processes (the server, the load generators, lm-eval) and anything
-# else running share the cores, and spinning threads then cost several times the work itself: six SmolLM2 forward
-# passes on 2 threads took 71 s spinning and 20 s sleeping, side by side beside other jobs on the 2-core VM
-# (2026-12-03). The thread count, and so every result, is unchanged; a value set by the user wins.
+# else running share the cores, and a spinning thread burns its core while it has nothing to do
+# (tests/unit/test_omp_wait.py measures the idle CPU of both policies). The thread count, and so every result, is
+# unchanged; a value set by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pipeline.cli import build, bundle, fleet, lint, serve  # noqa: E402

@@ -58,7 +58,8 @@ def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None,
                 stack.callback(sh.log.info, "OpenAI front end stopped for %s", repo)
                 front = sh.Lease(url, None, True, round(time.perf_counter() - t1, 2), 0, [stage])
             else:
-                front = stack.enter_context(sh.front_end(shared, server, serve.openai, repo, work, stage))
+                front = stack.enter_context(sh.front_end(shared, server, sh.front_settings(serve.openai, repo), repo,
+                                                         work, stage))
         timings.update(server_start_s=server.wait_s, frontend_start_s=front.wait_s,
                        server_started_by_this_stage=server.started, frontend_started_by_this_stage=front.started)
         try:

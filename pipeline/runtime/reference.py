@@ -129,7 +129,7 @@ def native_bf16() -> bool:
 def compute_dtype(name: str | None, device: str) -> torch.dtype:
     """The compute dtype a model loads in: ``name`` (``bfloat16``, ``float16``, ``float32``), or for ``auto`` (and
     none) bfloat16 on a GPU and on a CPU with native bfloat16, float32 on any other CPU (its bfloat16 matrix products
-    are emulated: a SmolLM2-135M forward of 8 x 64 tokens on one thread took 4.6 s in bfloat16, 1.05 s in float32)."""
+    are emulated: a SmolLM2-135M forward pass on one thread ran 4.2 x slower in bfloat16, ``benchmarks/cpu_dtype.py``)."""
     if name in (None, "", "auto"):
         return torch.bfloat16 if str(device).startswith("cuda") or native_bf16() else torch.float32
     return getattr(torch, str(name))

@@ -152,11 +152,10 @@ def _front_started(repo: Path, server, settings: dict[str, Any], work: Path, sta
 
 
 @contextlib.contextmanager
-def front_end(shared, lease: Lease, openai_cfg, repo: Path, work: Path, stage: str) -> Iterator[Lease]:
-    """The OpenAI front end (``serve.openai``'s settings, any free port) before the server of ``lease``, in a process
-    of its own; shared like the server (keyed by the server and the settings)."""
+def front_end(shared, lease: Lease, settings: dict[str, Any], repo: Path, work: Path, stage: str) -> Iterator[Lease]:
+    """The OpenAI front end with ``settings`` (:func:`front_settings` of ``serve.openai``) before the server of
+    ``lease``, in a process of its own; shared like the server (keyed by the server and the settings)."""
     server = lease.value
-    settings = front_settings(openai_cfg, repo)
     t0 = time.perf_counter()
     if shared is None:
         with _front_started(repo, server, settings, work, stage) as (url, log_path):

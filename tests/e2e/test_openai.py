@@ -493,8 +493,8 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
         finally:
             front.close()
         serve = runner.stage_config(cfg, evaluate.STAGE).serve  # the evaluation's front end, as it starts it
-        with shared.front_end(None, SimpleNamespace(value=server), serve.openai, repo, tmp_path / "w",
-                              "evaluate") as lease:
+        with shared.front_end(None, SimpleNamespace(value=server), shared.front_settings(serve.openai, repo), repo,
+                              tmp_path / "w", "evaluate") as lease:
             seen["eval", label] = _observe(lease.value, endpoint.api_key(serve))
     for where in ("bench", "eval"):
         got = seen[where, "own"]

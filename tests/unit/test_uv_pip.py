@@ -87,3 +87,20 @@ def test_uvs_output_keeps_its_summary_and_the_sources_it_built_and_fresh_install
     assert fresh.built_from_source(tmp_path / "no-pip.log", log) == ["word2number"]  # the project itself is not
     log.write_text(out.replace("Built", "Checked"))  # negative control: nothing built, nothing named
     assert fresh.built_from_source(tmp_path / "no-pip.log", log) == []
+
+
+def test_a_failed_install_names_its_command_without_the_index_credentials(tmp_path, capsys):
+    """pip's index URL with a token in it (``https://user:token@host/simple``) reaches uv, and a failure prints the
+    command and uv's last lines with the token replaced; the planted token is the control."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n"
+                      "if [ \"$2\" = pip ]; then echo \"global.index-url='https://me:s3cret-token@pkgs.example/simple'\"; "
+                      "exit 0; fi\n"
+                      "echo \"error: Failed to fetch https://me:s3cret-token@pkgs.example/simple/torch/\"; exit 1\n")
+    python.chmod(0o755)
+    assert uv_pip.main(["--python", str(python), "--", "torch==2.13.0"]) == 1
+    err = capsys.readouterr().err
+    assert "--index-url https://***@pkgs.example/simple" in err
+    assert "Failed to fetch https://***@pkgs.example/simple/torch/" in err
+    assert "s3cret-token" not in err
+    assert uv_pip.redact("https://me:s3cret-token@pkgs.example/simple") == "https://***@pkgs.example/simple"

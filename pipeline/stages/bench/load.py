@@ -62,7 +62,7 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
 
     with_aiperf = bool(b.get("openai", False)) and bool(b.get("aiperf", False))
     profiled = aiperf_levels(b) if with_aiperf else set()
-    front = _front_end(ctx, lease) if b.get("openai", False) else None
+    front = _Front(ctx, lease) if b.get("openai", False) else None
     try:
         if cfg.model.checks:  # fixed prompts, greedy, through the same entry point as the load
             w = client.StreamWorker(url, entry, b.request_timeout_s)
@@ -195,7 +195,7 @@ class _Front:
         (ctx.out / "openai-front-end.json").write_text(json.dumps(settings, indent=1) + "\n")
         self._out = ctx.out
         self._stack = contextlib.ExitStack()
-        self.lease = self._stack.enter_context(shared.front_end(ctx.shared, lease, oa, repo,
+        self.lease = self._stack.enter_context(shared.front_end(ctx.shared, lease, settings, repo,
                                                                 ctx.paths["store"] / "servers", "bench"))
         self.url = self.lease.value
 
@@ -215,6 +215,3 @@ class _Front:
         finally:
             self._stack.close()
 
-
-def _front_end(ctx: Context, lease):
-    return _Front(ctx, lease)
