@@ -52,7 +52,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--concurrency", default="1,8,32,64")
     args = ap.parse_args()
-    from pipeline.triton import client, server
+    from pipeline.stages.bench import triton_client as client
+    from pipeline.triton import server
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:

@@ -76,7 +76,8 @@ def _row(model: str, fmt: str, kv: str, extra: list[str], r: dict | None, outcom
 def run(models: list[str], formats: list[str], save) -> None:
     """The real fetch and quantize stages, in this process (runner.preflight / runner.run: one import of torch and
     ModelOpt for every run), one fresh output root per model; ``save(row)`` after each run."""
-    from pipeline import hardware, runner
+    from pipeline import hardware
+    from pipeline.runner import executor as runner
     from pipeline.errors import StageFailed, UserError
     from pipeline.stages import STAGES
 

@@ -71,7 +71,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.runtime import batching, reference as rt
+    from pipeline.runtime import decode_engine as batching, reference as rt
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path)

@@ -73,7 +73,9 @@ def main() -> None:
 
     import aiohttp
 
-    from pipeline.triton import client, server
+    from pipeline.stages.bench import triton_client as client
+
+    from pipeline.triton import server
 
     prompts = [f"Question {i}: write one sentence about the number {i * 13} and the colour of the sky."
                for i in range(64)]

@@ -87,7 +87,7 @@ def _paired(got: dict) -> dict:
     figures."""
     import statistics
 
-    from pipeline.triton import client
+    from pipeline.stages.bench import triton_client as client
 
     rounds = []
     for (g_recs, o_recs), (g_wall, o_wall) in zip(zip(got["grpc"][0], got["openai"][0]),
@@ -178,7 +178,7 @@ def _raw(rec, rnd: int, t0: float) -> dict:
 
 
 def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
-    from pipeline.triton import client
+    from pipeline.stages.bench import triton_client as client
 
     flat = [r for rs in records_by_round for r in rs]
     out = client.summarize(flat, sum(walls))
@@ -202,9 +202,10 @@ def main() -> None:
 
     from pipeline.config import compose
     from pipeline.serving import model as served_model
-    from pipeline.serving import client as oa_client
+    from pipeline.stages.bench import openai_client as oa_client
     from pipeline.serving import run as front
-    from pipeline.triton import client, server
+    from pipeline.stages.bench import triton_client as client
+    from pipeline.triton import server
 
     load_before = os.getloadavg()
     prompts = [f"Question {i}: write one sentence about the number {i * 13} and the colour of the sky."
