@@ -16,4 +16,8 @@ The instrument (:mod:`benchmarks._instrument`) parses the shared options, adds t
 ``date``, ``commit``, ``dirty``, ``machine``, ``source_sha256``), writes the raw record on one line to
 ``benchmarks/results/NAME-<YYYY-MM-DD>-<commit>[-suffix].json`` and regenerates ``docs/benchmarks.md`` from every
 record there.
+
+A record may carry ``analysis``: markdown that explains its figures (written into the raw JSON after the run, by
+whoever read them); the page shows it under the record's block while the record is current. ``--note`` keeps a note
+of why a run was made in the record (not shown).
 """

@@ -85,6 +85,8 @@ def commit_label(doc: dict, width: int = 10) -> str:
     if "+dirty" in seen:  # records of an older form
         return seen + " (uncommitted changes in the tree that ran)"
     dirty = bool(doc.get("dirty"))
+    if seen.endswith("-dirty"):  # records of an older form: the mark in the commit
+        seen, dirty = seen.removesuffix("-dirty"), True
     if doc.get("commit_matched"):
         return (f"{doc['commit_matched'][:width]} (the files that ran have its source digest; the copy's git "
                 f"metadata read {seen[:width]}{' with uncommitted changes' if dirty else ''})")
@@ -112,7 +114,7 @@ def annotate(path: Path, note: str | None = None, max_count: int = 200) -> str |
                                 "(python -m benchmarks._provenance --annotate)")
     if note:
         doc["note"] = note
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(doc, default=str) + "\n")
     return found
 
 
