@@ -186,6 +186,14 @@ def _variant(module: ModuleType, record: Record) -> str:
     return str(module.variant(record.data)) if callable(getattr(module, "variant", None)) else ""
 
 
+def _body(lines) -> list[str]:
+    """A block's lines without a heading of its own at the top (the page gives each section and variant its own)."""
+    lines = list(lines)
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")):
+        lines.pop(0)
+    return lines
+
+
 def current(name: str, module: ModuleType, recs: list[Record]) -> list[tuple[str, Record, list[str]]]:
     """``(variant, record, lines)`` for the newest record of each variant that renders; a record that states an
     ``error`` (a failed run; the run exits 1) or whose fields ``render`` cannot read (an older form) is never current."""
@@ -197,7 +205,7 @@ def current(name: str, module: ModuleType, recs: list[Record]) -> list[tuple[str
             var = _variant(module, rec)
             if var in out:
                 continue
-            lines = list(module.render(rec.data))
+            lines = _body(module.render(rec.data))
         except OLDER_FORM:
             continue
         out[var] = (var, rec, lines)
@@ -256,8 +264,9 @@ def render_doc(doc: Path | None = None, results: Path | None = None) -> bool:
 
 
 def parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
+    # a benchmark's own option of the same name as a shared one wins ("resolve"): the shared one then stays unset
     ap = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=inspect.cleandoc(module.__doc__),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, conflict_handler="resolve")
     shared = ap.add_argument_group("the instrument's options (every benchmark)")
     shared.add_argument("--no-record", "--no-doc", dest="no_record", action="store_true",
                         help="print the block only; write neither the raw record nor docs/benchmarks.md")
@@ -273,6 +282,7 @@ def parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
 def run(name: str, argv: list[str]) -> int:
     module = load(name)
     args = parser(name, module).parse_args(argv)
+    no_record, out_dir, suffix, note = (getattr(args, k, None) for k in ("no_record", "out_dir", "suffix", "note"))
     state = provenance()
     fields = module.run(args)
     if fields is None:
@@ -280,20 +290,21 @@ def run(name: str, argv: list[str]) -> int:
     if not isinstance(fields, dict):
         raise TypeError(f"benchmarks/{name}.py: run() returned {type(fields).__name__}, not a dict")
     record = {"benchmark": name, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **state}
-    clash = sorted(set(fields) & set(PROVENANCE))
-    if clash:
-        raise ValueError(f"benchmarks/{name}.py: run() returned the instrument's own fields {clash}")
+    for key in sorted(set(fields) & set(PROVENANCE)):  # the instrument's own: the run's value is kept beside it
+        print(f"warning: benchmarks/{name}.py: run() returned the instrument's field {key!r}; kept as 'run_{key}'",
+              file=sys.stderr)
+        fields[f"run_{key}"] = fields.pop(key)
     record.update(fields)
-    if args.note:
-        record["note"] = args.note
+    if note:
+        record["note"] = note
     print("\n".join(module.render(record)))
-    if args.no_record:
+    if no_record:
         print("\n(not recorded: --no-record)")
         return 1 if record.get("error") else 0
-    path = result_path(name, record, module, args.out_dir or RESULTS, args.suffix)
+    path = result_path(name, record, module, out_dir or RESULTS, suffix)
     write_record(path, record)
     print(f"\nRaw data: {path}")
-    if args.out_dir is None:
+    if out_dir is None:
         render_doc()
         print(f"Regenerated {DOC}")
     return 1 if record.get("error") else 0

@@ -100,6 +100,13 @@ def test_a_run_writes_one_line_with_its_provenance_and_regenerates_the_page(fake
     assert instrument.main(["fake", "--out", str(tmp_path / "device")]) == 0
     assert len(list((tmp_path / "device").glob("fake-*.json"))) == 1
     assert (tmp_path / "benchmarks.md").read_text() == before
+    # a run that returns one of the instrument's fields keeps it beside the instrument's own (nothing measured is lost)
+    fake.run = lambda args: {"value": 4.0, "date": "yesterday"}
+    assert instrument.main(["fake"]) == 0
+    kept = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")]
+    [rec] = [r for r in kept if r.get("run_date")]
+    assert rec["run_date"] == "yesterday" and rec["date"].startswith("20")
+    fake.run = lambda args: {"value": args.value} | ({"error": "it failed"} if args.value < 0 else {})
     # a failed run is recorded and exits 1
     assert instrument.main(["fake", "--value", "-1"]) == 1
     assert any(json.loads(p.read_text()).get("error") for p in (tmp_path / "results").glob("*.json"))
@@ -123,6 +130,9 @@ def test_the_current_block_is_the_newest_record_per_variant_and_older_forms_are_
     got = {v: r.path.name for v, r, _ in instrument.current("fake", fake, instrument.records("fake", fake))}
     assert got == {"even": "fake-2026-12-02-aaaaaaa.json", "odd": "fake-2026-12-01-aaaaaaa.json"}
     assert "### odd" in instrument.section("fake", fake)
+    # a heading a render gives its block is left to the page's own
+    fake.render = lambda rec: ["## my own heading", "", f"value {rec['value']}"]
+    assert "my own heading" not in instrument.section("fake", fake)
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
@@ -140,3 +150,10 @@ def test_python_dash_m_benchmarks_lists_them():
 
     out = subprocess.run([sys.executable, "-m", "benchmarks"], cwd=REPO, capture_output=True, text=True, check=True)
     assert "openai_overhead" in out.stdout and "cpu_dtype" in out.stdout
+
+
+def test_a_benchmarks_own_option_replaces_a_shared_one_of_that_name(fake):
+    fake.add_arguments = lambda p: p.add_argument("--out", type=int, default=0)
+    args = instrument.parser("fake", fake).parse_args(["--out", "3"])
+    assert args.out == 3 and not hasattr(args, "out_dir")  # the shared --out DIR gave way
+    assert instrument.parser("fake", fake).parse_args(["--no-record"]).no_record  # the others stay
