@@ -322,7 +322,12 @@ def render_files(name: str, files: list[str]) -> int:
             data = json.loads(p.read_text())
         except (OSError, ValueError) as exc:
             raise UsageError(f"{f}: not a readable JSON record ({exc})") from None
-        print("\n".join(module.render(data)) + "\n")
+        try:
+            lines = _body(module.render(data))
+        except OLDER_FORM as exc:
+            raise UsageError(f"{f}: not a record benchmarks/{name}.py renders ({type(exc).__name__}: {exc}); an "
+                             f"older form, or another benchmark's") from None
+        print("\n".join(lines) + "\n")
     return 0
 
 

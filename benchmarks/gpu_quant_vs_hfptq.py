@@ -92,8 +92,7 @@ def _dump():
     with open(os.environ["HFPTQ_EVENTS"], "w") as f:
         json.dump(out, f)
 atexit.register(_dump)
-here = os.environ["HFPTQ_DIR"]
-sys.path.insert(0, here)
+here = os.environ["HFPTQ_DIR"]  # first on PYTHONPATH, as a script's own directory is (its example_utils)
 sys.argv = [os.path.join(here, "hf_ptq.py"), *sys.argv[1:]]
 import hf_ptq
 events.append({"name": "import", "start": 0.0, "end": time.perf_counter() - T0})
@@ -205,9 +204,10 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> dict[s
             "host_peak_anon_rss_gib": round(host.peak_anon / GIB, 2)}
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+def _env(path_first: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a measured process: the checkout importable (and ``path_first`` before it)."""
+    path = (path_first, str(REPO), os.environ.get("PYTHONPATH", ""))
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
 # ------------------------------------------------------------------------------------------------------- the runs
@@ -430,8 +430,9 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
             "--export_path", str(export), *a.hfptq_arg]
     cmd = [sys.executable, "-c", HFPTQ_WRAPPER, *args]
     print(f"[quant_vs_hfptq] hf_ptq.py {' '.join(args)} ...", flush=True)
-    r = measure(cmd, _env(HFPTQ_DIR=str(hf_dir), HFPTQ_EVENTS=str(events_file), HFPTQ_STEPS=",".join(HFPTQ_STEPS)),
-                root, root / "logs" / f"hfptq-{a.quant}.log")
+    env = _env(path_first=str(hf_dir), HFPTQ_DIR=str(hf_dir), HFPTQ_EVENTS=str(events_file),
+               HFPTQ_STEPS=",".join(HFPTQ_STEPS))
+    r = measure(cmd, env, root, root / "logs" / f"hfptq-{a.quant}.log")
     stdout = r.pop("stdout")
     (root / "logs" / f"hfptq-{a.quant}.stdout.log").write_text(stdout)
     out: dict[str, Any] = {"args": args, "hf_ptq_dir": str(hf_dir), **r,
