@@ -104,6 +104,14 @@ class SweepJob:
         self.reason = ""
         self.ret: JobReturn | None = None
         self.missing = 0  # polls in a row that squeue did not list it
+        self.result_at: float | None = None  # when its result file was read
+
+    def settled(self) -> bool:
+        """Its outcome is known and Slurm has ended it (its process writes the result just before it exits)."""
+        if not self.outcome:
+            return False
+        ended = self.state in ENDED or self.missing > 0
+        return ended or self.result_at is None or time.monotonic() - self.result_at >= RESULT_GRACE_S
 
     @property
     def slurm_id(self) -> str:
@@ -201,15 +209,14 @@ class PipelineSlurmLauncher(SlurmLauncher):
         while True:
             states = squeue_states(arrays)
             for j in jobs:
-                if not j.outcome:
-                    self._update(j, states)
+                self._update(j, states)
             counts = self._counts(jobs)
             if counts != shown:
                 q, r, d, f = counts
                 console.print(f"slurm: {len(jobs)} jobs: {q} queued, {r} running, {d} done, {f} failed",
                               markup=False, highlight=False)
                 shown = counts
-            if all(j.outcome for j in jobs):
+            if all(j.settled() for j in jobs):
                 return
             lo, hi = self.poll_s
             time.sleep(min(hi, lo + (time.monotonic() - t0) / 20))
@@ -231,12 +238,15 @@ class PipelineSlurmLauncher(SlurmLauncher):
             j.missing = 0 if state else j.missing + 1
             if state:
                 j.state = state
+        if j.outcome:
+            return
         result = Path(j.job.paths.result_pickle)
         if result.exists():
             try:
                 outcome, value = utils.pickle_load(result)
             except EOFError:  # still being moved into place
                 return
+            j.result_at = time.monotonic()
             if outcome == "success" and isinstance(value, JobReturn):
                 j.ret = value
                 if value.status == JobStatus.COMPLETED:
