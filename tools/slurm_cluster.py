@@ -21,7 +21,6 @@ tree. Settings are Slurm 22.05's (``man slurm.conf``, ``man gres.conf``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -37,6 +36,7 @@ PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 NODE = "node1"
+MARK = "# one node on loopback, written by tools/slurm_cluster.py (Slurm 22.05 settings: man slurm.conf)"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -45,7 +45,7 @@ class Unavailable(RuntimeError):
 
 
 def _target_features() -> list[str]:
-    """Every ``slurm.constraint`` of the shipped targets (conf/target/*.yaml), so that each target's job can be placed."""
+    """Every ``slurm.constraint`` of the shipped targets (conf/target/*.yaml): each target's job can be placed."""
     import yaml
 
     out = []
@@ -111,8 +111,10 @@ class Cluster:
         ctl_port, node_port = _free_port(), _free_port()
         features = ",".join(_target_features())
         host = socket.gethostname()
+        node = (f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={self.cpus} Gres=gpu:{self.gpus} "
+                f"Features={features} State=UNKNOWN")
         self.conf.write_text(f"""\
-# one node on loopback, written by tools/slurm_cluster.py (Slurm 22.05 settings: man slurm.conf)
+{MARK}
 ClusterName=pipeline-test
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctl_port}
@@ -142,7 +144,7 @@ MpiDefault=none
 KillWait={self.kill_wait_s}
 MinJobAge=600
 SchedulerParameters=sched_interval=2,bf_interval=2
-NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={self.cpus} Gres=gpu:{self.gpus} Features={features} State=UNKNOWN
+{node}
 PartitionName=cpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes={NODE} MaxTime=INFINITE State=UP
 """)
@@ -222,12 +224,12 @@ PartitionName=gpu Nodes={NODE} MaxTime=INFINITE State=UP
         return self.run("sinfo", "-V").stdout.strip()
 
     def stop(self) -> None:
-        """Cancel every job, stop the daemons and any process left with this cluster's SLURM_CONF, remove ``root``."""
-        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True)
+        """Cancel every job, stop the daemons and every job process of this cluster, remove ``root``."""
+        if self.conf.is_file():
+            subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True, timeout=60)
             deadline = time.monotonic() + self.kill_wait_s + 20
             while time.monotonic() < deadline:
-                q = subprocess.run(["squeue", "-h"], env=self.env, capture_output=True, text=True)
+                q = subprocess.run(["squeue", "-h"], env=self.env, capture_output=True, text=True, timeout=60)
                 if q.returncode != 0 or not q.stdout.strip():
                     break
                 time.sleep(0.5)
@@ -240,27 +242,36 @@ PartitionName=gpu Nodes={NODE} MaxTime=INFINITE State=UP
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(5)
-        for pid in self.leftover_pids():  # job steps (slurmstepd) outlive slurmd
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # started by another process (``up``), or outliving slurmd
+            pids = self.leftover_pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 10
+            while pids and time.monotonic() < deadline and self.leftover_pids():
+                time.sleep(0.2)
         self.procs.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def leftover_pids(self) -> list[int]:
-        """Processes still running with this cluster's ``SLURM_CONF`` in their environment (its daemons pass it to
-        the job steps they start)."""
+        """This cluster's daemons and job processes still running: those with its ``SLURM_CONF`` in their
+        environment (its daemons pass it to the job steps they start) that are a Slurm or munge daemon, a job step,
+        or a job's process (``SLURM_JOB_ID`` set). A shell that merely exported the ``SLURM_CONF`` is not one."""
         needle = f"SLURM_CONF={self.conf}".encode()
         out = []
         for d in Path("/proc").iterdir():
             if not d.name.isdigit() or int(d.name) == os.getpid():
                 continue
             try:
-                if needle in (d / "environ").read_bytes().split(b"\0"):
-                    out.append(int(d.name))
+                env = (d / "environ").read_bytes().split(b"\0")
+                comm = (d / "comm").read_text().strip()
             except OSError:
                 continue
+            ours = comm in (*DAEMONS, "slurmstepd") or any(e.startswith(b"SLURM_JOB_ID=") for e in env)
+            if needle in env and ours:
+                out.append(int(d.name))
         return out
 
 
@@ -278,25 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         except Unavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        (c.root / "cluster.json").write_text(json.dumps({name: p.pid for name, p in c.procs.items()}))
         print(f"{c.version()} up: node {NODE} idle; export SLURM_CONF={c.conf}")
         return 0
-    pids = json.loads((c.root / "cluster.json").read_text()) if (c.root / "cluster.json").is_file() else {}
-    subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
-    time.sleep(1)
-    for name in reversed(DAEMONS):
-        if name in pids:
-            try:
-                os.kill(pids[name], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    time.sleep(2)
-    for pid in c.leftover_pids() + list(pids.values()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(c.root, ignore_errors=True)
+    if c.root.exists() and MARK not in (c.conf.read_text().splitlines()[:1] if c.conf.is_file() else []):
+        print(f"error: {c.root} holds no cluster of this script (no {c.conf.name} written by it); nothing done",
+              file=sys.stderr)
+        return 2
+    c.stop()
     print(f"down: {c.root} removed")
     return 0
 

@@ -60,12 +60,15 @@ def scontrol(cluster, job_id: str) -> dict[str, str]:
     return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
 
 
-def summary_rows(stdout: str) -> dict[str, dict[str, str]]:
-    """The sweep summary's job rows: {label: {"num", "slurm_id", "outcome", "log"}}."""
-    rows = {}
-    for m in re.finditer(r"^\s+[✓✗] #(\d+) (.+?)  job (\S+)  (done|failed)  log: (\S+)$", stdout, re.M):
-        rows[m.group(2)] = {"num": m.group(1), "slurm_id": m.group(3), "outcome": m.group(4), "log": m.group(5)}
-    return rows
+def summary_rows(stdout: str) -> list[dict[str, str]]:
+    """The sweep summary's job rows, in job order: [{"num", "label", "slurm_id", "outcome", "log"}]."""
+    return [{"num": m.group(1), "label": m.group(2), "slurm_id": m.group(3), "outcome": m.group(4),
+             "log": m.group(5)}
+            for m in re.finditer(r"^\s+[✓✗] #(\d+) (.+?)  job (\S+)  (done|failed)  log: (\S+)$", stdout, re.M)]
+
+
+def by_label(stdout: str) -> dict[str, dict[str, str]]:
+    return {r["label"]: r for r in summary_rows(stdout)}
 
 
 def statuses(root: Path, label: str) -> dict[str, str]:
@@ -88,8 +91,9 @@ def test_cpu_sweep_runs_on_the_cluster_into_the_store_and_reruns_all_cached(clus
     submit_dir = re.search(r"^submit dir: (\S+)$", proc.stderr, re.M).group(1)
     assert f"Slurm sweep: 4 done, 0 failed; submit dir: {submit_dir}" in proc.stdout
     rows = summary_rows(proc.stdout)
-    assert sorted(r["slurm_id"] for r in rows.values()) == [f"{array}_{i}" for i in range(4)]
-    for r in rows.values():  # each job ran on the node, as Slurm's array task, and its log is where it says
+    assert [r["slurm_id"] for r in rows] == [f"{array}_{i}" for i in range(4)]
+    assert [r["label"] for r in rows] == ["quant=fp8", "quant=none"] * 2  # target=cpu,cpu: the same two twice
+    for r in rows:  # each job ran on the node, as Slurm's array task, and its log is where it says
         assert Path(r["log"]).is_file() and Path(r["log"]).is_relative_to(submit_dir)
         out = Path(r["log"]).with_suffix(".out").read_text()
         assert f"JobEnvironment(job_id={r['slurm_id']}, hostname=" in out
@@ -128,7 +132,10 @@ def test_gpu_targets_get_their_resources_and_the_job_refuses_without_a_gpu(clust
         r"^submitted Slurm array (\d+): \d jobs? \(--partition=gpu --constraint=(\w+) --gpus-per-node=1\)$",
         proc.stderr, re.M))
     assert sorted(arrays) == ["b200", "h100"]
-    rows = summary_rows(proc.stdout)
+    lines = proc.stderr.splitlines()
+    submits = [i for i, x in enumerate(lines) if x.startswith("submitted Slurm array")]
+    assert max(submits) < min(i for i, x in enumerate(lines) if x.startswith("slurm: "))  # all before any wait
+    rows = by_label(proc.stdout)
     assert sorted(rows) == ["target=b200 quant=fp8", "target=b200 quant=nvfp4", "target=h100 quant=fp8"]
     for label, r in rows.items():
         target, quant = (kv.split("=")[1] for kv in label.split())
@@ -157,7 +164,7 @@ def test_one_failing_job_fails_only_itself(cluster, tmp_path):
                    "quant.calib.dataset=nobody/missing-calib", "until=quantize", *SLURM, root=root,
                    env=slurm_env(cluster, root), timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = summary_rows(proc.stdout)
+    rows = by_label(proc.stdout)
     bad, good = rows["quant=fp8"], rows["quant=none"]
     assert (bad["outcome"], good["outcome"]) == ("failed", "done")
     assert scontrol(cluster, bad["slurm_id"])["JobState"] == "FAILED"
@@ -231,7 +238,7 @@ def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=900) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-    ids = [row["slurm_id"] for o in outs for row in summary_rows(o[0]).values()]  # one job each
+    ids = [row["slurm_id"] for o in outs for row in summary_rows(o[0])]  # one job each
     assert len(ids) == 2
     starts = [scontrol(cluster, i)["StartTime"] for i in ids]
     ends = [scontrol(cluster, i)["EndTime"] for i in ids]
