@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,10 +158,16 @@ class PipelineSlurmLauncher(SlurmLauncher):
         """Submit one Slurm array per (partition, constraint, GPU count), every array before waiting on any. Job
         numbers (and so the jobs' sweep subdirectories) follow the sweep's order, whatever the grouping."""
         from rich.markup import escape
+        from submitit.core.utils import FailedJobError
 
         from pipeline.ui import console
 
         assert self.config is not None
+        if shutil.which("sbatch") is None:
+            console.print("error: hydra/launcher=pipeline_slurm submits with Slurm's sbatch, which is not on PATH "
+                          "here; run the sweep on a machine of the cluster (a login node), or use "
+                          "hydra/launcher=submitit_local to run it here", markup=False, soft_wrap=True)
+            raise SystemExit(2)
         groups: dict[tuple, list[int]] = {}
         resources = [job_resources(o) for o in job_overrides]
         for i, r in enumerate(resources):
@@ -186,9 +193,17 @@ class PipelineSlurmLauncher(SlurmLauncher):
                         log.info(f"\t#{num} : {' '.join(filter_overrides(job_overrides[i]))} ({res})")
                         args.append((list(job_overrides[i]), "hydra.sweep.dir", num, f"job_id_for_{num}",
                                      Singleton.get_state()))
-                    submitted = executor.map_array(self, *zip(*args))
-                    jobs += [SweepJob(i, initial_job_idx + i, labels[i], job) for i, job in zip(idxs, submitted)]
                     asked = " ".join(f"--{k.replace('_', '-')}={v}" for k, v in res.items()) or "default partition"
+                    try:
+                        submitted = executor.map_array(self, *zip(*args))
+                    except (FailedJobError, OSError) as exc:  # sbatch refused it (its own line is printed above)
+                        self._cancel(jobs, resources)
+                        why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+                        console.print(f"error: Slurm refused the array for {escape(asked)}: {escape(why)}; check "
+                                      f"target.slurm (partition, constraint) and hydra.launcher's settings against "
+                                      f"the cluster (sinfo)", soft_wrap=True)
+                        raise SystemExit(2) from None
+                    jobs += [SweepJob(i, initial_job_idx + i, labels[i], job) for i, job in zip(idxs, submitted)]
                     console.print(f"submitted Slurm array {escape(jobs[-1].array_id)}: {len(idxs)} job"
                                   f"{'s' if len(idxs) != 1 else ''} ({escape(asked)})", soft_wrap=True)
                 console.print(f"submit dir: {escape(str(submit_dir))}", soft_wrap=True)

@@ -37,7 +37,8 @@ def cluster(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the test Slurm cluster needs root (its daemons run as root; apt-get installs slurm-wlm, munge)")
     root = tmp_path_factory.mktemp("slurm") / "cluster"
-    c = slurm_cluster.Cluster(root, cpus=2, gpus=2, kill_wait_s=10)
+    # four job slots on this 2-core machine (SlurmdParameters=config_overrides): jobs that share a stage overlap
+    c = slurm_cluster.Cluster(root, cpus=4, gpus=2, kill_wait_s=10)
     try:
         c.start()
     except slurm_cluster.Unavailable as exc:
@@ -101,22 +102,27 @@ def test_cpu_sweep_runs_on_the_cluster_into_the_store_and_reruns_all_cached(clus
         assert (job["JobState"], job["Partition"], job["NodeList"]) == ("COMPLETED", "cpu", "node1")
     # into the store and reports a local run uses: a local plan of each job finds every stage cached
     labels = {"fp8": "tiny-qwen3.fp8-kvfp8.cpu.reference", "none": "tiny-qwen3.none-kvfp8.cpu.reference"}
-    first = {q: statuses(root, label) for q, label in labels.items()}
     for q in labels:
         plan = run_cli("plan", "--json", *TINY, "target=cpu", f"quant={q}", "until=package", root=root)
         assert plan.returncode == 0, plan.stderr[-2000:]
         assert [s["cached"] for s in json.loads(plan.stdout)["stages"]] == [True] * 4
-    logs = "".join(p.read_text() for p in (root / ".store" / "logs").glob("*.log"))
-    assert logs.count("stage quantize: ran") == 2  # fp8 and none, each built by one of its two jobs
+    stages = ("fetch", "quantize", "build", "package")
+    ran = stage_counts(root, "ran")
+    assert ran == {"fetch": 1, "quantize": 2, "build": 2, "package": 2}  # fp8 and none, each by one of its 2 jobs
     assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 2
 
     again = run_cli(*args, root=root, env=slurm_env(cluster, root), timeout=1200)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    second = {q: statuses(root, label) for q, label in labels.items()}
-    assert all(set(s.values()) == {"cached"} for s in second.values()), second
-    assert not all(set(s.values()) == {"cached"} for s in first.values())  # the check sees a first run's builds
+    assert "Slurm sweep: 4 done, 0 failed" in again.stdout
+    assert stage_counts(root, "ran") == ran  # nothing built again: the first run's builds are the control
+    assert stage_counts(root, "cached") == {s: 8 - ran[s] for s in stages}  # every stage of the 4 new jobs
+    assert all(set(statuses(root, label).values()) == {"cached"} for label in labels.values())
+
+
+def stage_counts(root: Path, status: str) -> dict[str, int]:
+    """How often each stage was logged with ``status`` (ran, cached) in the store's run logs, every job's."""
     logs = "".join(p.read_text() for p in (root / ".store" / "logs").glob("*.log"))
-    assert logs.count("stage quantize: ran") == 2 and logs.count("stage package: ran") == 2
+    return {s: logs.count(f"stage {s}: {status}") for s in ("fetch", "quantize", "build", "package")}
 
 
 def test_gpu_targets_get_their_resources_and_the_job_refuses_without_a_gpu(cluster, tmp_path):
@@ -180,6 +186,30 @@ def test_one_failing_job_fails_only_itself(cluster, tmp_path):
     assert not (root / "reports" / "tiny-qwen3.fp8-kvnone.cpu.reference.json").exists()
 
 
+def test_an_array_slurm_refuses_is_one_line_and_nothing_runs(cluster, tmp_path):
+    """A partition the cluster does not have: sbatch refuses the array; one error line naming it and the fix,
+    exit 2, no job left in the queue."""
+    root = tmp_path / "refused"
+    proc = run_cli("build", "-m", *TINY, "target=h100", "target.slurm.partition=nosuch", "quant=fp8,none", *SLURM,
+                   root=root, env=slurm_env(cluster, root), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Slurm refused the array for --partition=nosuch --constraint=h100 "
+                           "--gpus-per-node=1: ") and "invalid partition" in last.lower(), last
+    assert "Traceback" not in proc.stderr and cluster.jobs() == []
+
+
+def test_without_sbatch_the_sweep_is_refused_in_one_line(tmp_path):
+    """No Slurm client on PATH (not a cluster machine): one line naming what to do, exit 2, nothing submitted."""
+    root = tmp_path / "nosbatch"
+    proc = run_cli("build", "-m", *TINY, "target=cpu", "quant=fp8,none", *SLURM, root=root,
+                   env=cli_env(root, PATH=str(Path(sys.executable).parent)), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: hydra/launcher=pipeline_slurm submits with Slurm's sbatch, which is not on PATH here")
+    assert not list(root.glob(".store/*-fetch-*"))
+
+
 def _tmp_outputs(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if ".tmp" in p.name]
 
@@ -227,22 +257,34 @@ def test_ctrl_c_cancels_the_submitted_arrays_and_leaves_nothing_half_written(clu
     assert not list(root.glob(".store/*-quantize-*"))  # nothing finished behind the cancel
 
 
+def readme_sweep() -> list[str]:
+    """The sweep command of the README's cluster section (after ``python -m pipeline``), as written there."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Sweeps on a Slurm cluster"):]
+    section = section[:section.index("\n### ", 10)]
+    lines = [x.strip() for x in section.splitlines() if x.startswith("    python -m pipeline build ") and "tiny" in x]
+    assert len(lines) == 1, lines
+    return lines[0].split()[3:]
+
+
 def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
-    """Two sweeps submitted at once into one store, their jobs running side by side on the node: each stage output
-    is built by one job; the other waits on its lock and takes it cached."""
+    """The README's sweep, twice at once into one store, the jobs running side by side on the node: it runs as
+    written, and each stage output is built by one job; the other waits on its lock and takes it cached."""
     root = tmp_path / "shared"
     root.mkdir()
-    cmd = [sys.executable, "-m", "pipeline", "build", "-m", *TINY, "target=cpu", "quant=fp8", "until=fetch",
-           *SLURM, f"paths.root={root}"]
+    args = readme_sweep()
+    assert args[:2] == ["build", "-m"] and "hydra/launcher=pipeline_slurm" in args
+    cmd = [sys.executable, "-m", "pipeline", *args, f"paths.root={root}"]
     procs = [subprocess.Popen(cmd, cwd=root, env=slurm_env(cluster, root), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=900) for p in procs]
+    outs = [p.communicate(timeout=1200) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-    ids = [row["slurm_id"] for o in outs for row in summary_rows(o[0])]  # one job each
-    assert len(ids) == 2
-    starts = [scontrol(cluster, i)["StartTime"] for i in ids]
-    ends = [scontrol(cluster, i)["EndTime"] for i in ids]
-    assert max(starts) < min(ends), (starts, ends)  # the two jobs ran at the same time
+    rows = [row for o in outs for row in summary_rows(o[0])]
+    assert [r["label"] for r in rows] == ["quant=fp8", "quant=none"] * 2
+    for a, b in ((0, 2), (1, 3)):  # the same job of the two sweeps ran at the same time
+        ja, jb = scontrol(cluster, rows[a]["slurm_id"]), scontrol(cluster, rows[b]["slurm_id"])
+        assert max(ja["StartTime"], jb["StartTime"]) < min(ja["EndTime"], jb["EndTime"]), (ja, jb)
     logs = "".join(p.read_text() for p in (root / ".store" / "logs").glob("*.log"))
-    assert logs.count("stage fetch: ran") == 1 and logs.count("stage fetch: cached") == 1
-    assert len(list(root.glob(".store/*-fetch-*/manifest.json"))) == 1
+    assert logs.count("stage fetch: ran") == 1 and logs.count("stage fetch: cached") == 3
+    assert logs.count("stage quantize: ran") == 2 and logs.count("stage quantize: cached") == 2
+    assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 2
