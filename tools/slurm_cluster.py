@@ -1,9 +1,9 @@
 """A one-node Slurm cluster on loopback, for trying and testing ``hydra/launcher=pipeline_slurm`` without a cluster.
 
-    sudo .venv/bin/python tools/slurm_cluster.py up /tmp/slurm-test     # prints the SLURM_CONF line to export
+    .venv/bin/python tools/slurm_cluster.py up /tmp/slurm-test     # as root; prints the SLURM_CONF to export
     export SLURM_CONF=/tmp/slurm-test/slurm.conf
     python -m pipeline build -m target=cpu quant=fp8,none hydra/launcher=pipeline_slurm ...
-    sudo .venv/bin/python tools/slurm_cluster.py down /tmp/slurm-test   # stops it and removes the directory
+    .venv/bin/python tools/slurm_cluster.py down /tmp/slurm-test   # stops it and removes the directory
 
 Debian's ``slurm-wlm`` (22.05) and ``munge`` are installed with apt-get where missing (root only). Everything the
 cluster writes lives in its directory: its own munge key and socket, ``slurm.conf``, ``gres.conf``, ``cgroup.conf``,
