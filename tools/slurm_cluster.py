@@ -165,6 +165,8 @@ PartitionName=gpu Nodes={NODE} MaxTime=INFINITE State=UP
     def start(self, timeout: float = 60) -> None:
         if self.root.exists() and any(self.root.iterdir()):
             raise Unavailable(f"{self.root} is not empty; give a new directory")
+        if len(str(self.root / "munge" / "munge.socket")) > 100:  # sun_path holds 108 bytes
+            raise Unavailable(f"{self.root} is too long a path for munge's socket in it; give a shorter directory")
         ensure_installed()
         if os.geteuid() != 0:
             raise Unavailable("the test cluster's daemons run as root (SlurmUser=root, a munge key of its own)")

@@ -2,8 +2,8 @@
 slurmctld + slurmd + munged, ``tools/slurm_cluster.py``) started once for the module and torn down after it. Sweeps
 are submitted by the real CLI with ``SLURM_CONF`` pointing at it; the jobs run on the node as Slurm starts them.
 
-Root only (the daemons run as root with a munge key of their own; the packages are installed with apt-get where
-missing): elsewhere the module is skipped with the reason. Slow tier: each job starts a Python process that imports
+The cluster needs root (its daemons run as root with a munge key of their own; the packages are installed with
+apt-get where missing): elsewhere the tests that use it are skipped with the reason. Slow tier: each job starts a Python process that imports
 the pipeline; the sweeps use the tiny synthetic model."""
 from __future__ import annotations
 
