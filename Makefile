@@ -47,7 +47,8 @@ build: $(STAMP)
 #   test-unit  tests/unit/: in-process tests of the modules (no server, no model load), under a minute
 #   test-fast  the rest of the default run (`not slow`): the CLI end to end through real ModelOpt and tritonserver,
 #              on two pytest-xdist workers (servers bind free loopback ports; the shared tiny build is built once)
-#   test-slow  the SmolLM2 default build, kill -9 injection, the soak run, server faults, and the `serial` tests
+#   test-slow  the SmolLM2 default build, kill -9 injection, the soak run, server faults, sweeps on a one-node Slurm
+#              cluster the tests start (as root; tools/slurm_cluster.py), and the `serial` tests
 #              (they inspect every process on the machine): one at a time
 XDIST ?= -n 2 --dist loadfile
 test: test-unit test-fast

@@ -1,6 +1,7 @@
-"""Targets end to end: plan-time refusals from the CLI, the TRT-LLM runtimes on a GPU, the fan-out launchers, and
-``build --json``. The in-process rules are in ``tests/unit/`` (test_compat, test_capacity, test_config, test_trtllm,
-test_build, test_launcher)."""
+"""Targets end to end: plan-time refusals from the CLI, the TRT-LLM runtimes on a GPU, the local fan-out launchers,
+and ``build --json``. Sweeps through ``hydra/launcher=pipeline_slurm`` run on a real Slurm cluster in
+``tests/e2e/test_slurm.py``. The in-process rules are in ``tests/unit/`` (test_compat, test_capacity, test_config,
+test_trtllm, test_build, test_launcher)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import time
 import pytest
 
 from pipeline import config, hardware
-from pipeline.runtime import trtllm
 from tests.conftest import TINY, run_cli
 from tests.helpers.requires import requires_gpu
 
@@ -81,67 +81,6 @@ def test_engine_runtime_gets_a_trtllm_checkpoint_with_the_build_mapping(tmp_path
     proc = run_cli("plan", "--json", *TINY, root=tmp_path)
     q = next(s for s in json.loads(proc.stdout)["stages"] if s["stage"] == "quantize")
     assert q["output"] != str(out)
-
-
-class SlurmStandIn:
-    """Stands in for Slurm: replaces ``submitit.AutoExecutor`` so the pipeline_slurm launcher can submit from a
-    machine without Slurm. It records every array submitted (its parameters, each job's overrides and number) and
-    when each job's result is awaited; it runs nothing, and each job's result says so."""
-
-    events: list[tuple] = []
-
-    def __init__(self, cluster: str, folder: str, **kwargs):
-        assert cluster == "slurm"
-        self.params: dict = {}
-
-    def update_parameters(self, **params):
-        self.params.update(params)
-
-    def map_array(self, fn, *iterables):
-        jobs = list(zip(*iterables))  # (overrides, job_dir_key, job_num, job_id, singleton_state)
-        self.events.append(("submit", dict(self.params), [(j[2], list(j[0])) for j in jobs]))
-        return [SlurmStandIn._Job(j[2], list(j[0])) for j in jobs]
-
-    class _Job:
-        def __init__(self, num: int, overrides: list[str]):
-            self.num, self.overrides = num, overrides
-
-        def results(self):
-            from hydra.core.utils import JobReturn, JobStatus
-
-            SlurmStandIn.events.append(("wait", self.num))
-            return [JobReturn(overrides=self.overrides, status=JobStatus.COMPLETED,
-                              _return_value="submitted to the Slurm stand-in; not run")]
-
-
-@pytest.mark.parametrize("verb", ["build", "plan"])
-def test_slurm_sweep_from_a_gpu_less_machine_submits_every_possible_job(tmp_path, monkeypatch, capsys, verb):
-    """No GPU and no TensorRT-LLM here: the machine checks belong to each job where Slurm runs it. nvfp4 × h100 is
-    refused by the compatibility rules, listed, and left out; the other three jobs are submitted, one array per
-    target with that target's partition, constraint and GPU count, both arrays before waiting on either."""
-    import submitit
-
-    from pipeline import cli
-
-    assert hardware.local_gpu() is None and trtllm.detect().version is None
-    monkeypatch.setattr(submitit, "AutoExecutor", SlurmStandIn)
-    monkeypatch.setattr(SlurmStandIn, "events", [])
-    monkeypatch.setattr("sys.argv", ["pipeline"])
-    monkeypatch.chdir(tmp_path)
-    cli.main([verb, "-m", "model=qwen32b", "target=h100,b200", "quant=fp8,nvfp4", "runtime=trtllm_engine",
-              "hydra/launcher=pipeline_slurm", f"paths.root={tmp_path}"])
-    err = capsys.readouterr().err
-    assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell" \
-        in err.splitlines()
-    events = SlurmStandIn.events
-    submits = [e for e in events if e[0] == "submit"]
-    assert [e[0] for e in events] == ["submit", "submit", "wait", "wait", "wait"]
-    arrays = {(p["slurm_partition"], p["slurm_constraint"], p["gpus_per_node"]):
-              [(num, [o for o in ov if o.startswith(("target=", "quant="))]) for num, ov in jobs]
-              for _, p, jobs in submits}
-    assert arrays == {("gpu", "h100", 1): [(0, ["target=h100", "quant=fp8"])],
-                      ("gpu", "b200", 1): [(1, ["target=b200", "quant=fp8"]), (2, ["target=b200", "quant=nvfp4"])]}
-    assert not any(tmp_path.glob("engines/*")) and not any(tmp_path.glob(".store/*-quantize-*"))
 
 
 def test_sweep_with_every_job_refused_exits_2_naming_them(tmp_path):
