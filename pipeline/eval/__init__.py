@@ -39,7 +39,7 @@ def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None,
     gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``) and whether this stage
     started them."""
     from pipeline.eval import endpoint
-    from pipeline.runner import leases as sh
+    from pipeline.runner import leases
     from pipeline.ui import status
 
     timings = {} if timings is None else timings
@@ -48,18 +48,18 @@ def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None,
         # the first callback registered runs last: after the front end and the server stopped (or were kept)
         stack.callback(lambda: stopping and timings.update(stop_s=round(time.perf_counter() - stopping[0], 2)))
         with status(f"starting tritonserver ({serve.launcher.value}; loading models)"):
-            server = stack.enter_context(sh.triton(shared, serve, repo, work, stage))
+            server = stack.enter_context(leases.triton(shared, serve, repo, work, stage))
         with status("starting the OpenAI front end"):
             if shared is None:
                 t1 = time.perf_counter()
                 url = stack.enter_context(endpoint.openai(serve, server.value, repo, work))
-                sh.log.info("OpenAI front end started for %s (%s, in this process) by %s in %.1f s", repo, url, stage,
-                            time.perf_counter() - t1)
-                stack.callback(sh.log.info, "OpenAI front end stopped for %s", repo)
-                front = sh.Lease(url, None, True, round(time.perf_counter() - t1, 2), 0, [stage])
+                leases.log.info("OpenAI front end started for %s (%s, in this process) by %s in %.1f s", repo, url,
+                                stage, time.perf_counter() - t1)
+                stack.callback(leases.log.info, "OpenAI front end stopped for %s", repo)
+                front = leases.Lease(url, None, True, round(time.perf_counter() - t1, 2), 0, [stage])
             else:
-                front = stack.enter_context(sh.front_end(shared, server, sh.front_settings(serve.openai, repo), repo,
-                                                         work, stage))
+                settings = leases.front_settings(serve.openai, repo)
+                front = stack.enter_context(leases.front_end(shared, server, settings, repo, work, stage))
         timings.update(server_start_s=server.wait_s, frontend_start_s=front.wait_s,
                        server_started_by_this_stage=server.started, frontend_started_by_this_stage=front.started)
         try:

@@ -49,14 +49,14 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
     (``pipeline.runner.leases.Lease``). With ``bench.openai``, each level is sent again through the OpenAI front
     end; with ``bench.aiperf`` too, aiperf profiles the front end with the same prompts at the levels
     ``bench.aiperf_levels`` names (:func:`aiperf_levels`; its export: ``aiperf/<workload>/concurrency_<N>/``)."""
-    from pipeline.stages.bench import triton_client as client
+    from pipeline.stages.bench import triton_client
 
     cfg, b = ctx.cfg, ctx.cfg.bench
     server = lease.value
     url, chat = server.grpc_url, bool(cfg.model.chat_template)
 
     def keep(records, phase: str, workload: str | None, concurrency: int) -> None:
-        client.count_output_tokens(records, tok)
+        triton_client.count_output_tokens(records, tok)
         requests.extend({"phase": phase, "path": "grpc", "workload": workload, "concurrency": concurrency,
                          **r.as_dict()} for r in records)
 
@@ -65,7 +65,7 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
     front = _Front(ctx, lease) if b.get("openai", False) else None
     try:
         if cfg.model.checks:  # fixed prompts, greedy, through the same entry point as the load
-            w = client.StreamWorker(url, entry, b.request_timeout_s)
+            w = triton_client.StreamWorker(url, entry, b.request_timeout_s)
             try:
                 for chk in cfg.model.checks:
                     rec = w.request(-1, _render(tok, chk.prompt, chat), b.answer_max_tokens)
@@ -82,7 +82,7 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
             raw = make_prompts(total, spec.prompt_words, b.seed + wi)
             prompts = [_render(tok, p, chat) for p in raw]
             if b.warmup_requests and wi == 0:  # the later workloads find the server warm
-                records, _ = client.run_level(url, entry, prompts, list(range(b.warmup_requests)), 1,
+                records, _ = triton_client.run_level(url, entry, prompts, list(range(b.warmup_requests)), 1,
                                               spec.max_tokens, b.request_timeout_s)
                 keep(records, "warmup", wname, 1)
             if front is not None and wi == 0 and b.warmup_requests:
@@ -92,7 +92,7 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
                 order = list(range(offset, offset + n))
                 offset += n
                 with progress(f"bench {wname}: concurrency {conc}", n) as bar:
-                    records, wall = client.run_level(url, entry, prompts, order, conc, spec.max_tokens,
+                    records, wall = triton_client.run_level(url, entry, prompts, order, conc, spec.max_tokens,
                                                      b.request_timeout_s, bar.advance)
                 keep(records, "measure", wname, conc)
                 if not server.alive():
@@ -102,15 +102,15 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
                     raise srv.ServerError(f"tritonserver stopped answering during {wname} at concurrency {conc} "
                                           f"(hung: its process is alive, its readiness probe times out):\n"
                                           f"{server.log_tail()}")
-                summary = client.summarize(records, wall)
+                summary = triton_client.summarize(records, wall)
                 out.append({"concurrency": conc, **summary})
                 if front is not None:  # the same requests as apps send them, right after the gRPC level
                     with progress(f"bench {wname}: concurrency {conc} (OpenAI)", n) as bar:
                         oa_records, oa_wall = front.level(raw, order, conc, spec.max_tokens, chat, bar.advance)
-                    client.count_output_tokens(oa_records, tok)
+                    triton_client.count_output_tokens(oa_records, tok)
                     requests.extend({"phase": "measure", "path": "openai", "workload": wname, "concurrency": conc,
                                      **r.as_dict()} for r in oa_records)
-                    oa = client.summarize(oa_records, oa_wall)
+                    oa = triton_client.summarize(oa_records, oa_wall)
                     row = {"concurrency": conc, **oa, "overhead": overhead(summary, oa)}
                     if (wname, conc) in profiled:  # aiperf's own chat endpoint type, natively, with the same prompts
                         with status(f"bench {wname}: concurrency {conc} (aiperf --endpoint-type "
@@ -182,7 +182,7 @@ class _Front:
     def __init__(self, ctx: Context, lease):
         import contextlib
 
-        from pipeline.runner import leases as shared
+        from pipeline.runner import leases
         from pipeline.serving.frontend import Settings
 
         repo = ctx.inputs["package"]
@@ -190,19 +190,19 @@ class _Front:
         self.api_key = Settings.from_config(oa).api_key  # its variable unset: refused before anything starts
         self.tokenizer = repo / ENGINE_REL
         self.timeout = ctx.cfg.bench.request_timeout_s
-        settings = shared.front_settings(oa, repo)
+        settings = leases.front_settings(oa, repo)
         self.name = settings["model_name"]
         (ctx.out / "openai-front-end.json").write_text(json.dumps(settings, indent=1) + "\n")
         self._out = ctx.out
         self._stack = contextlib.ExitStack()
-        self.lease = self._stack.enter_context(shared.front_end(ctx.shared, lease, settings, repo,
+        self.lease = self._stack.enter_context(leases.front_end(ctx.shared, lease, settings, repo,
                                                                 ctx.paths["store"] / "servers", "bench"))
         self.url = self.lease.value
 
     def level(self, prompts, order, conc, max_tokens, chat, on_done=None):
-        from pipeline.stages.bench import openai_client as oa_client
+        from pipeline.stages.bench import openai_client
 
-        return oa_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
+        return openai_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
                                    on_done=on_done, api_key=self.api_key)
 
     def aiperf(self, prompts, conc, max_tokens, chat, out, seed):

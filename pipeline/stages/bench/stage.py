@@ -13,7 +13,7 @@ from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
 from pipeline.runner.contract import Context, Stage
-from pipeline.runner import leases as shared
+from pipeline.runner import leases
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
 from pipeline.stages.bench.load import COUNTING, OPENAI_READS, OPENAI_UNHASHED, run_workloads
 from pipeline.stages.bench.bench_md import markdown, plot
@@ -57,7 +57,7 @@ def packaged_configs(repo: Path) -> dict[str, Any]:
 def run(ctx: Context) -> BenchResult:
     from transformers import AutoTokenizer
 
-    from pipeline.stages.bench import triton_client as client
+    from pipeline.stages.bench import triton_client
 
     cfg = ctx.cfg
     repo = ctx.inputs["package"]
@@ -77,13 +77,13 @@ def run(ctx: Context) -> BenchResult:
     try:
         with contextlib.ExitStack() as stack:  # a server of its own is stopped on every exit path; the run's is kept
             with status(f"starting tritonserver ({cfg.serve.launcher.value}; loading models)"):
-                lease = stack.enter_context(shared.triton(ctx.shared, cfg.serve, repo, ctx.paths["store"] / "servers",
+                lease = stack.enter_context(leases.triton(ctx.shared, cfg.serve, repo, ctx.paths["store"] / "servers",
                                                           "bench"))
             server = lease.value
             result["server_start_s"] = round(time.perf_counter() - started, 2)
             result["server"] = srv.describe(server, cfg.serve)  # what the bundle records it was benched on
             result["server_shared"] = {"started_by_this_stage": lease.started, "stages": lease.by}
-            mismatches = client.server_model_mismatches(server.grpc_url, packaged)
+            mismatches = triton_client.server_model_mismatches(server.grpc_url, packaged)
             if mismatches:
                 more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
                 what = (f"the server at {server.grpc_url} does not serve this package's repository: "
@@ -92,7 +92,7 @@ def run(ctx: Context) -> BenchResult:
                     raise UserError(f"{what}; point serve.url at a server of {repo}")
                 raise StageFailed(what)
             try:
-                entry = client.entry_point(server.grpc_url, entry_model, layout)
+                entry = triton_client.entry_point(server.grpc_url, entry_model, layout)
             except ValueError as exc:
                 raise StageFailed(str(exc)) from exc
             result["decoupled"] = entry.decoupled
