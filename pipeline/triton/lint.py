@@ -81,7 +81,7 @@ def load(repo: Path) -> tuple[dict[str, Any], dict[str, Path], list[str]]:
     configs, dirs, findings = {}, {}, []
     files = sorted(repo.glob("*/config.pbtxt"))
     if not files:
-        raise UserError(f"{repo}: no */config.pbtxt here; give the model repository's root directory")
+        raise UserError(f"{repo}: no */config.pbtxt here; {_where_the_repository_is(repo)}")
     for f in files:
         rel = f.relative_to(repo).as_posix()
         text = f.read_text(errors="replace")
@@ -100,6 +100,21 @@ def load(repo: Path) -> tuple[dict[str, Any], dict[str, Path], list[str]]:
         configs[f.parent.name] = cfg
         dirs[f.parent.name] = f.parent
     return configs, dirs, findings
+
+
+def _where_the_repository_is(path: Path) -> str:
+    """The fix for a path that is no model repository: a bundle holds it at ``triton_repo/``, a published model's
+    directory at ``<version>/triton_repo`` (``latest`` names the version to serve)."""
+    if (path / "triton_repo").is_dir():
+        return f"it is a bundle: give its repository, {path / 'triton_repo'}"
+    latest = path / "latest"
+    named = latest.read_text().strip() if latest.is_file() else None
+    versions = sorted(p.parent.name for p in path.glob("*/triton_repo") if p.is_dir())
+    if named or versions:
+        pick = named if named in versions else (versions[-1] if versions else named)
+        return (f"it is a published model: each version's repository is at <version>/triton_repo, e.g. "
+                f"{path / str(pick) / 'triton_repo'}{' (the one latest names)' if pick == named else ''}")
+    return "give the model repository's root directory"
 
 
 def _params(cfg) -> dict[str, str]:
