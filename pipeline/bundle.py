@@ -706,12 +706,12 @@ def loadability_check(fs, root: str, files: set[str], dirs: set[str]) -> tuple[s
     rd = {d[len(pre):] for d in dirs if d.startswith(pre)}
     if not rf:
         return ("loadable", False, "no triton_repo/ in the bundle")
-    findings = lint.loadability(rf, rd, lambda rel: fs.cat_file(f"{root}/{pre}{rel}").decode(errors="replace"))
+    findings = lint.repository_problems(rf, rd, lambda rel: fs.cat_file(f"{root}/{pre}{rel}").decode(errors="replace"))
     if findings:
         return ("loadable", False, "; ".join(f"triton_repo/{f}" for f in findings[:3]))
     models = sorted({f.split("/", 1)[0] for f in rf if f.endswith("/config.pbtxt") and f.count("/") == 1})
-    return ("loadable", True, f"{len(models)} models, each with a version directory; decoupled mode and batch "
-                              f"sizes agree")
+    return ("loadable", True, f"{len(models)} models, each with a version directory, every config parses; "
+                              f"decoupled mode, batch sizes and the ensemble's steps agree")
 
 
 def _same_version(a: str | None, b: str | None) -> bool:

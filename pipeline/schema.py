@@ -323,6 +323,13 @@ class ServeConfig:
     image: str = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # serve.launcher=docker (TRT-LLM 1.2.1)
     url: Optional[str] = None  # serve.launcher=external: host:grpc_port of a running server
     torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
+    # `pipeline serve` when Triton dies: "no" (exit 1, naming how it ended) or "on-failure" (start it again, up to
+    # restart_max times in a row, waiting restart_backoff_s, doubled each time)
+    restart: str = "no"
+    restart_max: int = rng(3, 0, 100)
+    restart_backoff_s: float = rng(1.0, 0.0, 600.0)
+    # SIGTERM/SIGINT: in-flight requests may finish for this long before their streams are ended
+    drain_s: float = rng(30.0, 0.0, 3600.0)
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)
 
 
