@@ -1,0 +1,142 @@
+"""`pipeline serve` as ops run it, against the real tritonserver and front end serving the shared tiny build: a
+kill -9 of Triton under load (named, the reason in every client's error, nothing left in /dev/shm), restarts with
+`serve.restart=on-failure`, a stalled Triton (SIGSTOP) seen by a bounded `/health`, and SIGTERM under load (a drain:
+503 with Retry-After, in-flight streams finished or ended with an error event and [DONE], exit 0 only when it
+completed). Slow tier: each test starts its own server."""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.serving import Serve
+
+pytestmark = pytest.mark.slow
+
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_build) -> Path:
+    return next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent
+
+
+def _triton(serve: Serve):
+    """(the tritonserver process under this serve, its python-backend shm prefix)."""
+    import psutil
+
+    for p in psutil.Process(serve.proc.pid).children(recursive=True):
+        cmd = p.cmdline()
+        if cmd and cmd[0].endswith("tritonserver"):
+            prefix = next(a.split("=", 2)[2] for a in cmd if "shm-region-prefix-name=" in a)
+            return p, prefix
+    raise AssertionError("no tritonserver under pipeline serve")
+
+
+def _stream(url: str, out: list, max_tokens: int = 400, started: threading.Semaphore | None = None) -> None:
+    """One streamed chat completion that runs to ``max_tokens``; appends (status, events, Retry-After); releases
+    ``started`` at its first event."""
+    import httpx
+
+    body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "Count."}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}
+    events: list = []
+    try:
+        with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=120) as r:
+            if r.status_code != 200:
+                out.append((r.status_code, [json.loads(r.read())], r.headers.get("retry-after")))
+                return
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data = line[6:]
+                    events.append(data if data == "[DONE]" else json.loads(data))
+                    if len(events) == 1 and started is not None:
+                        started.release()
+        out.append((200, events, None))
+    except httpx.HTTPError as exc:
+        out.append(("transport", events + [f"{type(exc).__name__}: {exc}"], None))
+
+
+def _load(url: str, n: int, max_tokens: int = 400, timeout_s: float = 120) -> tuple[list, list[threading.Thread]]:
+    """``n`` streams, returned once each has had its first event (all in flight)."""
+    out: list = []
+    started = threading.Semaphore(0)
+    threads = [threading.Thread(target=_stream, args=(url, out, max_tokens, started), daemon=True)
+               for _ in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for _ in range(n):
+        assert started.acquire(timeout=max(0.0, deadline - time.monotonic())), f"streams did not start: {out}"
+    return out, threads
+
+
+def test_kill_9_of_triton_under_load_is_named_and_leaves_no_shm(repo, tmp_path):
+    with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
+        triton, prefix = _triton(s)
+        regions = list(SHM.glob(f"{prefix}*"))
+        assert regions, f"no /dev/shm region named {prefix}* while it serves"  # the check below can see them
+        out, threads = _load(s.url, 8, max_tokens=2000)
+        triton.send_signal(signal.SIGKILL)
+        for t in threads:
+            t.join(60)
+        rc = s.proc.wait(60)
+        err = s.proc.stderr.read()
+    assert rc == 1, err[-2000:]
+    assert "error: Triton was killed by SIGKILL while serving; its log since it became ready" in err, err[-2000:]
+    assert "Traceback" not in err and "AioRpcError" not in err
+    assert len(out) == 8
+    for status, events, _ in out:
+        assert status == 200, (status, events)
+        error = next(e for e in events if isinstance(e, dict) and "error" in e)
+        assert "Triton" in error["error"]["message"] and "<AioRpcError" not in error["error"]["message"], error
+        assert events[-1] == "[DONE]"
+    assert not list(SHM.glob(f"{prefix}*")), "shared-memory regions outlived the server"
+
+
+def test_restart_on_failure_serves_again_then_gives_up(repo, tmp_path):
+    import httpx
+
+    with Serve(repo, "serve.openai.port=0", "serve.restart=on-failure", "serve.restart_max=1",
+               "serve.restart_backoff_s=0.5", cwd=tmp_path) as s:
+        first, prefix1 = _triton(s)
+        first.send_signal(signal.SIGKILL)
+        for line in s.proc.stdout:  # serving again: the same OpenAI address
+            if line.startswith("stop with"):
+                break
+        second, prefix2 = _triton(s)
+        assert second.pid != first.pid and prefix2 != prefix1
+        assert not list(SHM.glob(f"{prefix1}*"))
+        r = httpx.post(f"{s.url}/chat/completions", timeout=60,
+                       json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        second.send_signal(signal.SIGKILL)  # the bound: one restart only
+        rc = s.proc.wait(60)
+        err = s.proc.stderr.read()
+    assert rc == 1
+    assert "restarting Triton in 0.5 s (restart 1 of 1, serve.restart=on-failure)" in err, err
+    assert "error: gave up after 1 restarts (serve.restart_max=1)" in err, err
+    assert not list(SHM.glob(f"{prefix2}*"))
+
+
+def test_health_reports_a_stalled_triton_within_its_bound(repo, tmp_path):
+    import httpx
+
+    with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
+        triton, _ = _triton(s)
+        base = s.url.removesuffix("/v1")
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200  # control: healthy while it runs
+        triton.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            r = httpx.get(f"{base}/health", timeout=10)
+            took = time.monotonic() - t0
+        finally:
+            triton.send_signal(signal.SIGCONT)
+        assert r.status_code == 503 and took < 4, (r.status_code, took)
+        assert "did not answer a readiness probe within 2 s" in r.json()["error"]["message"]
+        assert s.stop() == 0
