@@ -15,7 +15,7 @@ from pipeline.matrix import AXES, load_matrix  # noqa: F401 - part of this modul
 
 def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(buildable entries, excluded entries with the reason). Each entry carries its composed config."""
-    from pipeline import runner
+    from pipeline.runner import executor
     from pipeline.stages import STAGES
 
     doc = load_matrix(name)
@@ -29,7 +29,7 @@ def entries(name: str, extra: list[str] | None = None) -> tuple[list[dict[str, A
         if isinstance(cfg, UserError):
             drop.append({**combo, "reason": str(cfg)})
             continue
-        problems = runner.plan_checks(cfg, STAGES, environment=False)
+        problems = executor.plan_checks(cfg, STAGES, environment=False)
         if problems:
             drop.append({**combo, "reason": problems[0]})
             continue
@@ -64,10 +64,10 @@ def entry_status(cfg) -> dict[str, Any]:
     """Whether the entry's current fingerprint has a published version: ``{"version", "published", "outdated",
     "why"}``. The version name derives from the publish stage's fingerprint, which covers every upstream
     fingerprint: a changed config, code, library version (TRT-LLM included) or input changes it."""
-    from pipeline import runner
+    from pipeline.runner import executor
     from pipeline.stages import STAGES
 
-    planned = runner.plan(cfg, list(STAGES))
+    planned = executor.plan(cfg, list(STAGES))
     version = f"v{planned[-1].fingerprint[:12]}"
     from pipeline.bundle import published_base, store_errors
 
@@ -206,9 +206,9 @@ def gc(cfg, max_age_days: float, dry_run: bool = False) -> dict[str, Any]:
 def published_references(dest: str) -> set[str]:
     """Every stage fingerprint named in the lineage of a complete version under ``dest``
     (``<dest>/<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/bundle.json``)."""
-    from pipeline.bundle import _fs, redact
+    from pipeline.bundle import filesystem, redact
 
-    fs, root = _fs(dest)
+    fs, root = filesystem(dest)
     try:
         found = fs.glob(f"{root}/*/*/*/*/*/bundle.json")
     except FileNotFoundError:

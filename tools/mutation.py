@@ -99,10 +99,14 @@ MODULES: dict[str, dict] = {
         "tests": ["tests/unit/test_bench_gates.py", "tests/unit/test_bench.py"],
     },
     "verify": {
-        "path": "pipeline/bundle.py",
-        "functions": ["x__verify", "x_verify", "x__sha256", "x__open_manifest", "x__damaged", "x_container_check",
-                      "x__same_version"],
+        "path": "pipeline/bundle/verifying.py",
+        "functions": ["x__verify", "x_verify", "x_container_check", "x__same_version"],
         "tests": ["tests/unit/test_bundle.py", "tests/unit/test_verify.py", "tests/e2e/test_signing.py"],
+    },
+    "bundle-store": {
+        "path": "pipeline/bundle/remote.py",
+        "functions": ["x_sha256", "x_open_manifest", "x__damaged"],
+        "tests": ["tests/unit/test_bundle.py", "tests/unit/test_verify.py"],
     },
     "publish-gates": {
         "path": "pipeline/stages/publish.py",

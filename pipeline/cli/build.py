@@ -91,12 +91,13 @@ def _resolved_now(cfg: DictConfig) -> set[str]:
 
 
 def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
-    from pipeline import report, runner
+    from pipeline import report
+    from pipeline.runner import executor
     from pipeline.identity import ArtifactKey
     from pipeline.stages import STAGES
 
-    plan = runner.preflight(cfg, STAGES, environment=False)
-    here = runner.env_problems(plan)
+    plan = executor.preflight(cfg, STAGES, environment=False)
+    here = executor.env_problems(plan)
     rows = [{"stage": p.stage.name, "fingerprint": p.fingerprint, "cached": p.cached, "reason": p.reason,
              "output": str(p.out)} for p in plan.stages]
     key = ArtifactKey.of(cfg)
@@ -131,14 +132,16 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     ``reports/``); with ``as_json`` stdout holds the report as JSON and the summary goes to stderr."""
     from omegaconf import OmegaConf
 
-    from pipeline import errors, report, runner
+    from pipeline import errors, report
+
+    from pipeline.runner import executor
     from pipeline.config import resolved_paths
     from pipeline.identity import ArtifactKey
     from pipeline.stages import STAGES
     from pipeline.ui import console, results
 
-    runner.writable_root(cfg)  # an unwritable root: one line, before planning (which memoises digests there)
-    plan = runner.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
+    executor.writable_root(cfg)  # an unwritable root: one line, before planning (which memoises digests there)
+    plan = executor.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
     paths = resolved_paths(cfg)
     log_path = errors.log_path(paths["store"] / "logs")
     errors.setup_logging(log_path)
@@ -146,7 +149,7 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     key = ArtifactKey.of(cfg)
     console.print(f"[bold]build[/] {key.model} · {key.quant} (KV {key.kv}) · {key.target} · {key.runtime}   "
                   f"[dim]log: {log_path}[/]")
-    summary = runner.run(plan, console).to_dict()
+    summary = executor.run(plan, console).to_dict()
     path = report.write(summary, paths["reports"])
     report.print_summary(summary, path, results(as_json))
     from pipeline.config import to_plain
@@ -179,7 +182,7 @@ def refusal_summary(refused: list[dict[str, Any]]) -> list[str]:
 def cmd_validate(as_json: bool) -> int:
     """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
     are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
-    from pipeline import runner
+    from pipeline.runner import executor
     from pipeline.config import combinations, compose_many
     from pipeline.stages import STAGES
 
@@ -192,7 +195,7 @@ def cmd_validate(as_json: bool) -> int:
             errors = cfg.problems or [str(cfg)]
         else:
             try:
-                refused = runner.plan_checks(cfg, STAGES, environment=False)
+                refused = executor.plan_checks(cfg, STAGES, environment=False)
             except UserError as exc:
                 errors = exc.problems or [str(exc)]
         results.append({"combination": combo, "errors": errors, "refused": refused})

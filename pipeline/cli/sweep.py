@@ -37,7 +37,9 @@ def multirun(verb: str, overrides: list[str], body: Callable[[DictConfig], Any])
     to here, so Hydra's jobs receive the same values the checks composed."""
     import hydra
 
-    from pipeline import runner, schema
+    from pipeline import schema
+
+    from pipeline.runner import executor
     from pipeline.config import compose_many, conf_dir, expand_sweeps, shipped_targets
     from pipeline.hardware import resolve_overrides
     from pipeline.stages import STAGES
@@ -51,10 +53,10 @@ def multirun(verb: str, overrides: list[str], body: Callable[[DictConfig], Any])
         if isinstance(cfg, UserError):
             errors.append(f"{' '.join(job)}: {cfg}")
             continue
-        stages = runner.select(cfg, STAGES)
-        problems = runner.plan_checks(cfg, stages, environment=False)
+        stages = executor.select(cfg, STAGES)
+        problems = executor.plan_checks(cfg, stages, environment=False)
         if not problems and runs_here:
-            problems = runner.plan_checks(cfg, stages)
+            problems = executor.plan_checks(cfg, stages)
         if problems:
             refused[i] = problems
     if not errors and len(refused) == len(jobs):

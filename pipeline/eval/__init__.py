@@ -31,7 +31,7 @@ FRONTEND_LOG = "frontend.log"
 def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None, *, shared=None,
            stage: str = "evaluate") -> Iterator[tuple[Any, Any]]:
     """Triton serving ``repo`` (``serve.launcher``: local, docker, or the server at ``serve.url``) with the OpenAI
-    front end before it; yields the two leases (``pipeline.serving.shared.Lease``: the server, and the front end's
+    front end before it; yields the two leases (``pipeline.runner.leases.Lease``: the server, and the front end's
     base URL ``http://HOST:PORT/v1``). With the run's ``shared`` scope, the front end is ``python -m
     pipeline.serving`` in a process of its own (as the bench runs it), and a server and front end an earlier stage
     started for the same repository are reused; the run stops them. Without one, the front end runs in a thread of
@@ -39,7 +39,7 @@ def served(serve, repo: Path, work: Path, timings: dict[str, Any] | None = None,
     gets the seconds each step took (``server_start_s``, ``frontend_start_s``, ``stop_s``) and whether this stage
     started them."""
     from pipeline.eval import endpoint
-    from pipeline.serving import shared as sh
+    from pipeline.runner import leases as sh
     from pipeline.ui import status
 
     timings = {} if timings is None else timings

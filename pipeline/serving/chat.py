@@ -1,13 +1,13 @@
 """``POST /v1/chat/completions`` (as vLLM's ``serving_chat.py``): messages rendered with the model's own chat template
 (``chat_template_kwargs`` passed through, e.g. Qwen3's ``enable_thinking``; a BOS the layout's tokenizer step adds
 again is dropped); a tokenizer without one answers with a 400 (completions still work). ``logprobs``/
-``top_logprobs`` in OpenAI's chat form. The rest is :class:`~pipeline.serving.endpoint.Endpoint`'s."""
+``top_logprobs`` in OpenAI's chat form. The rest is :class:`~pipeline.serving.generation.Endpoint`'s."""
 from __future__ import annotations
 
 from typing import Any
 
 from pipeline.serving import protocol as P
-from pipeline.serving.endpoint import Endpoint, Job, Stream
+from pipeline.serving.generation import Endpoint, Job, Stream
 
 
 class ChatEndpoint(Endpoint):
@@ -36,12 +36,14 @@ class ChatEndpoint(Endpoint):
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         token_level = req.num_logprobs() is not None
         if not token_level and self.can_count_later(req.limit()):
-            job = Job(0, self.gen(req, text, None, self.budget(None, req.limit(), param), False), None, "")
+            job = Job(0, self.gen_request(req, text, None, self.budget(None, req.limit(), param), False), None,
+                      "")
             self.count_later(job, text, lambda n: self.budget(n, req.limit(), param))
             return [job]
         ids = self.served.encode_prompt(text)
         max_tokens = self.budget(len(ids), req.limit(), param)
-        return [Job(0, self.gen(req, text, ids if token_level else None, max_tokens, False), len(ids), "")]
+        return [Job(0, self.gen_request(req, text, ids if token_level else None, max_tokens, False), len(ids),
+                    "")]
 
     def response(self, jobs: list[Job], req: P.ChatRequest, rid: str, created: int) -> P.ChatCompletion:
         return P.ChatCompletion(
@@ -66,10 +68,11 @@ class ChatEndpoint(Endpoint):
     def role_chunk(self, s: Stream, index: int) -> bytes:
         """The stream's first chunk (the assistant's role, empty content), without per-chunk usage: bytes, as the
         per-token chunks are (the unit tests compare it with :meth:`chunk`'s)."""
-        return (b"data: " + self.head(s) + b',"choices":[{"index":%d,"delta":{"role":"assistant","content":""},'
-                b'"logprobs":null,"finish_reason":null}]' % index + self.tail(s))
+        return (b"data: " + self.chunk_head(s)
+                + b',"choices":[{"index":%d,"delta":{"role":"assistant","content":""},'
+                b'"logprobs":null,"finish_reason":null}]' % index + self.chunk_tail(s))
 
-    async def opening(self, s: Stream, job: Job, first, pending, seen: list[int]):
+    async def events_before_first_piece(self, s: Stream, job: Job, first, pending, seen: list[int]):
         """The assistant's role, first."""
         event = self.chunk(s, job, "", None, role=True) if s.continuous else self.role_chunk(s, job.index)
         return event, first, pending

@@ -1,11 +1,11 @@
 """``POST /v1/completions`` (as vLLM's ``serving_completion.py``): a prompt as a string, a list of strings, a list of
 token ids or a list of such lists (one choice each); ``echo`` (the prompt first), ``logprobs`` (0-20) with prompt log
 probabilities under ``echo`` (what lm-evaluation-harness's log-likelihood requests send), ``max_tokens: 0`` with
-``echo`` for the prompt's log probabilities only. The rest is :class:`~pipeline.serving.endpoint.Endpoint`'s."""
+``echo`` for the prompt's log probabilities only. The rest is :class:`~pipeline.serving.generation.Endpoint`'s."""
 from __future__ import annotations
 
 from pipeline.serving import protocol as P
-from pipeline.serving.endpoint import Endpoint, Job, Stream
+from pipeline.serving.generation import Endpoint, Job, Stream
 
 
 class CompletionsEndpoint(Endpoint):
@@ -48,12 +48,12 @@ class CompletionsEndpoint(Endpoint):
                 return self.budget(count, budget, "max_tokens")
 
             if ids is None and text and self.can_count_later(budget):  # an empty text: counted now
-                job = Job(i, self.gen(req, text, None, self.budget(None, budget, "max_tokens"), False), None,
+                job = Job(i, self.gen_request(req, text, None, self.budget(None, budget, "max_tokens"), False), None,
                           text if req.echo else "")
                 self.count_later(job, text, checks)
             else:
                 count = len(ids) if ids is not None else len(self.served.encode_prompt(text))
-                job = Job(i, self.gen(req, text, ids, checks(count), prompt_logprobs), count,
+                job = Job(i, self.gen_request(req, text, ids, checks(count), prompt_logprobs), count,
                           text if req.echo else "")
             job.zero = asked == 0  # echo only: the one token generated for the prompt's log probs is not returned
             jobs.append(job)
@@ -83,7 +83,7 @@ class CompletionsEndpoint(Endpoint):
         seen[1] = 1
         return self.completion_logprobs(items, job.gen.logprobs)
 
-    async def opening(self, s: Stream, job: Job, first, pending, seen: list[int]):
+    async def events_before_first_piece(self, s: Stream, job: Job, first, pending, seen: list[int]):
         """With ``echo``, the prompt first, with its own log probs only (they come with the first answer)."""
         if not (s.req.echo and job.echo_text):
             return None, first, pending

@@ -1,7 +1,7 @@
 """Generation over Triton's gRPC API (``tritonclient.grpc.aio``), through the layout's own entry points. What goes in
-and comes out is the layout's codec (its folder's ``codec.py``, ``pipeline/triton/layouts/<name>/``): an OpenAI
-request becomes the entry point's tensors, each response a :class:`~pipeline.serving.codec.Delta`. The tensor names
-and types are those of the layout's interface (NVIDIA's recorded upstream one for ``inflight_batcher_llm`` and
+and comes out is the layout's codec (its folder's ``openai_codec.py``, ``pipeline/triton/layouts/<name>/``): an
+OpenAI request becomes the entry point's tensors, each response a :class:`~pipeline.triton.layouts.contract.Delta`.
+The tensor names and types are those of the layout's interface (NVIDIA's recorded upstream one for ``inflight_batcher_llm`` and
 ``llmapi``), read back from the server's own model configs at start-up; an input a request needs and the model lacks
 is a 400 naming both.
 
@@ -20,10 +20,10 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from pipeline.serving.codec import Delta, GenRequest, Spec
 from pipeline.serving.model import ServedModel
-from pipeline.serving.protocol import APIError
 from pipeline.serving.transport import Mux, StreamPool, once
+from pipeline.triton import layouts
+from pipeline.triton.layouts.contract import APIError, Delta, GenRequest, Spec
 
 NP = {"TYPE_BOOL": (np.bool_, "BOOL"), "TYPE_INT32": (np.int32, "INT32"), "TYPE_INT64": (np.int64, "INT64"),
       "TYPE_UINT64": (np.uint64, "UINT64"), "TYPE_FP32": (np.float32, "FP32"), "TYPE_FP16": (np.float16, "FP16"),
@@ -38,8 +38,6 @@ class Driver:
     def __init__(self, url: str, served: ServedModel, entry: str | None = None, timeout_s: float = 600.0):
         self.url, self.served, self.timeout_s = url, served, timeout_s
         self.down: str | None = None  # why the server is gone, set by whoever watches it (pipeline serve)
-        from pipeline.triton import layouts
-
         self.layout = layouts.get(served.layout)  # its entry points and text-request tensors
         self.codec = self.layout.codec(served)  # OpenAI requests <-> its tensors
         self.entry_name = entry or self.layout.entry_points[0]

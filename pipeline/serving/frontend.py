@@ -14,11 +14,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from pipeline.errors import UserError
-from pipeline.serving import protocol as P
+from pipeline.serving import model as served_model, protocol as P
+from pipeline.serving.app import create_app
 from pipeline.serving.chat import ChatEndpoint
 from pipeline.serving.completions import CompletionsEndpoint
 from pipeline.serving.driver import Driver
 from pipeline.serving.model import ServedModel
+from pipeline.triton import layouts
 
 
 @dataclass
@@ -57,9 +59,6 @@ class FrontEnd:
         ``triton_repo/`` included) served by Triton at ``grpc_url`` (set ``driver.url`` later where the server is
         not up yet). Everything it needs is checked here: the API key's variable, the repository and its tokenizer,
         ``entry_point`` against the layout's entry points. Raises :class:`UserError`."""
-        from pipeline.serving import model as served_model
-        from pipeline.triton import layouts
-
         settings = Settings.from_config(openai_cfg)
         served = served_model.load(repo, name=openai_cfg.model_name)
         entry = getattr(openai_cfg.entry_point, "value", openai_cfg.entry_point)
@@ -71,8 +70,6 @@ class FrontEnd:
 
     def app(self):
         """The ASGI application (``pipeline.serving.app.create_app``)."""
-        from pipeline.serving.app import create_app
-
         return create_app(self)
 
     # --- request checks ---------------------------------------------------------------------------------------

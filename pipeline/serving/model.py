@@ -19,53 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-
-TRUE = ("true", "1", "t", "y", "yes")
-FALSE = ("false", "0", "f", "n", "no")
-
-
-def special_tokens_flag(value: str | None) -> bool:
-    """Preprocessing's ``add_special_tokens`` parameter as upstream's preprocessing model reads it
-    (tensorrtllm_backend ``all_models/inflight_batcher_llm/preprocessing/1/model.py`` @ c2e65b8, ``initialize``): one
-    of its true or false words in any case, and true for anything else (absent, unfilled, misspelt)."""
-    v = (value or "").lower()
-    return v in TRUE if v in TRUE + FALSE else True
-
-
-def params(config_pbtxt: Path) -> dict[str, str]:
-    """A model config's filled ``parameters`` (name -> string value); a :class:`UserError` when it cannot be read."""
-    from pipeline.triton.render import parse_model_config
-
-    try:
-        cfg = parse_model_config(config_pbtxt.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{config_pbtxt}: cannot read it ({exc})") from None
-    return {k: v.string_value for k, v in cfg.parameters.items() if not v.string_value.startswith("${")}
-
-
-def resolve(repo: Path, path: str) -> Path:
-    """A path parameter as it exists here: relative -> under the repository root; absolute and present -> itself;
-    absolute and absent (the serving container's mount) -> the longest tail of it found in the repository."""
-    p = Path(path)
-    if not p.is_absolute():
-        return (repo / p).resolve()
-    if p.exists():
-        return p
-    parts = p.parts[1:]
-    for i in range(len(parts)):
-        cand = repo.joinpath(*parts[i:])
-        if cand.exists():
-            return cand
-    return p
-
-
-@dataclass
-class Reading:
-    """What a layout folder's ``served.read(repo, model_dirs)`` finds in a written repository."""
-
-    tokenizer_dir: Path
-    max_seq_len: int | None  # None: not in the repository (the checkpoint's max_position_embeddings is used)
-    add_special_tokens: bool  # how the layout's tokenizer step encodes text prompts
+from pipeline.triton import layouts
+from pipeline.triton.layouts.contract import Reading, to_int  # noqa: F401 - Reading: what a layout's served.read gives
 
 
 @dataclass
@@ -143,17 +98,8 @@ def _bundle(repo: Path) -> dict[str, Any] | None:
     return None
 
 
-def to_int(v) -> int | None:
-    try:
-        return int(v) if v not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-
-
 def load(repo: Path, name: str | None = None, load_tokenizer: bool = True) -> ServedModel:
     """Read a model repository (a bundle's ``triton_repo/`` included). Raises ``UserError`` naming what is missing."""
-    from pipeline.triton import layouts
-
     repo = Path(repo).resolve()
     dirs = {d.name: d for d in repo.iterdir() if d.is_dir()}
     layout = layouts.of_repository(dirs)

@@ -12,7 +12,7 @@ Every response body is one of the typed models below (OpenAI's ``Completion``, `
 fields that were set, in the models' field order, non-ASCII text as it is. A field the answer leaves out is one not
 passed to the model (a chat delta's ``role`` after the first chunk; a chunk's ``usage`` without
 ``stream_options.include_usage``); a field passed as None is ``null``. The streaming hot path writes its per-token
-chunk as bytes around the text (``pipeline.serving.endpoint``); ``tests/unit/test_serving.py`` checks those bytes
+chunk as bytes around the text (``pipeline.serving.generation``); ``tests/unit/test_serving.py`` checks those bytes
 against :func:`dump` of the same chunk.
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.triton.layouts.contract import APIError, ErrorBody, ErrorDetail  # noqa: F401 - the layouts raise it too
 
 
 def dumps(doc: Any) -> bytes:
@@ -31,21 +33,6 @@ def dumps(doc: Any) -> bytes:
 def dump(model: BaseModel) -> bytes:
     """A response model as the front end writes it: the fields that were set, in field order (:func:`dumps`)."""
     return dumps(model.model_dump(exclude_unset=True))
-
-
-class APIError(Exception):
-    """An error in OpenAI's schema (:class:`ErrorBody`): ``{"error": {"message", "type", "param", "code"}}``."""
-
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict:
-        return ErrorBody(error=ErrorDetail(message=self.message, param=self.param, code=self.code,
-                                           type=self.TYPES.get(self.status, "invalid_request_error"))).model_dump()
 
 
 class _Strict(BaseModel):
@@ -117,6 +104,9 @@ class Message(_Strict):
 
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
+    # at least 1, as OpenAI's API and vLLM (SamplingParams: "max_tokens must be at least 1") refuse 0 with a 400
+    # naming the field; only /v1/completions takes 0, with echo (the prompt's log probabilities only)
+    max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
@@ -227,17 +217,6 @@ class _Out(BaseModel):
     """A response body (or part of one): every field it has is declared."""
 
     model_config = ConfigDict(extra="forbid")
-
-
-class ErrorDetail(_Out):
-    message: str
-    type: str
-    param: Optional[str]
-    code: Optional[str]
-
-
-class ErrorBody(_Out):
-    error: ErrorDetail
 
 
 class Usage(_Out):

@@ -28,7 +28,7 @@ from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BuildRecord
-from pipeline.runner import Context, Stage, lib_versions
+from pipeline.runner.contract import Context, Stage, lib_versions
 from pipeline.ui import status
 from pipeline.tokenizer_files import is_tokenizer_file
 

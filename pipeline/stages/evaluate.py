@@ -35,7 +35,7 @@ from pipeline.errors import StageFailed, UserError
 from pipeline.eval import tasks as evtasks
 from pipeline.identity import ArtifactKey
 from pipeline.results import EvalResult
-from pipeline.runner import Context, Stage
+from pipeline.runner.contract import Context, Stage
 from pipeline.triton import server as srv
 
 EVAL_JSON, EVAL_MD = ev.EVAL_JSON, "eval.md"

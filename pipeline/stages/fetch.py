@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from pipeline import hf_config, store
 from pipeline.errors import UserError
 from pipeline.results import FetchResult
-from pipeline.runner import Context, Stage
+from pipeline.runner.contract import Context, Stage
 from pipeline.sources import parse_source  # noqa: F401 - part of this module's interface
 from pipeline.ui import status
 from pipeline.tokenizer_files import TOKENIZER_FILES, TOKENIZER_GLOBS
@@ -89,7 +89,7 @@ def env_check(cfg: DictConfig) -> list[str]:
 
     if isinstance(try_to_load_from_cache(repo, "config.json", revision=rev), str):
         return []
-    from pipeline import runner
+    from pipeline.runner import executor as runner
 
     if runner.plan(cfg, [STAGE])[0].cached:
         return []

@@ -27,7 +27,7 @@ from pipeline.catalog import ENGINE_REL
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import PackageResult
-from pipeline.runner import Context, Stage
+from pipeline.runner.contract import Context, Stage
 from pipeline.triton import layouts
 from pipeline.triton.layouts import ENTRY_POINTS
 from pipeline.triton.repository import CAPACITY, layout, render_repository, rendered_engine_parameters, templates_digest

@@ -38,7 +38,7 @@ from pipeline.bundle import sign_problems
 from pipeline.config import resolved_paths, to_plain
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult, PublishResult
-from pipeline.runner import Context, Stage, host_info
+from pipeline.runner.contract import Context, Stage, host_info
 from pipeline.ui import status
 
 REPORTS = {"quantize": ("quantize.md", "accuracy.json"), "build": ("build.json",),

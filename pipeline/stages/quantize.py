@@ -39,7 +39,7 @@ from pipeline.formats import KV_FORMATS
 from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
 from pipeline.results import QuantizeResult
-from pipeline.runner import Context, Stage
+from pipeline.runner.contract import Context, Stage
 from pipeline.ui import console, progress, status
 from pipeline.tokenizer_files import TOKENIZER_GLOBS
 

@@ -103,7 +103,7 @@ def test_rerun_is_a_noop_and_a_quant_change_reruns_only_downstream(tiny_build, t
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.perf_counter() - t0 < 20
     assert statuses(root) == {s: "cached" for s in STAGE_NAMES}
-    from pipeline.serving import shared
+    from pipeline.runner import leases as shared
 
     assert shared.startups(Path(report(root)["log"]).read_text()) == {}  # a cached stage starts no server
 

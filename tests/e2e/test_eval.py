@@ -57,7 +57,7 @@ def test_the_bench_and_the_evaluation_share_one_server_and_front_end(tiny_build)
     planted second start-up (and a start-up never stopped) is what the count reports."""
     from collections import Counter
 
-    from pipeline.serving import shared
+    from pipeline.runner import leases as shared
 
     log = Path(report(tiny_build)["log"]).read_text()
     repo = str(_stage_out(tiny_build, "package"))
@@ -87,7 +87,7 @@ def test_the_bench_and_the_evaluation_share_one_server_and_front_end(tiny_build)
 def test_one_baseline_serves_every_format_and_target_of_a_device(tiny_build):
     """The baseline's fingerprint holds the model, the tasks and the device kind: another format reuses it (plan
     says cached), another task limit or model dtype does not."""
-    from pipeline import runner
+    from pipeline.runner import executor as runner
     from pipeline.stages import STAGES
 
     def planned(*extra):

@@ -27,7 +27,7 @@ def tiny(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from pipeline import hardware
-    from pipeline.runner import Context
+    from pipeline.runner.contract import Context
     from pipeline.stages import fetch
 
     src = tmp_path_factory.mktemp("proof") / "src"

@@ -268,7 +268,7 @@ def test_interrupted_object_store_upload_is_absent_until_the_next_publish_comple
     local = _local_bundle(tiny_build)
     doc = json.loads((local / "bundle.json").read_text())
     dest = f"memory://{tmp_path.name}"
-    fs, root = bundle._fs(dest)
+    fs, root = bundle.filesystem(dest)
     base = f"{root}/{ArtifactKey.of_manifest(doc).publish_prefix}"
     for f in doc["files"][:2]:
         fs.pipe_file(f"{base}/{doc['version']}/{f['path']}", (local / f["path"]).read_bytes())
@@ -305,7 +305,7 @@ def test_republish_to_an_object_store_hashes_and_restores_files(tiny_build, tmp_
     local = _local_bundle(tiny_build)
     dest = f"memory://{tmp_path.name}"
     first = bundle.publish(local, dest, move_latest=False)
-    fs, url = bundle._fs(first["url"])
+    fs, url = bundle.filesystem(first["url"])
     target = f"{url}/checkpoint/config.json"
     original = fs.cat_file(target)
     fs.pipe_file(target, original.replace(b"{", b" ", 1))  # same size, different content

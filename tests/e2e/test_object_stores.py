@@ -105,7 +105,7 @@ def test_publish_latest_verify_and_republish_repair(store, tmp_path):
     doc = json.loads((local / "bundle.json").read_text())
     first = bundle.publish(local, dest, move_latest=True)
     assert first["uploaded_files"] == len(doc["files"]) + 1 and first["latest_moved"]
-    fs, base = bundle._fs(_base(dest, local))
+    fs, base = bundle.filesystem(_base(dest, local))
     assert fs.cat_file(f"{base}/latest").decode().strip() == doc["version"]
     assert bundle.current_version(fs, base) == doc["version"]
     assert not [p for p in fs.find(base) if "/." in p and not p.endswith(f"/{bundle.KEEP}")], "no temp object left"
@@ -130,7 +130,7 @@ def test_an_upload_interrupted_midway_leaves_no_visible_version(store, tmp_path,
     dest, env = store
     local = make_bundle(tmp_path)
     doc = json.loads((local / "bundle.json").read_text())
-    fs, base = bundle._fs(_base(dest, local))
+    fs, base = bundle.filesystem(_base(dest, local))
     put, sent = fs.put_file, []
 
     def cut_after_two(src, dst, *args, **kwargs):  # the connection drops during the third object
@@ -163,7 +163,7 @@ def test_latest_names_the_newest_passing_version_and_readers_skip_incomplete_one
     new = make_bundle(tmp_path, version="v000000000002", seed=2)
     bundle.publish(old, dest, move_latest=True)
     bundle.publish(new, dest, move_latest=False)  # a gate did not pass: latest stays
-    fs, base = bundle._fs(_base(dest, old))
+    fs, base = bundle.filesystem(_base(dest, old))
     assert fs.cat_file(f"{base}/latest").decode().strip() == "v000000000001"
     assert bundle.current_version(fs, base) == "v000000000001"
     assert set(bundle.complete_versions(fs, base)) == {"v000000000001", "v000000000002"}
@@ -174,7 +174,7 @@ def test_latest_names_the_newest_passing_version_and_readers_skip_incomplete_one
 
 
 def test_outdated_and_gc_read_the_published_bundles(store, tmp_path):
-    from pipeline import runner
+    from pipeline.runner import executor as runner
     from pipeline.hardware import compose  # target/runtime auto: this machine's, as the CLI composes
     from pipeline.stages import STAGES
 

@@ -97,7 +97,7 @@ def _loglik_pass_logits(model, ids: list[int], repo: Path):
 
     import torch
 
-    from pipeline.runtime import batching
+    from pipeline.runtime import decode_engine as batching
 
     rows = int(re.search(r"^max_batch_size: (\d+)", (repo / "tensorrt_llm" / "config.pbtxt").read_text(), re.M)[1])
     step = batching.CONTEXT_WIDTH_STEP
@@ -463,10 +463,12 @@ def test_the_bench_and_eval_front_ends_run_the_builds_own_openai_settings(tiny_b
     model's own name, no key and no 413."""
     from types import SimpleNamespace
 
-    from pipeline import hardware, runner
+    from pipeline import hardware
+
+    from pipeline.runner import executor as runner
     from pipeline.eval import endpoint
-    from pipeline.serving import client as oa_client
-    from pipeline.serving import shared
+    from pipeline.stages.bench import openai_client as oa_client
+    from pipeline.runner import leases as shared
     from pipeline.stages import evaluate
     from pipeline.stages.bench import load
     from pipeline.stages.bench import stage as bench

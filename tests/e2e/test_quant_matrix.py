@@ -9,7 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline import hardware, runner
+from pipeline import hardware
+
+from pipeline.runner import executor as runner
 from pipeline.errors import StageFailed, UserError
 from pipeline.stages import STAGES
 from tests.conftest import TINY, run_cli

@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 
-from pipeline import hardware, runner
+from pipeline import hardware
+
+from pipeline.runner import executor as runner
 from pipeline.errors import StageFailed
 from pipeline.stages import STAGES
 from tests.conftest import TINY

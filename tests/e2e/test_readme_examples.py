@@ -1,4 +1,5 @@
-"""Every `python -m pipeline plan ...` line of the README plans as written. The lines are read from README.md when the test runs, so an
+"""Every `python -m pipeline plan ...` line of the README and of the usage page it links (docs/usage.md) plans as
+written. The lines are read from those files when the test runs, so an
 example added or changed there is checked as it stands. Placeholders a reader replaces are replaced here: usage
 brackets (`[--json]`, `[overrides...]`) are dropped, a `model.source=` path, Hub repository or GGUF file becomes a
 small local checkpoint of the right kind of shape, and a Slurm launcher is left out (it would submit jobs)."""
@@ -18,9 +19,12 @@ CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_
           "vocab_size": 300, "tie_word_embeddings": False, "max_position_embeddings": 4096}
 
 
+DOCS = ("README.md", "docs/usage.md")
+
+
 def readme_lines() -> list[str]:
     out = []
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in [x for doc in DOCS for x in (REPO / doc).read_text().splitlines()]:
         m = re.match(r"\s+python -m pipeline (plan)\s(.*)", line)
         if m:
             out.append(f"{m.group(1)} {m.group(2).split('#', 1)[0].strip()}".strip())

@@ -24,7 +24,7 @@ def tiny_fp8(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from pipeline import hardware
-    from pipeline.runner import Context
+    from pipeline.runner.contract import Context
     from pipeline.quant import modelopt
     from pipeline.stages import fetch
 

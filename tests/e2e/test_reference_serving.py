@@ -5,7 +5,7 @@ sets it: not decoupled, 1-D tensors). tests/e2e/test_clients.py sends NVIDIA's c
 The expected tokens come from the reference runtime run in this process on the same packaged checkpoint
 (``pipeline.runtime.reference.generate``, one prompt at a time). A batch whose sequences have different lengths is
 left-padded, and in bf16 with FP8 activations the masked attention rounds differently from a lone request's, which
-can break a near tie the other way (tests/unit/test_batching.py shows exact equality in fp32); so batched tokens are
+can break a near tie the other way (tests/unit/test_decode_engine.py shows exact equality in fp32); so batched tokens are
 checked to be the greedy choice given their own history, to a logit tolerance, with a negative control.
 """
 from __future__ import annotations

@@ -611,7 +611,9 @@ def test_soak_500_requests_at_concurrency_32(tiny_build, tmp_path):
     RSS (with its python stubs) growing < 10% from request 100 to 500."""
     import psutil
 
-    from pipeline.triton import client, server
+    from pipeline.stages.bench import triton_client as client
+
+    from pipeline.triton import server
 
     repo = next(tiny_build.glob("triton_repo/*-package-*/manifest.json")).parent
     prompts = ["Continue this text: the river begins as a thin stream of meltwater"] * 500

@@ -5,8 +5,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from pipeline import hardware, runner
-from pipeline.runner import Stage
+from pipeline import hardware
+
+from pipeline.runner import executor as runner
+from pipeline.runner.contract import Stage
 
 
 def _slow(ctx):

@@ -403,7 +403,7 @@ def test_external_launcher_uses_a_running_server_of_this_package_only(tiny_build
     the same server is refused, in one line, for a package of the llmapi layout, and a planted difference in one
     tensor of one model is named."""
     from pipeline.stages.bench import packaged_configs
-    from pipeline.triton import client
+    from pipeline.stages.bench import triton_client as client
 
     root = _copy(tiny_build, tmp_path / "e")
     repo = next(root.glob("triton_repo/*-package-*/manifest.json")).parent

@@ -73,7 +73,7 @@ def test_a_layout_added_as_one_folder_is_packaged_served_and_refused_when_broken
     cfg = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'name: "prompt"' in cfg and 'name: "completion"' in cfg
     assert {p.name for p in (repo / "tensorrt_llm" / "1").iterdir()} >= {
-        "model.py", "reference_runtime.py", "reference_batching.py", "reference_common.py"}
+        "model.py", "reference_runtime.py", "reference_decode_engine.py", "reference_common.py"}
     assert not (repo / "LINT.txt").exists()
     refused = run_cli("build", *BUILD, "until=package", root=tmp_path / "plain")  # the project without the folder
     assert refused.returncode == 2 and "toy" in refused.stderr, refused.stderr[-2000:]

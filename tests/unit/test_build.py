@@ -5,7 +5,7 @@ from pipeline import hardware
 
 
 def _engine_ctx(tmp_path, shared_content: bytes | None):
-    from pipeline.runner import Context
+    from pipeline.runner.contract import Context
     from pipeline.stages import build
 
     cfg = hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine"])

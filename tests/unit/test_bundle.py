@@ -9,6 +9,7 @@ import pytest
 from pipeline import bundle, upstream
 from pipeline.identity import ArtifactKey
 from pipeline.errors import StageFailed, UserError
+from pipeline.results import Gates
 from pipeline.stages import publish
 
 GATES = {"verdict": "pass", "breaches": [], "regressions": ["chat at concurrency 1: TTFT p95 30.0 vs 10.0 (+200%)"],
@@ -30,7 +31,7 @@ def test_the_bench_verdict_and_its_regressions_are_read_from_the_bench_result(tm
     assert got["verdict"] == "pass" and got["regressions"] == GATES["regressions"]
     assert got["regressions_gated"] is False and got["compared_with_previous_levels"] == 2
     gates = {"accuracy": "pass", "export_check": "pass", "bench": got["verdict"], "bench_detail": got}
-    bundle.Gates.model_validate(gates)
+    Gates.model_validate(gates)
     assert publish.gates_passed(gates)
     no_baseline = publish.bench_verdict(_bench_result(tmp_path, {**GATES, "verdict": "no-baseline"}))
     assert no_baseline["verdict"] == "no-baseline"
@@ -51,7 +52,7 @@ def test_a_bench_result_without_a_verdict_fails_publish_instead_of_passing(tmp_p
 
 def test_the_bundle_schema_refuses_an_unknown_bench_verdict():
     with pytest.raises(ValueError):
-        bundle.Gates.model_validate({"accuracy": "pass", "export_check": "pass", "bench": "maybe",
+        Gates.model_validate({"accuracy": "pass", "export_check": "pass", "bench": "maybe",
                                      "bench_detail": {**GATES, "verdict": "maybe"}})
 
 

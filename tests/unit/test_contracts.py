@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 from omegaconf.errors import ConfigAttributeError, ReadonlyConfigError
 
-from pipeline import config, hardware, planning, runner
-from pipeline.runner import Stage
+from pipeline import config, hardware, planning
+
+from pipeline.runner import executor as runner, fingerprint
+from pipeline.runner.contract import Stage
 from pipeline.stages import STAGE_NAMES, STAGES, bench, build, package
 
 BIG = ["model.shape.num_layers=80", "model.shape.hidden_size=8192", "model.shape.num_heads=64",
@@ -146,7 +148,7 @@ def test_quantize_takes_the_mapping_only_for_the_engine_runtime(tmp_path):
 
 def test_the_engine_build_spec_reads_only_declared_keys(tmp_path):
     """The trtllm_engine path (TensorRT-LLM is not installed here): its spec comes from the build's view alone."""
-    from pipeline.runner import Context
+    from pipeline.runner.contract import Context
 
     cfg = hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", "quant=fp8"])
     ckpt = tmp_path / "quantize" / "checkpoint"
@@ -216,9 +218,9 @@ def test_the_code_digest_follows_the_import_graph(tmp_path):
     stage_file = f["pipeline/stages/s.py"]
 
     def digest() -> str:
-        return runner.code_digest("pipeline.stages.s", stage_file, tmp_path)
+        return fingerprint.code_digest("pipeline.stages.s", stage_file, tmp_path)
 
-    assert set(runner.code_modules("pipeline.stages.s", stage_file, tmp_path)) == {
+    assert set(fingerprint.code_modules("pipeline.stages.s", stage_file, tmp_path)) == {
         "pipeline.stages.s", "pipeline.helper", "pipeline.deep", "pipeline.child"}
     before = digest()
     for rel in ("pipeline/helper.py", "pipeline/deep.py", "pipeline/child.py", "pipeline/stages/s.py"):
@@ -248,13 +250,13 @@ def test_a_package_that_discovers_its_modules_brings_them_all_into_the_digest(tm
         "pipeline/plain/sibling.py": "Z = 3\n",
     }
     stage = _plant(tmp_path, files)["pipeline/stages/s.py"]
-    assert set(runner.code_modules("pipeline.stages.s", stage, tmp_path)) == {
+    assert set(fingerprint.code_modules("pipeline.stages.s", stage, tmp_path)) == {
         "pipeline.stages.s", "pipeline.registry", "pipeline.registry.one", "pipeline.registry.two", "pipeline.plain"}
-    before = runner.code_digest("pipeline.stages.s", stage, tmp_path)
+    before = fingerprint.code_digest("pipeline.stages.s", stage, tmp_path)
     (tmp_path / "pipeline/plain/sibling.py").write_text("Z = 40\n")
-    assert runner.code_digest("pipeline.stages.s", stage, tmp_path) == before
+    assert fingerprint.code_digest("pipeline.stages.s", stage, tmp_path) == before
     (tmp_path / "pipeline/registry/two.py").write_text("Y = 20\n")
-    assert runner.code_digest("pipeline.stages.s", stage, tmp_path) != before
+    assert fingerprint.code_digest("pipeline.stages.s", stage, tmp_path) != before
 
 
 # what the stages listed by hand before the digest came from the import graph (each must still be covered; the
@@ -266,8 +268,8 @@ HAND_LISTED = {
     "build": {"pipeline.runtime.reference", "pipeline.runtime.trtllm", "pipeline.runtime.trtllm_child",
               "pipeline.planning", "pipeline.capacity", "pipeline.compat"},
     "package": {"pipeline.triton.render", "pipeline.triton.lint", "pipeline.runtime.reference",
-                "pipeline.runtime.batching", "pipeline.planning", "pipeline.capacity", "pipeline.upstream"},
-    "bench": {"pipeline.triton.client", "pipeline.triton.server", "pipeline.calib"},
+                "pipeline.runtime.decode_engine", "pipeline.planning", "pipeline.capacity", "pipeline.upstream"},
+    "bench": {"pipeline.stages.bench.triton_client", "pipeline.triton.server", "pipeline.calib"},
     "eval_baseline": {"pipeline.eval", "pipeline.eval.harness", "pipeline.eval.stats", "pipeline.eval.tasks",
                       "pipeline.eval.env", "pipeline.eval.endpoint", "pipeline.triton.server",
                       "pipeline.runtime.reference"},
@@ -280,9 +282,9 @@ HAND_LISTED = {
 @pytest.mark.parametrize("st", STAGES, ids=lambda s: s.name)
 def test_every_stage_digest_covers_its_helpers_and_nothing_excluded(st):
     name = st.run.__module__
-    mods = set(runner.code_modules(name, Path(importlib.util.find_spec(name).origin)))
+    mods = set(fingerprint.code_modules(name, Path(importlib.util.find_spec(name).origin)))
     assert HAND_LISTED[st.name] <= mods, HAND_LISTED[st.name] - mods
-    assert not any(runner._excluded(m) for m in mods)
+    assert not any(fingerprint._excluded(m) for m in mods)
     others = {s.run.__module__ for s in STAGES if s is not st}
     if st.name in ("fetch", "quantize", "build"):  # upstream stages never depend on a downstream stage's module
         assert not mods & others, mods & others

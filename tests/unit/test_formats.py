@@ -13,7 +13,9 @@ import pytest
 import torch
 import yaml
 
-from pipeline import compat, config, formats, hardware, runner, schema
+from pipeline import compat, config, formats, hardware, schema
+
+from pipeline.runner import executor as runner, fingerprint
 from pipeline.formats import FormatError, KVFormat, QuantFormat, Tolerances
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -304,5 +306,5 @@ def test_stage_code_digests_cover_the_discovered_format_modules():
     import importlib.util
 
     name = "pipeline.stages.quantize"
-    mods = runner.code_modules(name, Path(importlib.util.find_spec(name).origin))
+    mods = fingerprint.code_modules(name, Path(importlib.util.find_spec(name).origin))
     assert {f"pipeline.formats.{m}" for m in formats.MODULES} | {"pipeline.formats._base"} <= set(mods)

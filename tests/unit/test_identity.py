@@ -8,9 +8,11 @@ import json
 import pytest
 from omegaconf.errors import ConfigAttributeError
 
-from pipeline import bundle, hardware, report, runner
+from pipeline import bundle, hardware, report
+
+from pipeline.runner import executor as runner
 from pipeline.identity import ArtifactKey
-from pipeline.runner import Stage
+from pipeline.runner.contract import Stage
 
 KEY = ArtifactKey(model="tiny-qwen3", quant="int4_awq", kv="fp8", target="h100", runtime="trtllm_llmapi")
 

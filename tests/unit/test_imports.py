@@ -1,11 +1,14 @@
 """The import rules of the ``pipeline`` package, read from the source (nothing imported): nothing below the CLI imports
 ``pipeline.cli``, no import cycle joins the package's modules, no arrow runs back up the floors that ``pyproject.toml``
-lists (import-linter's layers contract) and no stage imports another. Every import statement counts: at module level,
+lists (import-linter's layers contract), no layout imports the OpenAI front end (a forbidden contract: both sides build
+on ``pipeline.triton.layouts.contract``) and no stage imports another. Every import statement counts: at module level,
 inside a function, or under ``if TYPE_CHECKING:``."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import pipeline
 
@@ -191,7 +194,8 @@ def _lint_imports(config: Path) -> tuple[int, str]:
 def test_no_arrow_runs_back_up_the_floors_and_no_stage_imports_another():
     code, report = _lint_imports(ROOT / "pyproject.toml")
     assert code == 0, report
-    assert "2 kept, 0 broken" in report, report
+    assert "3 kept, 0 broken" in report, report
+    assert "No layout imports the front end" in report, report
 
 
 def test_the_floor_contract_sees_a_planted_upward_import(tmp_path, monkeypatch):
@@ -214,3 +218,53 @@ def test_the_floor_contract_sees_a_planted_upward_import(tmp_path, monkeypatch):
     code, report = _lint_imports(tmp_path / "lint.toml")
     assert code != 0 and "0 kept, 2 broken" in report, report
     assert "planted.core -> planted.cli" in report and "planted.stages.a -> planted.stages.b" in report, report
+
+
+# the project's own contract that keeps the layouts off the front end, read from pyproject.toml
+def _layout_contract() -> str:
+    import tomllib
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = [c for c in doc["tool"]["importlinter"]["contracts"] if c["type"] == "forbidden"]
+    assert contract["source_modules"] == ["pipeline.triton.layouts"], contract
+    assert contract["forbidden_modules"] == ["pipeline.serving"], contract
+    return contract["name"]
+
+
+def _layout_package(tmp_path: Path, codec: str) -> Path:
+    """A planted package shaped like this one: the front end importing a layout at module level, and a layout codec
+    whose source is ``codec``."""
+    return _plant(tmp_path, {
+        "__init__.py": "",
+        "serving/__init__.py": "",
+        "serving/driver.py": "from planted.triton.layouts.ifb import openai_codec\n",
+        "serving/protocol.py": "",
+        "triton/__init__.py": "",
+        "triton/layouts/__init__.py": "",
+        "triton/layouts/contract.py": "class APIError(Exception):\n    pass\n",
+        "triton/layouts/ifb/__init__.py": "",
+        "triton/layouts/ifb/openai_codec.py": codec,
+    })
+
+
+@pytest.mark.parametrize("codec, broken", [
+    ("from planted.triton.layouts.contract import APIError\n", False),
+    ("def call():\n    from planted.serving.protocol import APIError\n", True),  # the planted import the other way
+])
+def test_the_layout_contract_sees_a_planted_import_of_the_front_end(tmp_path, monkeypatch, codec, broken):
+    """Negative control: the project's own forbidden contract (its name and modules read from ``pyproject.toml``), on a
+    planted package of the same shape, keeps a layout codec that imports the contract and breaks on one that imports
+    the front end (inside a function), naming that import."""
+    name = _layout_contract()
+    root = _layout_package(tmp_path, codec)
+    (tmp_path / "lint.toml").write_text(
+        '[tool.importlinter]\nroot_package = "planted"\n\n'
+        f'[[tool.importlinter.contracts]]\nname = "{name}"\ntype = "forbidden"\n'
+        'source_modules = ["planted.triton.layouts"]\nforbidden_modules = ["planted.serving"]\n')
+    monkeypatch.syspath_prepend(str(root.parent))
+    code, report = _lint_imports(tmp_path / "lint.toml")
+    if broken:
+        assert code != 0 and "0 kept, 1 broken" in report, report
+        assert "planted.triton.layouts.ifb.openai_codec -> planted.serving.protocol" in report, report
+    else:
+        assert code == 0 and "1 kept, 0 broken" in report, report

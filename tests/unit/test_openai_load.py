@@ -1,4 +1,4 @@
-"""The OpenAI load generator (``pipeline.serving.client``) against a real HTTP server (aiohttp's): which connection
+"""The OpenAI load generator (``pipeline.stages.bench.openai_client``) against a real HTTP server (aiohttp's): which connection
 each request came on."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def sse_server():
 
 
 def test_the_timed_requests_go_on_connections_opened_before_the_clock(sse_server):
-    from pipeline.serving import client
+    from pipeline.stages.bench import openai_client as client
 
     url, log = sse_server
     records, _ = client.run_level(url, "m", ["p"] * 12, list(range(12)), 4, 8, 30, chat=False)
@@ -71,7 +71,7 @@ def _send_order(url: str, stagger: bool) -> list[str]:
     aiohttp's own request tracing."""
     import aiohttp
 
-    from pipeline.serving import client
+    from pipeline.stages.bench import openai_client as client
 
     events: list[str] = []
 

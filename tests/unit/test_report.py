@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline import report
-from pipeline.runner import BuildReport
+from pipeline.runner.executor import BuildReport
 
 LEVEL = {"concurrency": 2, "request_count": 8, "error_count": 0, "ttft_p50_ms": 12.34, "ttft_p95_ms": 20.0,
          "itl_p50_ms": None, "itl_p95_ms": None, "latency_p95_ms": 80.0, "latency_p99_ms": 90.0,

@@ -104,7 +104,7 @@ def test_a_malformed_result_is_refused(stage, bad):
 
 def test_a_stage_reads_its_inputs_typed_and_only_the_declared_ones(tmp_path):
     from pipeline.errors import StageFailed
-    from pipeline.runner import Context, Stage
+    from pipeline.runner.contract import Context, Stage
 
     st = Stage(name="publish", run=lambda ctx: None, reads=(), inputs=("bench",))
     ctx = Context(cfg=None, stage=st, out=tmp_path, final=tmp_path, inputs={}, paths={},

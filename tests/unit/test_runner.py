@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import hardware, runner
+from pipeline import hardware
+
+from pipeline.runner import executor as runner
 from pipeline.errors import StageFailed
-from pipeline.runner import Stage
+from pipeline.runner.contract import Stage
 
 
 def _write(ctx):

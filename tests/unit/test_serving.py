@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.serving import protocol as P
-from pipeline.serving.codec import top as _top
-from pipeline.serving.endpoint import StopScanner
+from pipeline.triton.layouts.contract import top as _top
+from pipeline.serving.generation import StopScanner
 
 
 def _chat(**kw):
@@ -91,7 +91,7 @@ def test_text_chunks_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
     from tritonclient.grpc import InferResult, service_pb2
     from tritonclient.utils import serialize_byte_tensor
 
-    from pipeline.serving.codec import text_delta as _text_delta
+    from pipeline.triton.layouts.contract import text_delta as _text_delta
 
     def resp(texts, n, ntype="INT32", ttype="BYTES"):
         r = service_pb2.ModelInferResponse(model_name="ensemble", id="x")
@@ -219,7 +219,7 @@ def test_a_silent_stream_is_a_504_after_the_request_timeout_and_a_steady_one_is_
 def _upstream_spec(model: str, decoupled: bool = True):
     """The recorded upstream interface of one ``inflight_batcher_llm`` model, as the driver reads a served config."""
     from pipeline import upstream
-    from pipeline.serving.codec import Spec
+    from pipeline.triton.layouts.contract import Spec
 
     rec = upstream.interface()[model]
     return Spec.from_config({"name": model, "max_batch_size": 8, "input": rec["inputs"], "output": rec["outputs"],
@@ -262,7 +262,7 @@ def test_request_protobufs_are_what_tritonclient_builds_also_after_other_request
     tritonclient builds, whatever was sent before it."""
     from types import SimpleNamespace
 
-    from pipeline.serving.codec import GenRequest
+    from pipeline.triton.layouts.contract import GenRequest
     from pipeline.serving.driver import Driver
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
@@ -291,7 +291,7 @@ def test_a_planted_wrong_part_in_a_kept_request_is_seen_by_the_comparison():
     request differ from tritonclient's."""
     from types import SimpleNamespace
 
-    from pipeline.serving.codec import GenRequest
+    from pipeline.triton.layouts.contract import GenRequest
     from pipeline.serving.driver import Driver
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
@@ -601,8 +601,8 @@ def _streamed(endpoint, include_usage: bool, index: int, pieces: list[str]) -> l
     import asyncio
     from types import SimpleNamespace
 
-    from pipeline.serving.codec import GenRequest
-    from pipeline.serving.endpoint import Job, Stream
+    from pipeline.triton.layouts.contract import GenRequest
+    from pipeline.serving.generation import Job, Stream
 
     async def gen():
         for p in pieces[1:]:
@@ -690,7 +690,7 @@ def _preprocessing_flag():
 
 @pytest.mark.parametrize("value, expected", UPSTREAM_ADD_SPECIAL_TOKENS)
 def test_add_special_tokens_is_read_as_upstreams_preprocessing_reads_it(value, expected):
-    from pipeline.serving.model import special_tokens_flag
+    from pipeline.triton.layouts.contract import special_tokens_flag
 
     assert special_tokens_flag(value) is expected
     assert _preprocessing_flag()(value) is expected
@@ -699,7 +699,66 @@ def test_add_special_tokens_is_read_as_upstreams_preprocessing_reads_it(value, e
 def test_a_parse_that_defaults_to_false_fails_the_upstream_table():
     """Negative control: the parse both places used before (``in TRUE``, false otherwise) disagrees with upstream on
     values outside its words."""
-    from pipeline.serving.model import TRUE
+    from pipeline.triton.layouts.contract import TRUE
 
     old = lambda v: (v or "true").lower() in TRUE  # noqa: E731
     assert any(old(v) is not want for v, want in UPSTREAM_ADD_SPECIAL_TOKENS)
+
+
+def _post(app, path: str, body: dict) -> tuple[int, dict | str]:
+    import asyncio
+
+    import httpx
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            r = await c.post(path, json=body)
+            return r.status_code, r.text
+
+    code, text = asyncio.run(go())
+    try:
+        return code, json.loads(text)
+    except ValueError:
+        return code, text
+
+
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hello there"}]}
+_COMPLETION = {"model": "m", "prompt": "Hello there"}
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/chat/completions", {**_CHAT, "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {**_CHAT, "max_tokens": -3}, "max_tokens"),
+    ("/v1/chat/completions", {**_CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**_CHAT, "max_tokens": 5, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("/v1/completions", {**_COMPLETION, "max_tokens": 0}, "max_tokens"),  # 0 is for echo only
+    ("/v1/completions", {**_COMPLETION, "max_tokens": -1}, "max_tokens"),
+])
+def test_a_token_budget_below_one_is_a_400_whose_body_names_the_field(path, body, field):
+    """As OpenAI's API and vLLM answer: ``max_tokens`` (and ``max_completion_tokens``) below 1 is a 400 whose error
+    body names the field, in its ``param`` and its message. Negative control: the same request with the field at 1
+    passes the front end's checks and is answered by the stand-in for Triton (200)."""
+    code, doc = _post(_talking_app(), path, body)
+    assert code == 400 and isinstance(doc, dict), (code, doc)
+    assert doc["error"]["param"] == field and field in doc["error"]["message"], doc
+    assert doc["error"]["type"] == "invalid_request_error", doc
+    code, doc = _post(_talking_app(), path, {**body, field: 1})
+    assert code == 200 and doc["usage"]["completion_tokens"] >= 1, (code, doc)
+
+
+def _talking_app():
+    """The front end's app for a served model whose Triton (a stand-in: ``_TalkingMux``) answers every request."""
+    from pathlib import Path
+
+    from pipeline.serving.driver import Driver
+    from pipeline.serving.frontend import FrontEnd, Settings
+    from pipeline.serving.model import ServedModel
+    from pipeline.stages.fetch import train_tokenizer
+
+    tok = train_tokenizer(512)
+    tok.chat_template = tok.chat_template or "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    served = ServedModel(Path("."), "inflight_batcher_llm", "m", Path("."), 4096, True, tokenizer=tok)
+    driver = Driver("127.0.0.1:1", served)
+    driver.entry = _upstream_spec("ensemble")
+    driver.pool.muxes = [_TalkingMux(0.0)]
+    return FrontEnd(served, driver, Settings(stream_status_wait_s=0.0)).app()

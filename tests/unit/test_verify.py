@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import bundle
+from pipeline.bundle import remote, verifying
 from pipeline.errors import UserError
 from tests.helpers.bundles import FILES, make_bundle, rewrite_manifest
 
@@ -215,8 +216,8 @@ def test_damaged_names_the_missing_resized_and_rehashed_files(local):
 
     files = json.loads((local / "bundle.json").read_text())["files"]
     fs = fsspec.filesystem("file")
-    assert bundle._damaged(fs, str(local), files, local_dest=True) == []
-    assert bundle._damaged(fs, str(local), files, local_dest=False) == []
+    assert remote._damaged(fs, str(local), files, local_dest=True) == []
+    assert remote._damaged(fs, str(local), files, local_dest=False) == []
     (local / CONFIG).unlink()
     data = bytearray((local / MODEL).read_bytes())
     data[5] ^= 1  # same size, new modification time: hashed again
@@ -224,7 +225,7 @@ def test_damaged_names_the_missing_resized_and_rehashed_files(local):
     bench = local / "reports" / "bench.json"
     bench.write_bytes(bench.read_bytes() + b" ")
     for local_dest in (True, False):
-        got = [f["path"] for f in bundle._damaged(fs, str(local), files, local_dest=local_dest)]
+        got = [f["path"] for f in remote._damaged(fs, str(local), files, local_dest=local_dest)]
         assert got == [CONFIG, MODEL, "reports/bench.json"], (local_dest, got)
 
 
@@ -312,7 +313,7 @@ def test_a_container_check_names_each_version_that_differs():
                                         ("10.13.4", "10.13.3.9", False), ("10", "10.1", False),
                                         (None, "10.13", False), ("10.13", None, False), (None, None, False)])
 def test_versions_compare_on_the_components_both_give(a, b, same):
-    assert bundle._same_version(a, b) is same
+    assert verifying._same_version(a, b) is same
 
 
 def test_an_unchanged_local_file_is_trusted_by_size_and_time(local):
@@ -330,8 +331,8 @@ def test_an_unchanged_local_file_is_trusted_by_size_and_time(local):
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     fs = fsspec.filesystem("file")
-    assert bundle._damaged(fs, str(local), files, local_dest=True) == []
-    assert [f["path"] for f in bundle._damaged(fs, str(local), files, local_dest=False)] == [MODEL]
+    assert remote._damaged(fs, str(local), files, local_dest=True) == []
+    assert [f["path"] for f in remote._damaged(fs, str(local), files, local_dest=False)] == [MODEL]
 
 
 def test_an_unreadable_destination_is_one_line_naming_it():

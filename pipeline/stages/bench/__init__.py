@@ -34,7 +34,7 @@ from pipeline.stages.bench import aiperf
 from pipeline.stages.bench.gates import (GATE_FIELDS, REGRESSION_METRICS, baseline_line, gates, previous_bench,
                                          summary_row)
 from pipeline.stages.bench.load import COUNTING, make_prompts, workload_names
-from pipeline.stages.bench.report import markdown, plot
+from pipeline.stages.bench.bench_md import markdown, plot
 from pipeline.stages.bench.stage import STAGE, bench_result, check, choose_entry, env_check, packaged_configs, run
 
 __all__ = ["COUNTING", "GATE_FIELDS", "REGRESSION_METRICS", "STAGE", "aiperf",

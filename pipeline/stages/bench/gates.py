@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchVerdict
-from pipeline.runner import Context
+from pipeline.runner.contract import Context
 
 # What the typed result keeps of bench.json's gates (everything but the per-check list)
 GATE_FIELDS = tuple(BenchVerdict.model_fields)

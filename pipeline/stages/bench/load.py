@@ -1,5 +1,5 @@
 """The bench's load: prompts drawn from the shipped corpus, and each workload's concurrency sweep through the load
-generator (``pipeline.triton.client``)."""
+generator (``pipeline.stages.bench.triton_client``)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 from pipeline import calib
-from pipeline.runner import Context
+from pipeline.runner.contract import Context
 from pipeline.stages.bench import aiperf
 from pipeline.triton import server as srv
 from pipeline.triton.layouts import ENGINE_REL
@@ -46,10 +46,10 @@ def workload_names(b) -> list[str]:
 def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], requests: list[dict[str, Any]]) -> None:
     """Answer checks, the warm-up (once, before the first workload), then each workload's concurrency levels; every
     request sent is appended to ``requests`` (the lines of requests.jsonl). ``lease``: the server the bench took
-    (``pipeline.serving.shared.Lease``). With ``bench.openai``, each level is sent again through the OpenAI front
+    (``pipeline.runner.leases.Lease``). With ``bench.openai``, each level is sent again through the OpenAI front
     end; with ``bench.aiperf`` too, aiperf profiles the front end with the same prompts at the levels
     ``bench.aiperf_levels`` names (:func:`aiperf_levels`; its export: ``aiperf/<workload>/concurrency_<N>/``)."""
-    from pipeline.triton import client
+    from pipeline.stages.bench import triton_client as client
 
     cfg, b = ctx.cfg, ctx.cfg.bench
     server = lease.value
@@ -176,13 +176,13 @@ class _Front:
     """The OpenAI front end in a process of its own, in front of the bench's server, with the build's own
     ``serve.openai`` settings (:data:`OPENAI_READS`, :data:`OPENAI_UNHASHED`; written to ``openai-front-end.json``,
     its log's part written while the bench ran to ``openai-front-end.log``) on a free port; the run's own when the
-    task evaluation will serve the same repository with the same settings (``pipeline.serving.shared``). The load
+    task evaluation will serve the same repository with the same settings (``pipeline.runner.leases``). The load
     generators send its key where it has one."""
 
     def __init__(self, ctx: Context, lease):
         import contextlib
 
-        from pipeline.serving import shared
+        from pipeline.runner import leases as shared
         from pipeline.serving.frontend import Settings
 
         repo = ctx.inputs["package"]
@@ -200,7 +200,7 @@ class _Front:
         self.url = self.lease.value
 
     def level(self, prompts, order, conc, max_tokens, chat, on_done=None):
-        from pipeline.serving import client as oa_client
+        from pipeline.stages.bench import openai_client as oa_client
 
         return oa_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
                                    on_done=on_done, api_key=self.api_key)

@@ -12,11 +12,11 @@ from typing import Any
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
 from pipeline.results import BenchResult
-from pipeline.runner import Context, Stage
-from pipeline.serving import shared
+from pipeline.runner.contract import Context, Stage
+from pipeline.runner import leases as shared
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
 from pipeline.stages.bench.load import COUNTING, OPENAI_READS, OPENAI_UNHASHED, run_workloads
-from pipeline.stages.bench.report import markdown, plot
+from pipeline.stages.bench.bench_md import markdown, plot
 from pipeline.triton import server as srv
 from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS  # the tokenizer lives with the engine in every layout
 from pipeline.ui import status
@@ -57,7 +57,7 @@ def packaged_configs(repo: Path) -> dict[str, Any]:
 def run(ctx: Context) -> BenchResult:
     from transformers import AutoTokenizer
 
-    from pipeline.triton import client
+    from pipeline.stages.bench import triton_client as client
 
     cfg = ctx.cfg
     repo = ctx.inputs["package"]

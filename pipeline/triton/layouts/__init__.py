@@ -13,16 +13,20 @@ A layout folder ``<name>/`` holds:
   written repository is of this layout), the runtimes ``serve.layout=auto`` picks it for, the templates that run the
   reference runtime;
 - ``models/<template>/``: ``config.pbtxt.tmpl`` and the python models (``1/*.py``) of each template; the reference
-  runtime's self-contained copies (``pipeline/runtime/reference.py``, ``batching.py``,
+  runtime's self-contained copies (``pipeline/runtime/reference.py``, ``decode_engine.py``,
   ``pipeline/triton/models/reference_common.py``) go beside the ``model.py`` of the templates ``LAYOUT.reference``
   names;
 - ``placeholders.py``: ``values(cfg, engine_cfg, capacity)`` -> ``{template: {placeholder: value}}``,
   ``max_batch_size(cfg, capacity)``, and optionally ``files(cfg, repo, capacity)`` (files besides the configs, such
   as ``llmapi``'s ``model.yaml``);
-- ``served.py``: ``read(repo, model_dirs)`` -> ``pipeline.serving.model.Reading`` (the tokenizer directory, the
-  context length, whether text prompts are tokenized with special tokens), for the front end;
-- ``codec.py``: ``Codec`` (a ``pipeline.serving.codec.Codec``), the front end's mapping of an OpenAI request onto the
-  entry point's tensors and of a response onto a ``Delta`` (and token-level requests where the layout has them);
+- ``served.py``: ``read(repo, model_dirs)`` -> ``contract.Reading`` (the tokenizer directory, the context length,
+  whether text prompts are tokenized with special tokens), for the front end;
+- ``openai_codec.py``: ``Codec`` (a ``contract.Codec``), the front end's mapping of an OpenAI request onto the entry
+  point's tensors and of a response onto a ``Delta`` (and token-level requests where the layout has them);
+
+``contract.py`` is everything those two build on (``pipeline.triton.layouts.contract``): the reading, the codec base,
+the request and delta types and the API error. A layout imports it and never the front end (``pipeline.serving``),
+which imports the layouts (an import-linter contract in ``pyproject.toml``);
 - ``interface.yaml`` for a layout that is not NVIDIA's: its models' tensors and parameters in the form of
   ``pipeline/upstream/trtllm-<line>.yaml``'s ``layouts.<name>`` (under ``models``) and ``reads.<name>`` (under
   ``reads``); ``pipeline lint`` checks a repository of it against that. NVIDIA's layouts have none: their interface

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from pipeline.errors import UserError
 from pipeline.catalog import ENGINE_REL, LAYOUT_INTERFACE as INTERFACE, LLM_MODEL
 
-PARTS = ("placeholders", "served", "codec")  # the modules every layout folder holds beside its __init__.py
+PARTS = ("placeholders", "served", "openai_codec")  # the modules every layout folder holds beside its __init__.py
 
 
 def _nothing(model_dirs: Mapping[str, Path]) -> bool:
@@ -138,12 +138,12 @@ class Layout:
 
     def read(self, repo: Path, model_dirs: Mapping[str, Path]):
         """``served.read``: what a written repository says about its model (tokenizer directory, context length,
-        how prompts are tokenized), a ``pipeline.serving.model.Reading``."""
+        how prompts are tokenized), a ``contract.Reading``."""
         return self.part("served").read(repo, model_dirs)
 
     def codec(self, served):
-        """``codec.Codec``: the front end's mapping of OpenAI requests onto this layout's tensors, for ``served``."""
-        return self.part("codec").Codec(self, served)
+        """``openai_codec.Codec``: the front end's mapping of OpenAI requests onto this layout's tensors, for ``served``."""
+        return self.part("openai_codec").Codec(self, served)
 
     # --- its own consistency -------------------------------------------------------------------------------------
     def problems(self) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from pipeline.serving.model import Reading, params, resolve, to_int
+from pipeline.triton.layouts.contract import Reading, params, resolve, to_int
 
 
 def read(repo: Path, model_dirs: Mapping[str, Path]) -> Reading:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import UserError
-from pipeline.serving.model import Reading, params, resolve, special_tokens_flag, to_int
+from pipeline.triton.layouts.contract import Reading, params, resolve, special_tokens_flag, to_int
 from pipeline.triton.layouts.record import ENGINE_REL
 
 

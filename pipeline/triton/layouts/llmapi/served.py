@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from pipeline.serving.model import Reading, params, resolve, to_int
+from pipeline.triton.layouts.contract import Reading, params, resolve, to_int
 from pipeline.triton.layouts.record import ENGINE_REL
 
 

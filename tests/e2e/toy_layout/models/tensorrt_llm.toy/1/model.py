@@ -26,7 +26,7 @@ def _value(request, name, default=None):
 class TritonPythonModel:
     def initialize(self, args):
         import torch
-        import reference_batching as batching
+        import reference_decode_engine as decode_engine
         import reference_runtime as rt
         from transformers import AutoTokenizer
 
@@ -41,9 +41,9 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         eos = self.model.config.eos_token_id
         self.eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-        self.batching = batching
+        self.decode_engine = decode_engine
         max_seq = param(cfg, "max_seq_len")
-        self.engine = batching.BatchEngine(self.model, max_batch_size=4, max_seq_len=int(max_seq) if max_seq else None)
+        self.engine = decode_engine.BatchEngine(self.model, max_batch_size=4, max_seq_len=int(max_seq) if max_seq else None)
 
     def execute(self, requests):
         if not self.decoupled:
@@ -55,7 +55,7 @@ class TritonPythonModel:
     def _events(self, request):
         ids = self.tokenizer(_value(request, "prompt", ""))["input_ids"]
         temperature = float(_value(request, "temperature", 0.0))
-        req = self.batching.GenerationRequest(input_ids=ids, max_new_tokens=int(_value(request, "max_new_tokens", 16)),
+        req = self.decode_engine.GenerationRequest(input_ids=ids, max_new_tokens=int(_value(request, "max_new_tokens", 16)),
                                               end_ids=self.eos, temperature=temperature)
         events = queue.Queue()
         self.engine.submit(req, on_event=events.put)

@@ -2,7 +2,7 @@
 
 The tensors are upstream's (tensorrtllm_backend all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt): the
 model reads the inputs and outputs its ``config.pbtxt`` declares and serves them with the semantics of upstream's
-python ``tensorrt_llm`` model. Every prompt of every request goes to one batching engine (``reference_batching.py``),
+python ``tensorrt_llm`` model. Every prompt of every request goes to one batching engine (``reference_decode_engine.py``),
 so concurrent requests share each forward pass.
 
 - Decoupled or not (``model_transaction_policy.decoupled``); several prompts per request (the batch dimension),
@@ -149,7 +149,7 @@ class _Job:
 class TritonPythonModel:
     def initialize(self, args):
         import torch
-        import reference_batching as batching
+        import reference_decode_engine as decode_engine
         import reference_runtime as rt
         import reference_formats as formats
 
@@ -176,8 +176,8 @@ class TritonPythonModel:
         eos = getattr(gen_cfg, "eos_token_id", None) or self.model.config.eos_token_id
         self.model_eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         max_seq = _param(cfg, "max_seq_len")
-        self.batching = batching
-        self.engine = batching.BatchEngine(self.model, max_batch_size=max(1, int(cfg.get("max_batch_size") or 1)),
+        self.decode_engine = decode_engine
+        self.engine = decode_engine.BatchEngine(self.model, max_batch_size=max(1, int(cfg.get("max_batch_size") or 1)),
                                            max_seq_len=int(max_seq) if max_seq else None)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.exclude_default = (_param(cfg, "exclude_input_in_output", "false").lower() in ("1", "true"))
@@ -270,7 +270,7 @@ class TritonPythonModel:
             for s in range(n_seq):
                 prompts.append({
                     "batch_index": b, "sequence_index": s,
-                    "request": self.batching.GenerationRequest(**common, seed=seed + s),
+                    "request": self.decode_engine.GenerationRequest(**common, seed=seed + s),
                     "end_ids": common["end_ids"], "pad_id": pad_id if pad_id is not None else end_id,
                     "exclude": self.exclude_default if exclude is None else bool(exclude),
                     "perf": bool(_scalar(request, "return_perf_metrics", b, batch, False)),

@@ -122,7 +122,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         import torch
-        import reference_batching as batching
+        import reference_decode_engine as decode_engine
         import reference_runtime as rt
         import reference_formats as formats
         from transformers import AutoTokenizer
@@ -155,8 +155,8 @@ class TritonPythonModel:
         eos = getattr(gen_cfg, "eos_token_id", None) or self.model.config.eos_token_id
         self.eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         max_seq = _param(cfg, "max_seq_len") or doc.get("max_seq_len")
-        self.batching = batching
-        self.engine = batching.BatchEngine(self.model, max_batch_size=int(doc.get("max_batch_size") or 8),
+        self.decode_engine = decode_engine
+        self.engine = decode_engine.BatchEngine(self.model, max_batch_size=int(doc.get("max_batch_size") or 8),
                                            max_seq_len=int(max_seq) if max_seq else None)
         self.tokens_per_block = int((doc.get("kv_cache_config") or {}).get("tokens_per_block") or 32)
         period = doc["triton_config"].get("cancellation_check_period_ms", 100)
@@ -214,7 +214,7 @@ class TritonPythonModel:
         stops = [s for s in _strings(request, "sampling_param_stop") if s]
         stop_ids = [self.tokenizer.encode(s, add_special_tokens=False) for s in stops]
         prompt_ids = self.tokenizer(texts[0])["input_ids"]
-        req = self.batching.GenerationRequest(
+        req = self.decode_engine.GenerationRequest(
             input_ids=prompt_ids,
             max_new_tokens=int(_value(request, "sampling_param_max_tokens", 32)),
             end_ids=self.eos,
@@ -281,12 +281,12 @@ class TritonPythonModel:
                 if ev.token is not None:
                     now = time.monotonic_ns()
                     times["first"], times["last"] = times["first"] or now, now
-                    if not (ev.finish_reason == self.batching.FINISH_END and ev.token in p["request"].end_ids):
+                    if not (ev.finish_reason == self.decode_engine.FINISH_END and ev.token in p["request"].end_ids):
                         tokens.append(ev.token)
                 reason, stop_reason = ev.finish_reason, None
-                if reason == self.batching.FINISH_END:
+                if reason == self.decode_engine.FINISH_END:
                     reason = "stop"
-                elif reason == self.batching.FINISH_STOP:
+                elif reason == self.decode_engine.FINISH_STOP:
                     reason = "stop"
                     for text, ids in p["stop"]:
                         if tokens[-len(ids):] == ids:

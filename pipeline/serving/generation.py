@@ -32,9 +32,9 @@ from typing import Any, AsyncIterator, Callable
 from pydantic import BaseModel
 
 from pipeline.serving import protocol as P
-from pipeline.serving.codec import Delta, GenRequest, TokenLogprob
 from pipeline.serving.driver import SENT
 from pipeline.serving.transport import EventStream, Final, Last, until_done_or_gone
+from pipeline.triton.layouts.contract import Delta, GenRequest, TokenLogprob
 
 
 class StopScanner:
@@ -103,8 +103,8 @@ class Endpoint:
     """One generation endpoint of the front end (``front``: its :class:`~pipeline.serving.frontend.FrontEnd`, for the
     served model, the driver, the settings and the request checks). A subclass gives the request model, the id
     prefix, the response and chunk models, and: :meth:`jobs` (a request's prompts), :meth:`response` (the whole
-    answer), :meth:`choice_chunk` and :meth:`piece_logprobs` (a chunk's choice), :meth:`opening` (the events before
-    the first piece) and ``fast_open``/``fast_close`` (the bytes around a chunk's text)."""
+    answer), :meth:`choice_chunk` and :meth:`piece_logprobs` (a chunk's choice), :meth:`events_before_first_piece`
+    (the events before the first piece) and ``fast_open``/``fast_close`` (the bytes around a chunk's text)."""
 
     request_model: type[BaseModel]
     id_prefix: str
@@ -126,7 +126,7 @@ class Endpoint:
         rid, created = f"{self.id_prefix}-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return await self.stream(request, jobs, req, rid, created)
-        return await self.whole(request, jobs, req, rid, created)
+        return await self.answer_unstreamed(request, jobs, req, rid, created)
 
     def jobs(self, req) -> list[Job]:
         raise NotImplementedError
@@ -151,7 +151,7 @@ class Endpoint:
         return asked
 
     @staticmethod
-    def gen(req, prompt_text: str | None, prompt_ids: list[int] | None, max_tokens: int,
+    def gen_request(req, prompt_text: str | None, prompt_ids: list[int] | None, max_tokens: int,
             prompt_logprobs: bool) -> GenRequest:
         return GenRequest(
             prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens, stream=req.stream,
@@ -165,15 +165,15 @@ class Endpoint:
     def can_count_later(self, asked: int | None) -> bool:
         """Whether the request to Triton can be made without the prompt's token count: its ``max_tokens`` is
         given, or the context length is unknown (the default is then the configured cap). The count, and the
-        checks that need it, then run once the request is on its way (:meth:`settle`)."""
+        checks that need it, then run once the request is on its way (:meth:`count_prompt_and_check`)."""
         return asked is not None or self.served.max_seq_len is None
 
     def count_later(self, job: Job, text: str, checks: Callable[[int], Any]) -> None:
         job.check = checks
         job.counted = asyncio.get_running_loop().create_future()
-        job.gen.after_send = lambda: self.settle(job, text)
+        job.gen.after_send = lambda: self.count_prompt_and_check(job, text)
 
-    def settle(self, job: Job, text: str | None = None) -> P.APIError | None:
+    def count_prompt_and_check(self, job: Job, text: str | None = None) -> P.APIError | None:
         """Count the prompt's tokens (once) and run the checks that need the count. A failed check is kept in
         ``job.problem`` and returned: the driver then ends the request, and :meth:`run` answers with it before
         anything else."""
@@ -220,7 +220,7 @@ class Endpoint:
             async for d in agen:
                 if not settled:  # the prompt's own checks come before anything it returns
                     settled = True
-                    if self.settle(job) is not None:
+                    if self.count_prompt_and_check(job) is not None:
                         raise job.problem
                 if d.prompt_logprobs is not None:
                     job.prompt_logprobs = d.prompt_logprobs
@@ -239,12 +239,13 @@ class Endpoint:
                 if scanner.hit:
                     break
         except P.APIError:
-            if not settled and self.settle(job) is not None:  # refused for its count (by the checks or Triton)
+            # refused for its count (by the checks or Triton)
+            if not settled and self.count_prompt_and_check(job) is not None:
                 raise job.problem from None
             raise
         finally:
             await agen.aclose()  # a stop string or a client gone: the Triton request is cancelled
-        if not settled and self.settle(job) is not None:  # nothing came back at all
+        if not settled and self.count_prompt_and_check(job) is not None:  # nothing came back at all
             raise job.problem
         if not scanner.hit:
             tail = scanner.flush()
@@ -275,7 +276,7 @@ class Endpoint:
     def response(self, jobs: list[Job], req, rid: str, created: int) -> BaseModel:
         raise NotImplementedError
 
-    async def whole(self, request, jobs: list[Job], req, rid: str, created: int):
+    async def answer_unstreamed(self, request, jobs: list[Job], req, rid: str, created: int):
         """A non-streamed answer: every job run to its end (cancelled if the client leaves), then one body."""
         from starlette.responses import Response
 
@@ -306,7 +307,7 @@ class Endpoint:
         seen[0] = len(have)
         return new
 
-    async def opening(self, s: Stream, job: Job, first, pending, seen: list[int]):
+    async def events_before_first_piece(self, s: Stream, job: Job, first, pending, seen: list[int]):
         """The job's events before its first piece: (event or None, first, pending); it may wait for the first
         piece (``pending``, a future) when the opening needs what comes with it."""
         return None, first, pending
@@ -326,7 +327,7 @@ class Endpoint:
                                 **extra)
         return b"data: " + P.dump(body) + b"\n\n"
 
-    def head(self, s: Stream) -> bytes:
+    def chunk_head(self, s: Stream) -> bytes:
         """A chunk's bytes up to its choices (the same for every chunk of the stream), made once."""
         if s.head is None:
             s.head = P.dumps({"id": s.rid, "object": self.chunk_object, "created": s.created,
@@ -334,14 +335,15 @@ class Endpoint:
         return s.head
 
     @staticmethod
-    def tail(s: Stream) -> bytes:
+    def chunk_tail(s: Stream) -> bytes:
         """A chunk's bytes after its choices, without per-chunk usage."""
         return b',"usage":null}\n\n' if s.include_usage else b'}\n\n'
 
     def fast_parts(self, s: Stream, index: int) -> tuple[bytes, bytes]:
         """The bytes of a per-token chunk before and after its text (JSON-quoted), for a stream without log probs
         and per-chunk usage: what :meth:`chunk` writes for that chunk (the unit tests compare them)."""
-        return (self.head(s) + b',"choices":[{"index":%d,' % index + self.fast_open, self.fast_close + self.tail(s))
+        return (self.chunk_head(s) + b',"choices":[{"index":%d,' % index + self.fast_open,
+                self.fast_close + self.chunk_tail(s))
 
     async def stream(self, request, jobs: list[Job], req, rid: str, created: int):
         """Start every job (problems found while :func:`prime` waits keep their status), then stream server-sent
@@ -373,7 +375,7 @@ class Endpoint:
         if job.gen.logprobs is None and not s.continuous:  # the common chunk, built around the text alone
             fast = self.fast_parts(s, job.index)
         try:
-            event, first, pending = await self.opening(s, job, first, pending, seen)
+            event, first, pending = await self.events_before_first_piece(s, job, first, pending, seen)
             if event is not None:
                 yield event
             if pending is not None:
@@ -397,7 +399,7 @@ class Endpoint:
                 await asyncio.gather(waited, return_exceptions=True)
             await gen.aclose()
 
-    def closing(self, s: Stream, jobs: list[Job], before: bytes = b"") -> Last:
+    def closing_events(self, s: Stream, jobs: list[Job], before: bytes = b"") -> Last:
         """The last events (the usage chunk, ``[DONE]``) after ``before``, sent in one write with the stream's
         end."""
         usage = b""
@@ -419,7 +421,7 @@ class Endpoint:
                     yield final
                     final = b""
                 yield item
-            yield self.closing(s, jobs, final)
+            yield self.closing_events(s, jobs, final)
         finally:  # the client went away: stop the generation
             await it.aclose()
 
@@ -442,7 +444,7 @@ class Endpoint:
                     done += 1
                     continue
                 yield item
-            yield self.closing(s, jobs)
+            yield self.closing_events(s, jobs)
         finally:  # the client went away (the event stream closes this generator): stop every generation
             for t in tasks:
                 t.cancel()

@@ -1,6 +1,15 @@
-"""What a layout's codec is made of: the front end's generation request (:class:`GenRequest`, in OpenAI's terms),
-what one response adds (:class:`Delta`), a served model's interface (:class:`Spec`), and the :class:`Codec` base each
-layout folder's ``codec.py`` builds on (``pipeline/triton/layouts/<name>/codec.py``).
+"""The contract between the OpenAI front end (``pipeline.serving``) and the layouts (``pipeline/triton/layouts/<name>/``):
+everything a layout folder's ``served.py`` and ``openai_codec.py`` build on, and everything the front end reads back
+from them. The front end imports the layouts; no layout imports the front end (an import-linter contract in
+``pyproject.toml``).
+
+- The served-model reading: what a layout's ``served.read`` returns (:class:`Reading`) and the helpers it reads a
+  repository with (:func:`params`, :func:`resolve`, :func:`special_tokens_flag`, :func:`to_int`).
+- The API error: :class:`APIError`, an error in OpenAI's schema (:class:`ErrorBody`), which a codec raises for a
+  request its layout cannot serve and the front end answers with.
+- The codec: the front end's generation request (:class:`GenRequest`, in OpenAI's terms), what one response adds
+  (:class:`Delta`), a served model's interface (:class:`Spec`), and the :class:`Codec` base each layout folder's
+  ``openai_codec.py`` builds on.
 
 A codec turns one :class:`GenRequest` into a :class:`Call`: the model it goes to, its input tensors by name, the
 outputs asked for, the streaming flag's name, and how each of its responses reads (:meth:`Call.decode` -> a
@@ -17,11 +26,102 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
-from pipeline.serving.protocol import APIError
+from pipeline.errors import UserError
+from pipeline.triton.render import parse_model_config
+
+
+# ---------------------------------------------------------------------------------------------- the API error
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    message: str
+    type: str
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
+
+
+class APIError(Exception):
+    """An error in OpenAI's schema (:class:`ErrorBody`): ``{"error": {"message", "type", "param", "code"}}``."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return ErrorBody(error=ErrorDetail(message=self.message, param=self.param, code=self.code,
+                                           type=self.TYPES.get(self.status, "invalid_request_error"))).model_dump()
+
+
+# ------------------------------------------------------------------------------------ the served-model reading
+TRUE = ("true", "1", "t", "y", "yes")
+FALSE = ("false", "0", "f", "n", "no")
+
+
+def special_tokens_flag(value: str | None) -> bool:
+    """Preprocessing's ``add_special_tokens`` parameter as upstream's preprocessing model reads it
+    (tensorrtllm_backend ``all_models/inflight_batcher_llm/preprocessing/1/model.py`` @ c2e65b8, ``initialize``): one
+    of its true or false words in any case, and true for anything else (absent, unfilled, misspelt)."""
+    v = (value or "").lower()
+    return v in TRUE if v in TRUE + FALSE else True
+
+
+def params(config_pbtxt: Path) -> dict[str, str]:
+    """A model config's filled ``parameters`` (name -> string value); a :class:`UserError` when it cannot be read."""
+    try:
+        cfg = parse_model_config(config_pbtxt.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{config_pbtxt}: cannot read it ({exc})") from None
+    return {k: v.string_value for k, v in cfg.parameters.items() if not v.string_value.startswith("${")}
+
+
+def resolve(repo: Path, path: str) -> Path:
+    """A path parameter as it exists here: relative -> under the repository root; absolute and present -> itself;
+    absolute and absent (the serving container's mount) -> the longest tail of it found in the repository."""
+    p = Path(path)
+    if not p.is_absolute():
+        return (repo / p).resolve()
+    if p.exists():
+        return p
+    parts = p.parts[1:]
+    for i in range(len(parts)):
+        cand = repo.joinpath(*parts[i:])
+        if cand.exists():
+            return cand
+    return p
+
+
+@dataclass
+class Reading:
+    """What a layout folder's ``served.read(repo, model_dirs)`` finds in a written repository."""
+
+    tokenizer_dir: Path
+    max_seq_len: int | None  # None: not in the repository (the checkpoint's max_position_embeddings is used)
+    add_special_tokens: bool  # how the layout's tokenizer step encodes text prompts
+
+
+def to_int(v) -> int | None:
+    try:
+        return int(v) if v not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------- the codec
 
 
 @dataclass

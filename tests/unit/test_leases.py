@@ -1,5 +1,5 @@
 """One server per repository per build run: the runner's shared scope (``runner.Shared``), the serving leases
-(``pipeline.serving.shared``) with a stand-in for tritonserver, and the run-log count of start-ups, each with a
+(``pipeline.runner.leases``) with a stand-in for tritonserver, and the run-log count of start-ups, each with a
 negative control."""
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import hardware, runner
-from pipeline.runner import Stage
-from pipeline.serving import shared as sh
+from pipeline import hardware
+
+from pipeline.runner import executor as runner
+from pipeline.runner.contract import Stage
+from pipeline.runner import leases as sh
 
 EVENTS: list[str] = []
 

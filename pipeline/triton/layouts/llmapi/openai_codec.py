@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.serving.codec import Call, Codec as _Base, CumulativeCall, GenRequest, Spec
-from pipeline.serving.protocol import APIError
+from pipeline.triton.layouts.contract import APIError, Call, Codec as _Base, CumulativeCall, GenRequest, Spec
 
 _SAMPLING = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
              "min_tokens")

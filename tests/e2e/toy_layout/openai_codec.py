@@ -2,8 +2,7 @@
 holds the text of its new tokens in ``completion``. Anything else that would change the output is a 400."""
 from __future__ import annotations
 
-from pipeline.serving.codec import Call, Codec as _Base, GenRequest, Spec, TextCall
-from pipeline.serving.protocol import APIError
+from pipeline.triton.layouts.contract import APIError, Call, Codec as _Base, GenRequest, Spec, TextCall
 
 
 class Codec(_Base):

@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.serving.codec import (Call, Codec as _Base, Delta, GenRequest, Spec, TextCall, TokenLogprob,
-                                    common_prefix, token_param, top)
-from pipeline.serving.protocol import APIError
+from pipeline.triton.layouts.contract import (APIError, Call, Codec as _Base, Delta, GenRequest, Spec, TextCall,
+                                              TokenLogprob, common_prefix, token_param, top)
 
 LLM = "tensorrt_llm"  # the model that takes token ids
 _TEXT_SAMPLING = {k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",

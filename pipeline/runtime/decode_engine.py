@@ -18,7 +18,7 @@ penalties, an embedding bias, max tokens, log probabilities of the chosen tokens
 generation logits. A request can be cancelled at any time; a failure of one request never ends the others.
 
 Self-contained (torch and transformers only): Triton's python backend imports this file on its own, copied next to
-the served ``model.py`` as ``reference_batching.py``.
+the served ``model.py`` as ``reference_decode_engine.py``.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.triton import client
-from pipeline.triton.client import EntryPoint, RequestRecord
+from pipeline.stages.bench import triton_client as client
+from pipeline.stages.bench.triton_client import EntryPoint, RequestRecord
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline.formats import KV_FORMATS, fp8
-from pipeline.runtime import batching, reference as rt
-from pipeline.runtime.batching import BatchEngine, GenerationRequest
+from pipeline.runtime import decode_engine as batching, reference as rt
+from pipeline.runtime.decode_engine import BatchEngine, GenerationRequest
 
 PROMPTS = [[1, 5, 7, 9, 3], [2, 4], list(range(10, 40)), [7] * 12, [100, 3, 100, 3, 9, 8, 7]]
 

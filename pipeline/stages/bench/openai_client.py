@@ -1,5 +1,5 @@
 """Streaming load generator over the OpenAI API (aiohttp), measuring what an application sees: the same
-:class:`pipeline.triton.client.RequestRecord` per request as the gRPC generator, so both summarize alike.
+:class:`pipeline.stages.bench.triton_client.RequestRecord` per request as the gRPC generator, so both summarize alike.
 
 Each request is a streamed ``POST /v1/chat/completions`` (or ``/v1/completions``) with ``temperature: 0`` (greedy,
 as the gRPC entry point decodes by default) and ``max_tokens``; TTFT is the first server-sent chunk that carries
@@ -21,7 +21,7 @@ import json
 import time
 from typing import Callable
 
-from pipeline.triton.client import RequestRecord
+from pipeline.stages.bench.triton_client import RequestRecord
 
 
 async def _open(session, base_url: str, n: int) -> None:

@@ -1,0 +1,126 @@
+"""``diff``: what changed between two bundles, as a Markdown table, and the recipe settings it (and the CI matrix)
+compares."""
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.bundle.remote import open_manifest, store_errors
+
+
+def _get(d: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+UNCOMPARED = ("paths.", "publish.dest", "publish.link", "publish.sign", "publish.move_latest")  # where, not what
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": value}``."""
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def recipe_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """A bundle's recorded recipe (``recipe``: each stage's resolved config) as one flat ``key -> value`` map
+    (every stage reads one config: a key has one value); paths and the destination are left out. Empty for a
+    bundle that records no recipe."""
+    out: dict[str, Any] = {}
+    for cfg in (doc.get("recipe") or {}).values():
+        out.update(flatten(cfg))
+    return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
+
+
+ABSOLUTE = ("baseline", "quantized", "difference", "ci_low", "ci_high")  # task fields compared by difference
+
+# A recipe key whose recorded value may be ``null``/``auto`` (resolved at run time) -> where the bundle records the
+# value the build used
+EFFECTIVE = {"quant.calib.num_samples": ("quant", "calibration", "rows"),
+             "quant.calib.seq_len": ("quant", "calibration", "seq_len"),
+             "quant.calib.dataset": ("quant", "calibration", "dataset")}
+
+
+class _Resolved:
+    """A value the build resolved (``auto``/unset in its recipe): shown as ``24 (resolved)``, compared by value."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"{self.value} (resolved)"
+
+
+def _plain(v: Any) -> Any:
+    return v.value if isinstance(v, _Resolved) else v
+
+
+def effective_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """:func:`recipe_settings` with each ``auto``/unset key that the bundle records a resolved value for replaced by
+    that value (``quant.calib.num_samples`` unset -> the calibration rows it used), so two builds compare by what
+    they ran with."""
+    out = recipe_settings(doc)
+    for key, path in EFFECTIVE.items():
+        if key in out and out[key] in (None, "auto"):
+            used = _get(doc, *path)
+            if used is not None:
+                out[key] = _Resolved(used)
+    return out
+
+
+def diff(old: str, new: str) -> str:
+    """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
+    the server benched on, size, accuracy, bench, versions."""
+    with store_errors(old, "reading the bundle"):
+        _, _, a = open_manifest(old)
+    with store_errors(new, "reading the bundle"):
+        _, _, b = open_manifest(new)
+    rows: list[tuple[str, Any, Any]] = [("version", a.get("version"), b.get("version"))]
+    ca, cb = effective_settings(a), effective_settings(b)
+    for key in sorted(set(ca) | set(cb)):  # first: why two versions differ
+        rows.append((f"config {key}", ca.get(key), cb.get(key)))
+    sa, sb = a.get("served_by") or {}, b.get("served_by") or {}
+    for key in ("launcher", "binary", "image", "version"):
+        rows.append((f"server {key}", sa.get(key), sb.get(key)))
+    rows += [
+        ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),
+        ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),
+        ("kv_cache_quant_algo", _get(a, "quant", "kv_cache_quant_algo"), _get(b, "quant", "kv_cache_quant_algo")),
+    ]
+    for key in ("kl_mean", "top1_agreement", "ppl_ratio"):
+        rows.append((f"accuracy {key}", _get(a, "accuracy", "quantized_vs_unquantized", key),
+                     _get(b, "accuracy", "quantized_vs_unquantized", key)))
+    for w in sorted(set(_get(a, "bench", "workloads") or {}) | set(_get(b, "bench", "workloads") or {})):
+        old_rows = {r["concurrency"]: r for r in _get(a, "bench", "workloads", w) or []}
+        new_rows = {r["concurrency"]: r for r in _get(b, "bench", "workloads", w) or []}
+        for c in sorted(set(old_rows) | set(new_rows)):
+            for key in ("ttft_p50_ms", "latency_p95_ms", "output_tokens_per_s"):
+                rows.append((f"{w} c={c} {key}", (old_rows.get(c) or {}).get(key), (new_rows.get(c) or {}).get(key)))
+    for task in sorted(set(_get(a, "eval", "tasks") or {}) | set(_get(b, "eval", "tasks") or {})):
+        for key in ("baseline", "quantized", "difference", "ci_low", "items", "verdict"):
+            rows.append((f"task {task} {key}", _get(a, "eval", "tasks", task, key), _get(b, "eval", "tasks", task, key)))
+    rows.append(("lm-eval version", _get(a, "eval", "lm_eval"), _get(b, "eval", "lm_eval")))
+    for key in ("tensorrt_llm", "tensorrt", "cuda", "driver", "torch", "transformers", "container"):
+        rows.append((f"{key} version", _get(a, "runtime_versions", key), _get(b, "runtime_versions", key)))
+    rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))
+    lines = ["| field | old | new | change |", "|---|---|---|---|"]
+    for name, o, n in rows:
+        if _plain(o) == _plain(n):
+            continue
+        change = ""
+        numbers = isinstance(o, (int, float)) and isinstance(n, (int, float)) and not isinstance(o, bool)
+        if numbers and name.startswith("task ") and name.rsplit(" ", 1)[-1] in ABSOLUTE:
+            change = f"{n - o:+.4g}"  # a score, a difference or an interval bound: the change is absolute
+        elif numbers and o and not name.startswith("config "):
+            change = f"{100 * (n / o - 1):+.1f}%"
+        fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+        lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")
+    if len(lines) == 2:
+        lines.append("| (no differences) | | | |")
+    return "\n".join(lines) + "\n"
