@@ -11,6 +11,9 @@ from pipeline.cli.common import add_overrides, stdout_gone, subcommand
 from pipeline.errors import UserError
 
 
+EXIT_DRAIN_CUT = 3  # SIGTERM/SIGINT: requests were still in flight when serve.drain_s ran out
+
+
 def register(sub) -> None:
     p = subcommand(sub, "serve", help="serve a model repository or published bundle on Triton and the OpenAI API "
                                       "until Ctrl-C",
@@ -83,6 +86,7 @@ def cmd_serve(args: list[str]) -> int:
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}  # SIGINT too: a
     # background job starts with it ignored
+    drain = None
     restart = str(cfg.serve.restart)
     if restart not in ("no", "on-failure"):
         raise UserError(f"serve.restart={restart}: choose no or on-failure")
@@ -116,7 +120,8 @@ def cmd_serve(args: list[str]) -> int:
                     return False
 
                 if front is not None:
-                    front_run.serve_forever(front.app(), sock, alive=alive)
+                    drain = front_run.Drain(cfg.serve.drain_s)
+                    front_run.serve_forever(front.app(), sock, alive=alive, drain=drain)
                 else:
                     while s.alive():
                         time.sleep(0.5)
@@ -134,11 +139,18 @@ def cmd_serve(args: list[str]) -> int:
                   f"serve.restart=on-failure)", file=sys.stderr, flush=True)
             time.sleep(wait)
     except KeyboardInterrupt:
+        cut = drain is not None and drain.started and drain.completed is False
         try:
-            print("stopped", flush=True)
+            if drain is not None and drain.started:
+                how = (f"drained: every request in flight finished" if not cut else
+                       f"drain cut after serve.drain_s={drain.drain_s:g} s: the streams still running were ended "
+                       f"with an error event")
+                print(f"stopped ({how}; Triton stopped after)", flush=True)
+            else:
+                print("stopped", flush=True)
         except BrokenPipeError:  # `serve | tee`: Ctrl-C stopped the reader too
             stdout_gone()
-        return 0
+        return EXIT_DRAIN_CUT if cut else 0
     except server.ServerError as exc:
         log = _keep_log(exc.log_path, cfg)
         if exc.reason:  # the server's own reason, in one line, instead of its summary "failed to load all models"

@@ -140,3 +140,42 @@ def test_health_reports_a_stalled_triton_within_its_bound(repo, tmp_path):
         assert r.status_code == 503 and took < 4, (r.status_code, took)
         assert "did not answer a readiness probe within 2 s" in r.json()["error"]["message"]
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("drain_s, max_tokens, completed", [(60, 24, True), (2, 2000, False)])
+def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, completed):
+    """8 streams in flight, then SIGTERM: a new request gets 503 with Retry-After; the streams finish (a long
+    drain_s) or end with an error event and [DONE] once drain_s ran out; then Triton stops and nothing is left;
+    exit 0 only when the drain completed (3 when it was cut)."""
+    import httpx
+
+    with Serve(repo, "serve.openai.port=0", f"serve.drain_s={drain_s}", cwd=tmp_path) as s:
+        _, prefix = _triton(s)
+        out, threads = _load(s.url, 8, max_tokens=max_tokens)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = httpx.post(f"{s.url}/chat/completions", timeout=30,
+                             json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}]})
+        for t in threads:
+            t.join(120)
+        rc = s.proc.wait(120)
+        took = time.monotonic() - t0
+        stdout, err = s.proc.stdout.read(), s.proc.stderr.read()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5", refused.text
+    assert "shutting down" in refused.json()["error"]["message"]
+    assert len(out) == 8
+    for status, events, _ in out:
+        assert status == 200 and events[-1] == "[DONE]", (status, events[-3:])
+        errors = [e for e in events if isinstance(e, dict) and "error" in e]
+        if completed:
+            assert not errors and events[-2]["choices"][0]["finish_reason"] == "length", events[-3:]
+        else:
+            assert len(errors) == 1 and "serve.drain_s=2 s" in errors[0]["error"]["message"], events[-3:]
+    assert "Traceback" not in err and "CancelledError" not in err, err[-3000:]
+    if completed:
+        assert rc == 0 and "stopped (drained: every request in flight finished; Triton stopped after)" in stdout
+    else:
+        assert rc == 3 and "drain cut after serve.drain_s=2 s" in stdout, (rc, stdout, err[-2000:])
+        assert took < 2 + 5 + 15, took  # the drain, the cut's grace, Triton's stop
+    assert not list(SHM.glob(f"{prefix}*"))
