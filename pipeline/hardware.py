@@ -181,7 +181,7 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
     if AUTO in t_values:
         detected = detect_target(targets)
         t_values = list(dict.fromkeys(detected if v == AUTO else v for v in t_values))
-        RESOLVED["target"] = _why_target(detected) + ("" if t_given else ", the default")
+        RESOLVED["target"] = _why_target(detected) + ("" if t_given else "; target not given, auto is its default")
         if say and (t_given or detected != "cpu"):
             _note(RESOLVED["target"])
     t_override = "target=" + ",".join(t_values)
@@ -196,7 +196,8 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
         device = "cuda" if all(_device_of(t, targets) == "cuda" for t in t_values) else "cpu"
         runtime, why = runtime_choice(device, trtllm_probe() if device == "cuda" else None)
         r_values = list(dict.fromkeys(runtime if v == AUTO else v for v in r_values))
-        RESOLVED["runtime"] = f"runtime=auto -> {runtime} ({why}{'' if r_given else ', the default'})"
+        RESOLVED["runtime"] = (f"runtime=auto -> {runtime} ({why})"
+                               + ("" if r_given else "; runtime not given, auto is its default"))
         if say and (r_given or runtime != "reference"):  # the CPU default needs no word (errors stay one line)
             _note(RESOLVED["runtime"])
     r_override = "runtime=" + ",".join(r_values)

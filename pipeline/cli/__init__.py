@@ -60,7 +60,18 @@ def main(argv: list[str] | None = None) -> None:
     quiet_third_party_progress()  # before any library that draws progress bars is imported
     # SIGTERM (a job scheduler, `kill`, a container stop) ends a verb as Ctrl-C does: the same unwinding (temp outputs
     # removed, servers stopped), one line, exit 128 + 15. `serve` installs its own handlers (a drain).
-    signal.signal(signal.SIGTERM, _terminated)
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        _main(argv)
+    finally:  # in-process callers (tests, a job's body) get their own handler back
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     top, verbs = parser()
     if not argv or argv[0] in ("-h", "--help", "help"):

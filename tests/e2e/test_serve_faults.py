@@ -18,6 +18,37 @@ from tests.helpers.serving import Serve
 pytestmark = pytest.mark.slow
 
 SHM = Path("/dev/shm")
+SECTION = "pipeline serve under faults"
+HEAD = ["tiny-qwen3 on the reference runtime behind the real tritonserver and the OpenAI front end, 8 streamed chat "
+        "completions in flight (`ignore_eos`) unless the fault says otherwise. Each row is what its test observed: "
+        "the clients' view, what `serve` printed (first line) and its exit code, and what was left afterwards "
+        "(the server's `/dev/shm` regions, found by its own prefix, and its tritonserver process).", "",
+        "| fault | what clients see | what serve prints | exit | left behind |", "|---|---|---|---|---|"]
+
+
+def _row(fault: str, clients: str, prints: str, rc, left: str) -> None:
+    """This fault's row of the section in docs/reliability.md (other rows kept)."""
+    from tests.e2e.test_reliability import REPO, _record_section
+
+    rows: dict[str, str] = {}
+    text = (REPO / "docs" / "reliability.md").read_text()
+    if f"\n## {SECTION}\n" in text:
+        for line in text.split(f"\n## {SECTION}\n", 1)[1].split("\n## ", 1)[0].splitlines():
+            if line.startswith("| ") and not line.startswith(("| fault |", "|---")):
+                rows[line.split(" | ", 1)[0][2:]] = line
+    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    rows[fault] = f"| {cell(fault)} | {cell(clients)} | `{cell(prints)}` | {rc} | {cell(left)} |"
+    _record_section(SECTION, [*HEAD, *(rows[k] for k in sorted(rows))])
+
+
+def _left(prefix: str, triton) -> str:
+    import psutil
+
+    regions = list(SHM.glob(f"{prefix}*"))
+    alive = psutil.pid_exists(triton.pid) and psutil.Process(triton.pid).status() != psutil.STATUS_ZOMBIE
+    assert not regions, f"shared-memory regions outlived the server: {regions}"
+    assert not alive, "tritonserver outlived serve"
+    return "nothing (0 shm regions, no tritonserver)"
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +127,8 @@ def test_kill_9_of_triton_under_load_is_named_and_leaves_no_shm(repo, tmp_path):
         assert "Triton" in error["error"]["message"] and "<AioRpcError" not in error["error"]["message"], error
         assert events[-1] == "[DONE]"
     assert not list(SHM.glob(f"{prefix}*")), "shared-memory regions outlived the server"
+    _row("kill -9 of tritonserver under load", f"each stream: an error event ({error['error']['message'][:90]}…) "
+         f"then [DONE]", err.strip().splitlines()[0], rc, _left(prefix, triton))
 
 
 def test_restart_on_failure_serves_again_then_gives_up(repo, tmp_path):
@@ -121,6 +154,10 @@ def test_restart_on_failure_serves_again_then_gives_up(repo, tmp_path):
     assert "restarting Triton in 0.5 s (restart 1 of 1, serve.restart=on-failure)" in err, err
     assert "error: gave up after 1 restarts (serve.restart_max=1)" in err, err
     assert not list(SHM.glob(f"{prefix2}*"))
+    _row("kill -9 of tritonserver, serve.restart=on-failure restart_max=1, twice",
+         f"after the first: the same address answers again ({r.status_code}); after the second: the server is gone",
+         next(x for x in err.splitlines() if x.startswith("restarting")) + " … error: gave up after 1 restarts",
+         rc, _left(prefix2, second))
 
 
 def test_health_reports_a_stalled_triton_within_its_bound(repo, tmp_path):
@@ -139,7 +176,13 @@ def test_health_reports_a_stalled_triton_within_its_bound(repo, tmp_path):
             triton.send_signal(signal.SIGCONT)
         assert r.status_code == 503 and took < 4, (r.status_code, took)
         assert "did not answer a readiness probe within 2 s" in r.json()["error"]["message"]
-        assert s.stop() == 0
+        _, prefix = _triton(s)
+        rc = s.stop()
+        assert rc == 0
+        printed = next(x for x in s.proc.stdout.read().splitlines() if x.startswith("stopped"))
+    _row("SIGSTOP of tritonserver (then SIGCONT, then SIGINT to serve)",
+         f"GET /health: {r.status_code} in {took:.1f} s, \"{r.json()['error']['message']}\"",
+         f"nothing during the stall; on SIGINT: {printed}", rc, _left(prefix, triton))
 
 
 @pytest.mark.parametrize("drain_s, max_tokens, completed", [(60, 24, True), (2, 2000, False)])
@@ -150,7 +193,7 @@ def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, complete
     import httpx
 
     with Serve(repo, "serve.openai.port=0", f"serve.drain_s={drain_s}", cwd=tmp_path) as s:
-        _, prefix = _triton(s)
+        triton, prefix = _triton(s)
         out, threads = _load(s.url, 8, max_tokens=max_tokens)
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
@@ -178,4 +221,9 @@ def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, complete
     else:
         assert rc == 3 and "drain cut after serve.drain_s=2 s" in stdout, (rc, stdout, err[-2000:])
         assert took < 2 + 5 + 15, took  # the drain, the cut's grace, Triton's stop
-    assert not list(SHM.glob(f"{prefix}*"))
+    first = next(x for x in stdout.splitlines() if x.startswith("stopped"))
+    seen = ("each stream ran to its end (finish_reason length) and [DONE]" if completed else
+            f"each stream: an error event ({errors[0]['error']['message'][:80]}…) then [DONE]")
+    _row(f"SIGTERM to serve under load, serve.drain_s={drain_s}",
+         f"{seen}; a new request: 503, Retry-After {refused.headers['retry-after']}", first, rc,
+         _left(prefix, triton))

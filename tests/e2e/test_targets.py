@@ -131,7 +131,7 @@ def test_slurm_sweep_from_a_gpu_less_machine_submits_every_possible_job(tmp_path
     cli.main([verb, "-m", "model=qwen32b", "target=h100,b200", "quant=fp8,nvfp4", "runtime=trtllm_engine",
               "hydra/launcher=pipeline_slurm", f"paths.root={tmp_path}"])
     err = capsys.readouterr().err
-    assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell" \
+    assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq with quant.kv_cache=none, or target=b200 to calibrate here for Blackwell" \
         in err.splitlines()
     events = SlurmStandIn.events
     submits = [e for e in events if e[0] == "submit"]
