@@ -105,6 +105,7 @@ def cmd_serve(args: list[str]) -> int:
                         if sock.fileno() == -1:  # uvicorn closed it on the way out: the same port again
                             sock = front_run.bind(str(oa.host), port)
                     front.driver.url = s.grpc_url
+                    front.driver.why_down = lambda s=s: None if s.alive() else s.exit_reason()
                     print(f"OpenAI {front_run.url_of(sock)}  (model '{front.served.name}')")
                 if s.proc is not None:
                     print(f"HTTP  {s.http_url}")

@@ -41,6 +41,16 @@ def _row(fault: str, clients: str, prints: str, rc, left: str) -> None:
     _record_section(SECTION, [*HEAD, *(rows[k] for k in sorted(rows))])
 
 
+def _resumed(proc, timeout_s: float = 10) -> None:
+    """SIGCONT until ``proc`` runs again (a resume seen lost once on the loaded machine)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while proc.status() == psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGCONT)
+
+
 def _left(prefix: str, triton) -> str:
     import psutil
 
@@ -124,7 +134,7 @@ def test_kill_9_of_triton_under_load_is_named_and_leaves_no_shm(repo, tmp_path):
     for status, events, _ in out:
         assert status == 200, (status, events)
         error = next(e for e in events if isinstance(e, dict) and "error" in e)
-        assert "Triton" in error["error"]["message"] and "<AioRpcError" not in error["error"]["message"], error
+        assert "is down: Triton was killed by SIGKILL" in error["error"]["message"], error
         assert events[-1] == "[DONE]"
     assert not list(SHM.glob(f"{prefix}*")), "shared-memory regions outlived the server"
     _row("kill -9 of tritonserver under load", f"each stream: an error event ({error['error']['message'][:90]}…) "
@@ -174,6 +184,7 @@ def test_health_reports_a_stalled_triton_within_its_bound(repo, tmp_path):
             took = time.monotonic() - t0
         finally:
             triton.send_signal(signal.SIGCONT)
+            _resumed(triton)
         assert r.status_code == 503 and took < 4, (r.status_code, took)
         assert "did not answer a readiness probe within 2 s" in r.json()["error"]["message"]
         _, prefix = _triton(s)
@@ -185,7 +196,7 @@ def test_health_reports_a_stalled_triton_within_its_bound(repo, tmp_path):
          f"nothing during the stall; on SIGINT: {printed}", rc, _left(prefix, triton))
 
 
-@pytest.mark.parametrize("drain_s, max_tokens, completed", [(60, 24, True), (2, 2000, False)])
+@pytest.mark.parametrize("drain_s, max_tokens, completed", [(60, 300, True), (2, 2000, False)])
 def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, completed):
     """8 streams in flight, then SIGTERM: a new request gets 503 with Retry-After; the streams finish (a long
     drain_s) or end with an error event and [DONE] once drain_s ran out; then Triton stops and nothing is left;
@@ -197,9 +208,13 @@ def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, complete
         out, threads = _load(s.url, 8, max_tokens=max_tokens)
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        refused = httpx.post(f"{s.url}/chat/completions", timeout=30,
-                             json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}]})
+        for _ in range(100):  # until the drain has begun (a request before it is served as usual)
+            refused = httpx.post(f"{s.url}/chat/completions", timeout=30,
+                                 json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 1})
+            if refused.status_code != 200:
+                break
+            time.sleep(0.05)
         for t in threads:
             t.join(120)
         rc = s.proc.wait(120)
