@@ -242,3 +242,19 @@ def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, complete
     _row(f"SIGTERM to serve under load, serve.drain_s={drain_s}",
          f"{seen}; a new request: 503, Retry-After {refused.headers['retry-after']}", first, rc,
          _left(prefix, triton))
+
+
+def test_kill_9_of_serve_itself_leaves_no_server_and_no_shm(repo, tmp_path):
+    """The supervisor sees its pipe close: it kills Triton and its stubs and removes the server's regions."""
+    import psutil
+
+    with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
+        triton, prefix = _triton(s)
+        assert list(SHM.glob(f"{prefix}*"))  # the control: they exist while it serves
+        s.proc.send_signal(signal.SIGKILL)
+        rc = s.proc.wait(30)
+        deadline = time.monotonic() + 10
+        while (list(SHM.glob(f"{prefix}*")) or psutil.pid_exists(triton.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    _row("kill -9 of pipeline serve", "the connection drops (no process is left to answer)", "nothing (killed)",
+         rc, _left(prefix, triton))
