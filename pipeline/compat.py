@@ -30,6 +30,15 @@ def alternatives(sm: int, runtime: str) -> list[str]:
     return [q for q in PREFERENCE if sm in QUANT_SM[q].sms and q in RUNTIME_QUANT[runtime]]
 
 
+def _as_advice(quant: str, kv: str, sm: int, runtime: str) -> str:
+    """``quant`` as advice for this KV cache and runtime: a TensorRT engine with an FP8 KV cache keeps paged context
+    FMHA only with FP8 context FMHA (pipeline/upstream/rules.yaml fp8_kv_paged_context_fmha, from TensorRT-LLM's
+    builder.py), so a format without it is advised with ``quant.kv_cache=none``, which that rule advises."""
+    if runtime == "trtllm_engine" and kv == "fp8" and not (FORMATS[quant].fp8_context_fmha and sm >= 89):
+        return f"{quant} with quant.kv_cache=none"
+    return quant
+
+
 def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: str) -> list[str]:
     """Every reason this combination cannot be served (empty when it can)."""
     out: list[str] = []
@@ -42,7 +51,7 @@ def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: st
     # On a GPU target the rules hold for every runtime: the target is the GPU the artifacts are meant for.
     alt = alternatives(sm, runtime)
     if sm not in QUANT_SM[quant].sms:
-        use = " or ".join(alt[:2]) if alt else "no quantized format"
+        use = " or ".join(_as_advice(a, kv, sm, runtime) for a in alt[:2]) if alt else "no quantized format"
         hint = ""
         calibrates = FORMATS[quant].calibrates_from_sm  # e.g. NVFP4: ModelOpt's kernel runs on sm89+, serving needs
         if calibrates is not None and sm >= calibrates:  # Blackwell

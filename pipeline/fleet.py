@@ -83,7 +83,10 @@ def entry_status(cfg) -> dict[str, Any]:
         why.append("never published")
     else:
         changed = [p.stage.name for p in planned if lineage.get(p.stage.name) not in (None, p.fingerprint)]
-        if changed:
+        source = _source_changes(cfg, planned[0], lineage.get("fetch")) if changed[:1] == ["fetch"] else None
+        if source:
+            why.append(f"model.source={cfg.model.source} changed since {last}: {source}")
+        elif changed:
             why.append(f"{changed[0]} changed since {last} (its config, code, library versions or inputs)")
         else:
             why.append(f"publish settings changed since {last}")
@@ -113,6 +116,22 @@ def judged_here(cfg) -> bool:
 
     gpu = local_gpu()
     return gpu is not None and gpu["sm"] == int(cfg.target.sm)
+
+
+def _source_changes(cfg, fetch, old_fp: str | None) -> str | None:
+    """What changed in a local ``model.source`` since the fetch output ``old_fp``: its files, by sha256, against
+    the old output's manifest in the stage store (None when that output is gone, or the source is no directory)."""
+    from pipeline import store
+
+    files = (fetch.parts.get("extra") or {}).get("files")
+    if files is None or not old_fp:
+        return None
+    old = store.read_manifest(resolved_paths(cfg)[fetch.stage.root] / f"{fetch.stage.label(cfg)}-fetch-{old_fp[:12]}")
+    if not old:
+        return None
+    before = {f["path"]: f["sha256"] for f in old.get("files", [])}
+    diff = sorted(k for k in set(files) | set(before) if files.get(k) != before.get(k))
+    return f"{', '.join(diff[:5])}{' …' if len(diff) > 5 else ''} differ from the built copy" if diff else None
 
 
 def _hub_changes(cfg) -> list[str]:

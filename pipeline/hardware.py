@@ -151,6 +151,9 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+RESOLVED: dict[str, str] = {}  # "target"/"runtime" -> what ``auto`` became here and why (given or the default)
+
+
 def _why_target(target: str) -> str:
     gpu = local_gpu()
     if gpu is None:
@@ -167,16 +170,20 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
     """``overrides`` with ``target``/``runtime`` made concrete: ``auto`` (given, swept as ``target=auto,h100``, or
     left to the config's default) replaced by what it resolves to here among ``targets`` (name -> its yaml,
     ``pipeline.config.shipped_targets()``). ``say``: print what ``auto`` became and why when it names a GPU or
-    a GPU target's runtime, or when ``auto`` was asked for explicitly."""
+    a GPU target's runtime, or when ``auto`` was asked for explicitly. :data:`RESOLVED` keeps it either way (``plan``
+    always shows it)."""
     out = list(overrides)
+    for k in ("target", "runtime"):
+        RESOLVED.pop(k, None)
     keys = {_split(o)[0]: i for i, o in enumerate(out) if "=" in o}
     t_given = "target" in keys
     t_values = _split(out[keys["target"]])[1] if t_given else [AUTO]
     if AUTO in t_values:
         detected = detect_target(targets)
         t_values = list(dict.fromkeys(detected if v == AUTO else v for v in t_values))
+        RESOLVED["target"] = _why_target(detected) + ("" if t_given else "; target not given, auto is its default")
         if say and (t_given or detected != "cpu"):
-            _note(_why_target(detected))
+            _note(RESOLVED["target"])
     t_override = "target=" + ",".join(t_values)
     if t_given:
         out[keys["target"]] = t_override
@@ -189,8 +196,10 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
         device = "cuda" if all(_device_of(t, targets) == "cuda" for t in t_values) else "cpu"
         runtime, why = runtime_choice(device, trtllm_probe() if device == "cuda" else None)
         r_values = list(dict.fromkeys(runtime if v == AUTO else v for v in r_values))
+        RESOLVED["runtime"] = (f"runtime=auto -> {runtime} ({why})"
+                               + ("" if r_given else "; runtime not given, auto is its default"))
         if say and (r_given or runtime != "reference"):  # the CPU default needs no word (errors stay one line)
-            _note(f"runtime=auto -> {runtime} ({why})")
+            _note(RESOLVED["runtime"])
     r_override = "runtime=" + ",".join(r_values)
     if r_given:
         out[keys["runtime"]] = r_override
@@ -200,12 +209,12 @@ def resolve_overrides(overrides: Iterable[str], targets: dict[str, dict], *, say
 
 
 
-def compose(overrides: Iterable[str] = ()):
+def compose(overrides: Iterable[str] = (), *, say: bool = True):
     """The config this machine builds: :func:`pipeline.config.compose` after :func:`resolve_overrides` has made
     ``target``/``runtime`` ``auto`` concrete (what they became is printed when it names a GPU)."""
     from pipeline import config
 
-    return config.compose(resolve_overrides(overrides, config.shipped_targets(), say=True))
+    return config.compose(resolve_overrides(overrides, config.shipped_targets(), say=say))
 
 
 def compose_many(jobs: list[list[str]], *, say: bool = False):

@@ -169,15 +169,22 @@ def serve_lines(s: dict[str, Any], openai: dict[str, Any] | None) -> list[str]:
         where = outputs.get("publish") or outputs.get("package")
     if where is None:
         return []
-    lines = [f"serve it: python -m pipeline serve {where}"]
-    if openai and openai.get("enabled", True):
-        host, port = openai.get("host", "127.0.0.1"), int(openai.get("port", 9000))
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port if port else '<port it prints>'}/v1"
-        model = openai.get("model_name") or s["model"]
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}]})
-        lines += [f"OpenAI API: {url} (model '{model}') once it is up, e.g.",
-                  f"  curl {url}/chat/completions -H 'Content-Type: application/json' -d '{body}'"]
-    return lines
+    if not (openai and openai.get("enabled", True)):
+        return [f"serve it: python -m pipeline serve {where}"]
+    # `serve` composes its own config: a port this build was given is carried into the command, or serve would
+    # listen on the default
+    host, port = openai.get("host", "127.0.0.1"), int(openai.get("port", DEFAULT_OPENAI_PORT))
+    own = f" serve.openai.port={port}" if port != DEFAULT_OPENAI_PORT else ""
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port if port else '<port it prints>'}/v1"
+    model = openai.get("model_name") or s["model"]
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}]})
+    return [f"serve it: python -m pipeline serve {where}{own}",
+            f"OpenAI API: {url} (model '{model}') once it is up (serve.openai.port=N for another port, 0 for any "
+            f"free one, which serve prints), e.g.",
+            f"  curl {url}/chat/completions -H 'Content-Type: application/json' -d '{body}'"]
+
+
+DEFAULT_OPENAI_PORT = 9000  # conf/serve/default.yaml serve.openai.port
 
 
 def print_paths(console, rows: list[tuple[str, str]]) -> None:
@@ -208,6 +215,8 @@ def print_plan(doc: dict[str, Any], console=None) -> None:
     for r in doc["stages"]:
         t.add_row(r["stage"], r["fingerprint"][:12], "[green]cached[/]" if r["cached"] else
                   f"[yellow]run[/] ({escape(r['reason'])})")
+    for line in doc.get("auto") or []:
+        console.print(escape(line))
     console.print(t)
     print_paths(console, [(r["stage"], r["output"]) for r in doc["stages"]])
     cap = doc["capacity"]

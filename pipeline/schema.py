@@ -186,7 +186,9 @@ class CalibConfig:
 class EvalConfig:
     """Held-out comparison of the quantized model against the unquantized one."""
 
-    num_samples: int = rng(6, 1, 10_000)
+    # 5 rows of 128 tokens: what the shipped corpus's held-out documents pack into with the default model's tokenizer
+    # (SmolLM2's), so the default build is not short of held-out text
+    num_samples: int = rng(5, 1, 10_000)
     seq_len: int = rng(128, 8, 131_072)
     # The export proof (pipeline/quant/proof.py), numbers part: the exported checkpoint reloaded by the reference
     # dequantizer vs ModelOpt's fake-quant model on held-out text,
@@ -321,6 +323,13 @@ class ServeConfig:
     image: str = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # serve.launcher=docker (TRT-LLM 1.2.1)
     url: Optional[str] = None  # serve.launcher=external: host:grpc_port of a running server
     torch_threads: int = rng(0, 0, 1024)  # 0: torch's default
+    # `pipeline serve` when Triton dies: "no" (exit 1, naming how it ended) or "on-failure" (start it again, up to
+    # restart_max times in a row, waiting restart_backoff_s, doubled each time)
+    restart: str = "no"
+    restart_max: int = rng(3, 0, 100)
+    restart_backoff_s: float = rng(1.0, 0.0, 600.0)
+    # SIGTERM/SIGINT: in-flight requests may finish for this long before their streams are ended
+    drain_s: float = rng(30.0, 0.0, 3600.0)
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)
 
 

@@ -42,8 +42,11 @@ def file_digest_cached(path: Path, cache_dir: Path) -> str:
     if memo.is_file():
         return memo.read_text().strip()
     value = sha256_file(path)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(memo, value)
+    try:  # a memo only: `plan` on a root it cannot write still plans (build refuses such a root first)
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(memo, value)
+    except OSError:
+        pass
     return value
 
 
@@ -206,6 +209,25 @@ def link_or_copy(src: Path, dst: Path, *, link: bool = True) -> None:
         except OSError:
             pass
     shutil.copy2(src, dst)
+
+
+FICLONE = 0x40049409  # linux/fs.h _IOW(0x94, 9, int): share the source's extents, copy-on-write (btrfs, XFS)
+
+
+def copy_own(src: Path, dst: Path) -> None:
+    """A copy of ``src`` that is the pipeline's own: a reflink where the filesystem has one, else a byte copy. Never
+    a hard link (a later chmod or in-place edit would reach the other name); the source is only read, and the copy
+    takes the source's permission bits with the owner's read and write added (nothing of the source's is changed)."""
+    import fcntl
+    import stat
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        try:
+            fcntl.ioctl(fo.fileno(), FICLONE, fi.fileno())
+        except OSError:
+            shutil.copyfileobj(fi, fo, 16 << 20)
+    os.chmod(dst, stat.S_IMODE(os.stat(src).st_mode) | stat.S_IRUSR | stat.S_IWUSR)
 
 
 def link_tree(src: Path, dst: Path, *, link: bool = True, skip_manifest: bool = True) -> dict[str, str]:

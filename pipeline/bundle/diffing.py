@@ -38,6 +38,42 @@ def recipe_settings(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if not k.startswith(UNCOMPARED)}
 
 
+ABSOLUTE = ("baseline", "quantized", "difference", "ci_low", "ci_high")  # task fields compared by difference
+
+# A recipe key whose recorded value may be ``null``/``auto`` (resolved at run time) -> where the bundle records the
+# value the build used
+EFFECTIVE = {"quant.calib.num_samples": ("quant", "calibration", "rows"),
+             "quant.calib.seq_len": ("quant", "calibration", "seq_len"),
+             "quant.calib.dataset": ("quant", "calibration", "dataset")}
+
+
+class _Resolved:
+    """A value the build resolved (``auto``/unset in its recipe): shown as ``24 (resolved)``, compared by value."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"{self.value} (resolved)"
+
+
+def _plain(v: Any) -> Any:
+    return v.value if isinstance(v, _Resolved) else v
+
+
+def effective_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """:func:`recipe_settings` with each ``auto``/unset key that the bundle records a resolved value for replaced by
+    that value (``quant.calib.num_samples`` unset -> the calibration rows it used), so two builds compare by what
+    they ran with."""
+    out = recipe_settings(doc)
+    for key, path in EFFECTIVE.items():
+        if key in out and out[key] in (None, "auto"):
+            used = _get(doc, *path)
+            if used is not None:
+                out[key] = _Resolved(used)
+    return out
+
+
 def diff(old: str, new: str) -> str:
     """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
     the server benched on, size, accuracy, bench, versions."""
@@ -46,7 +82,7 @@ def diff(old: str, new: str) -> str:
     with store_errors(new, "reading the bundle"):
         _, _, b = open_manifest(new)
     rows: list[tuple[str, Any, Any]] = [("version", a.get("version"), b.get("version"))]
-    ca, cb = recipe_settings(a), recipe_settings(b)
+    ca, cb = effective_settings(a), effective_settings(b)
     for key in sorted(set(ca) | set(cb)):  # first: why two versions differ
         rows.append((f"config {key}", ca.get(key), cb.get(key)))
     sa, sb = a.get("served_by") or {}, b.get("served_by") or {}
@@ -75,10 +111,13 @@ def diff(old: str, new: str) -> str:
     rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))
     lines = ["| field | old | new | change |", "|---|---|---|---|"]
     for name, o, n in rows:
-        if o == n:
+        if _plain(o) == _plain(n):
             continue
         change = ""
-        if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o and not name.startswith("config "):
+        numbers = isinstance(o, (int, float)) and isinstance(n, (int, float)) and not isinstance(o, bool)
+        if numbers and name.startswith("task ") and name.rsplit(" ", 1)[-1] in ABSOLUTE:
+            change = f"{n - o:+.4g}"  # a score, a difference or an interval bound: the change is absolute
+        elif numbers and o and not name.startswith("config "):
             change = f"{100 * (n / o - 1):+.1f}%"
         fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")

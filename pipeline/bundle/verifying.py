@@ -145,8 +145,9 @@ def tree_check(doc: dict[str, Any], files: set[str], dirs: set[str], *, local: b
 
 
 def loadability_check(fs, root: str, files: set[str], dirs: set[str]) -> tuple[str, bool | None, str]:
-    """Whether Triton can load the bundle's ``triton_repo/`` (:func:`pipeline.triton.lint.loadability`): every model
-    has a version directory, the layout's models agree on decoupled mode and batch sizes."""
+    """Whether Triton can load the bundle's ``triton_repo/``, by the rules `lint` applies
+    (:func:`pipeline.triton.lint.repository_problems`): every config parses, every model has a version directory,
+    the layout's models agree on decoupled mode and batch sizes, each ensemble agrees with its steps."""
     from pipeline.triton import lint
 
     pre = "triton_repo/"
@@ -154,12 +155,12 @@ def loadability_check(fs, root: str, files: set[str], dirs: set[str]) -> tuple[s
     rd = {d[len(pre):] for d in dirs if d.startswith(pre)}
     if not rf:
         return ("loadable", False, "no triton_repo/ in the bundle")
-    findings = lint.loadability(rf, rd, lambda rel: fs.cat_file(f"{root}/{pre}{rel}").decode(errors="replace"))
+    findings = lint.repository_problems(rf, rd, lambda rel: fs.cat_file(f"{root}/{pre}{rel}").decode(errors="replace"))
     if findings:
         return ("loadable", False, "; ".join(f"triton_repo/{f}" for f in findings[:3]))
     models = sorted({f.split("/", 1)[0] for f in rf if f.endswith("/config.pbtxt") and f.count("/") == 1})
-    return ("loadable", True, f"{len(models)} models, each with a version directory; decoupled mode and batch "
-                              f"sizes agree")
+    return ("loadable", True, f"{len(models)} models, each with a version directory, every config parses; "
+                              f"decoupled mode, batch sizes and the ensemble's steps agree")
 
 
 def _same_version(a: str | None, b: str | None) -> bool:

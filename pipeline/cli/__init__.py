@@ -5,7 +5,7 @@ verify/diff, ``fleet``: matrix/outdated/gc, ``sweep``: ``-m``/``--multirun``) an
 Hydra overrides (``key=value``, ``+key=value``, ``~key``, ``hydra/launcher=X``) pass through untouched.
 
 Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written),
-130 interrupted. Every verb fails the same way (:func:`pipeline.errors.known`): a known error is one line and its exit
+130 interrupted (SIGINT), 143 interrupted by SIGTERM. Every verb fails the same way (:func:`pipeline.errors.known`): a known error is one line and its exit
 code, a full disk one line naming the output, anything else one line with its traceback in the run log.
 """
 from __future__ import annotations
@@ -29,7 +29,16 @@ DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Trito
                "where it composes a config, Hydra overrides (key=value, +key=value, ~key, hydra/launcher=NAME), passed "
                "through untouched.")
 EPILOG = ("Run `python -m pipeline VERB --help` for a verb's options. Exit codes: 0 ok, 1 a stage or gate failed "
-          "(report written), 2 bad input (one line on stderr, nothing written), 130 interrupted.")
+          "(report written), 2 bad input (one line on stderr, nothing written), 130 interrupted (SIGINT), 143 "
+          "interrupted by SIGTERM.")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, as SIGINT raises KeyboardInterrupt."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
 
 
 def parser() -> tuple[Parser, dict[str, Parser]]:
@@ -49,6 +58,20 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.ui import quiet_third_party_progress
 
     quiet_third_party_progress()  # before any library that draws progress bars is imported
+    # SIGTERM (a job scheduler, `kill`, a container stop) ends a verb as Ctrl-C does: the same unwinding (temp outputs
+    # removed, servers stopped), one line, exit 128 + 15. `serve` installs its own handlers (a drain).
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        _main(argv)
+    finally:  # in-process callers (tests, a job's body) get their own handler back
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     top, verbs = parser()
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -60,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"unknown verb '{verb}'; choose one of: {', '.join(verbs)}")
         args = verbs[verb].parse_intermixed_args(rest)
         code = args.func(args)
+    except Terminated:
+        print("interrupted (SIGTERM)", file=sys.stderr)
+        sys.exit(143)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -55,7 +55,7 @@ def _build_or_plan(args: argparse.Namespace) -> None:
         return
     from pipeline.hardware import compose  # target/runtime auto: this machine's
 
-    run_verb(args.verb, compose(args.args), args.json)
+    run_verb(args.verb, compose(args.args, say=args.verb != "plan"), args.json)  # plan shows it in its output
 
 
 def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
@@ -78,6 +78,18 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
         raise errors.known(exc) from exc
 
 
+def _resolved_now(cfg: DictConfig) -> set[str]:
+    """The keys whose recorded ``auto`` resolution is this config's (a sweep's other jobs may name them)."""
+    from pipeline.hardware import RESOLVED
+    from pipeline.identity import ArtifactKey
+
+    out = set()
+    for k, v in (("target", str(cfg.target.name)), ("runtime", ArtifactKey.of(cfg).runtime)):
+        if f"=auto -> {v} " in RESOLVED.get(k, ""):
+            out.add(k)
+    return out
+
+
 def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     from pipeline import report
     from pipeline.runner import executor
@@ -92,8 +104,11 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     from pipeline.upstream import rules
 
     adjusted = [f.message for f in rules.adjustments(cfg)]
+    from pipeline.hardware import RESOLVED
+
+    auto = [RESOLVED[k] for k in ("target", "runtime") if k in RESOLVED and k in _resolved_now(cfg)]
     doc = {"model": key.model, "quant": key.quant, "kv_cache": key.kv, "target": key.target, "runtime": key.runtime,
-           "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here,
+           "auto": auto, "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here,
            "adjusted": adjusted}
     if any(p.stage.name == "quantize" for p in plan.stages):
         from pipeline import calib
@@ -125,9 +140,9 @@ def cmd_build(cfg: DictConfig, as_json: bool = False) -> dict[str, Any]:
     from pipeline.stages import STAGES
     from pipeline.ui import console, results
 
+    executor.writable_root(cfg)  # an unwritable root: one line, before planning (which memoises digests there)
     plan = executor.preflight(cfg, STAGES)  # every plan-time problem surfaces before anything is written
     paths = resolved_paths(cfg)
-    executor.writable_root(cfg)  # an unwritable or missing root: one line, before the log is opened there
     log_path = errors.log_path(paths["store"] / "logs")
     errors.setup_logging(log_path)
     logging.getLogger("pipeline").info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))

@@ -11,6 +11,9 @@ from pipeline.cli.common import add_overrides, stdout_gone, subcommand
 from pipeline.errors import UserError
 
 
+EXIT_DRAIN_CUT = 3  # SIGTERM/SIGINT: requests were still in flight when serve.drain_s ran out
+
+
 def register(sub) -> None:
     p = subcommand(sub, "serve", help="serve a model repository or published bundle on Triton and the OpenAI API "
                                       "until Ctrl-C",
@@ -66,6 +69,7 @@ def cmd_serve(args: list[str]) -> int:
                         "[overrides]")
     repo = serve_target(where[0]).resolve()
     cfg = compose(overrides)
+    preflight(repo, cfg)  # before Triton starts: a damaged file or a config it cannot load, named
     layout = layouts.of_repository({d.name: d for d in repo.iterdir() if d.is_dir()})
     oa = cfg.serve.openai
     front = None
@@ -75,40 +79,79 @@ def cmd_serve(args: list[str]) -> int:
 
         front = FrontEnd.from_config(oa, repo, "")  # the gRPC address is set once the server is up
         sock = front_run.bind(str(oa.host), int(oa.port))
+        port = sock.getsockname()[1]  # the one port=0 picked: a restart listens there again
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}  # SIGINT too: a
     # background job starts with it ignored
+    drain = None
+    restart = str(cfg.serve.restart)
+    if restart not in ("no", "on-failure"):
+        raise UserError(f"serve.restart={restart}: choose no or on-failure")
     work = Path(tempfile.mkdtemp(prefix="pipeline-serve-"))
+    deaths = 0
     try:
-        # served as it is: a repository Triton cannot load (a model without its version directory) fails with the
-        # server's own reason rather than being patched here
-        with server.launched(cfg.serve, repo, work) as s:
-            ready = _ready_models(s)
-            print(f"serving {repo} ({layout} layout; entry points: {', '.join(layouts.get(layout).entry_points)})")
-            if front is not None:
-                front.driver.url = s.grpc_url
-                print(f"OpenAI {front_run.url_of(sock)}  (model '{front.served.name}')")
-            if s.proc is not None:
-                print(f"HTTP  {s.http_url}")
-            print(f"gRPC  {s.grpc_url}")
-            print(f"ready {', '.join(ready)}")
-            print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
-            if front is not None:
-                front_run.serve_forever(front.app(), sock, alive=s.alive)
-            else:
-                while s.alive():
-                    time.sleep(0.5)
-            print(f"error: the server exited; its log {_keep_log(s.log_path, cfg)}:\n{s.log_tail()}", file=sys.stderr)
-            return 1
+        while True:
+            # served as it is: a repository Triton cannot load (a model without its version directory) fails with
+            # the server's own reason rather than being patched here
+            with server.launched(cfg.serve, repo, work) as s:
+                ready = _ready_models(s)
+                print(f"serving {repo} ({layout} layout; entry points: {', '.join(layouts.get(layout).entry_points)})")
+                if front is not None:
+                    if deaths:  # a fresh front end (its gRPC channel and streams were the dead server's)
+                        front = FrontEnd.from_config(oa, repo, "")
+                        if sock.fileno() == -1:  # uvicorn closed it on the way out: the same port again
+                            sock = front_run.bind(str(oa.host), port)
+                    front.driver.url = s.grpc_url
+                    front.driver.why_down = lambda s=s: None if s.alive() else s.exit_reason()
+                    print(f"OpenAI {front_run.url_of(sock)}  (model '{front.served.name}')")
+                if s.proc is not None:
+                    print(f"HTTP  {s.http_url}")
+                print(f"gRPC  {s.grpc_url}")
+                print(f"ready {', '.join(ready)}")
+                print("stop with Ctrl-C (SIGINT) or SIGTERM", flush=True)
+
+                def alive(s=s) -> bool:  # a dead server's reason reaches the front end's 503 bodies at once
+                    if s.alive():
+                        return True
+                    if front is not None:
+                        front.driver.down = s.exit_reason()
+                    return False
+
+                if front is not None:
+                    drain = front_run.Drain(cfg.serve.drain_s)
+                    front_run.serve_forever(front.app(), sock, alive=alive, drain=drain)
+                else:
+                    while s.alive():
+                        time.sleep(0.5)
+                reason = s.exit_reason()
+                print(f"error: {reason} while serving; its log since it became ready "
+                      f"({_keep_log(s.log_path, cfg)}):\n{s.runtime_log_tail()}", file=sys.stderr, flush=True)
+            deaths += 1
+            if restart == "no" or deaths > int(cfg.serve.restart_max):
+                if restart != "no":
+                    print(f"error: gave up after {deaths - 1} restarts (serve.restart_max={cfg.serve.restart_max})",
+                          file=sys.stderr)
+                return 1
+            wait = float(cfg.serve.restart_backoff_s) * 2 ** (deaths - 1)
+            print(f"restarting Triton in {wait:g} s (restart {deaths} of {cfg.serve.restart_max}, "
+                  f"serve.restart=on-failure)", file=sys.stderr, flush=True)
+            time.sleep(wait)
     except KeyboardInterrupt:
+        cut = drain is not None and drain.started and drain.completed is False
         try:
-            print("stopped", flush=True)
+            if drain is not None and drain.started:
+                how = (f"drained: every request in flight finished" if not cut else
+                       f"drain cut after serve.drain_s={drain.drain_s:g} s: the streams still running were ended "
+                       f"with an error event")
+                print(f"stopped ({how}; Triton stopped after)", flush=True)
+            else:
+                print("stopped", flush=True)
         except BrokenPipeError:  # `serve | tee`: Ctrl-C stopped the reader too
             stdout_gone()
-        return 0
+        return EXIT_DRAIN_CUT if cut else 0
     except server.ServerError as exc:
         log = _keep_log(exc.log_path, cfg)
         if exc.reason:  # the server's own reason, in one line, instead of its summary "failed to load all models"
@@ -120,6 +163,51 @@ def cmd_serve(args: list[str]) -> int:
         if front is not None:
             sock.close()
         shutil.rmtree(work, ignore_errors=True)  # the backends copy and server logs: nothing left in /tmp
+
+
+FULL_HASH_BYTES = 256 << 20  # files up to this size are hashed at every start; larger ones once (memoised)
+
+
+def preflight(repo: Path, cfg) -> None:
+    """What `verify` would refuse and Triton would fail on late, checked before it starts; one UserError naming each
+    file. A bundle's files (``bundle.json``): present, of the listed size, and of the listed sha256 (files over
+    ``FULL_HASH_BYTES`` through the stage store's digest memo, keyed by path, size, mtime and inode, so a restart
+    does not read them again); every ``config.pbtxt`` parsed and the repository consistent, by the rules `lint`
+    and `verify` share (:func:`pipeline.triton.lint.repository_problems`)."""
+    import json
+
+    from pipeline import store
+    from pipeline.config import resolved_paths
+    from pipeline.triton import lint
+
+    problems: list[str] = []
+    doc_path = repo.parent / "bundle.json"
+    if repo.name == "triton_repo" and doc_path.is_file():
+        try:
+            listed = json.loads(doc_path.read_text()).get("files") or []
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{doc_path}: unreadable ({exc}); verify the bundle or fetch it again") from None
+        memo = resolved_paths(cfg)["store"]
+        for f in listed:
+            p = repo.parent / f["path"]
+            try:
+                size = p.stat().st_size
+            except OSError:
+                problems.append(f"{p}: missing (bundle.json lists it)")
+                continue
+            if not p.is_file():
+                problems.append(f"{p}: not a file (bundle.json lists a file)")
+            elif size != f["size"]:
+                problems.append(f"{p}: {size} bytes, bundle.json lists {f['size']} (truncated or replaced)")
+            elif (store.sha256_file(p) if size <= FULL_HASH_BYTES else store.file_digest_cached(p, memo)) != f["sha256"]:
+                problems.append(f"{p}: sha256 differs from bundle.json's (damaged or replaced)")
+    files, dirs = lint.tree_of(repo)
+    problems += [f"{repo}/{f}" for f in lint.repository_problems(
+        files, dirs, lambda rel: (repo / rel).read_text(errors="replace"))]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise UserError(f"not serving {repo}: {'; '.join(problems[:5])}{more}; `python -m pipeline verify` checks a "
+                        f"bundle, `lint` a repository", problems=problems)
 
 
 def _ready_models(s) -> list[str]:

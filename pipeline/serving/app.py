@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pipeline.serving import protocol as P
 
 log = logging.getLogger("pipeline.serving")
+HEALTH_TIMEOUT_S = 2.0  # GET /health answers within this, ready or not
 
 
 def _error_response(exc: P.APIError):
@@ -53,7 +54,14 @@ def create_app(fe):
         return _error_response(P.APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     async def health(request):
-        if await driver.ready():
+        if driver.down:
+            return _error_response(P.APIError(503, f"Triton at {driver.url} is down: {driver.down}"))
+        try:  # bounded: a stalled server (SIGSTOP, a hung process) holds the gRPC call open
+            ready = await asyncio.wait_for(driver.ready(), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return _error_response(P.APIError(503, f"Triton at {driver.url} did not answer a readiness probe "
+                                                   f"within {HEALTH_TIMEOUT_S:g} s"))
+        if ready:
             return JSONResponse({"status": "ok"})
         return _error_response(P.APIError(503, f"Triton at {driver.url} is not ready"))
 

@@ -15,6 +15,7 @@ a 504.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -36,6 +37,8 @@ class Driver:
 
     def __init__(self, url: str, served: ServedModel, entry: str | None = None, timeout_s: float = 600.0):
         self.url, self.served, self.timeout_s = url, served, timeout_s
+        self.down: str | None = None  # why the server is gone, set by whoever watches it (pipeline serve)
+        self.why_down = None  # () -> why the server is gone, or None while it runs (pipeline serve sets it)
         self.layout = layouts.get(served.layout)  # its entry points and text-request tensors
         self.codec = self.layout.codec(served)  # OpenAI requests <-> its tensors
         self.entry_name = entry or self.layout.entry_points[0]
@@ -64,6 +67,14 @@ class Driver:
             await self._channel.close()
         if self.client is not None:
             await self.client.close()
+
+    async def down_reason(self) -> str | None:
+        """Why the server is gone, asked when a request lost its connection: what the watcher recorded, else its
+        own ``why_down`` (in a thread: it may wait a moment for the server's exit status)."""
+        if self.down is None and self.why_down is not None:
+            with contextlib.suppress(Exception):
+                self.down = await asyncio.to_thread(self.why_down)
+        return self.down
 
     async def ready(self) -> bool:
         """Whether Triton serves the entry point now (reads the model configs the first time)."""
@@ -210,7 +221,7 @@ class Driver:
                         raise APIError(504, f"no response from Triton for {self.timeout_s:.0f}s "
                                             f"(serve.openai.limits.request_timeout_s)")
                     finished = True
-                    raise _transport_error(resp, self.url)
+                    raise _transport_error(resp, self.url, await self.down_reason())
                 if resp.error_message:
                     finished = True
                     raise _triton_error(resp.error_message)
@@ -295,13 +306,24 @@ class Driver:
             resp = await call
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise _transport_error(exc, self.url) from None
+                raise _transport_error(exc, self.url, await self.down_reason()) from None
             raise _triton_error(exc.details() or str(exc)) from None
         return resp
 
 
-def _transport_error(exc, url: str) -> APIError:
-    return APIError(503, f"Triton at {url} is not available: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}")
+def _transport_error(exc, url: str, down: str | None = None) -> APIError:
+    """A lost connection to Triton -> 503 with the whole reason: why the server is down where the caller knows it
+    (``Driver.down``: its exit code or signal), else the gRPC status and details (an ``AioRpcError``'s ``str`` is a
+    multi-line block whose first line says nothing)."""
+    if down:
+        return APIError(503, f"Triton at {url} is down: {down}")
+    code = getattr(exc, "code", None)
+    if callable(code):
+        with contextlib.suppress(Exception):
+            detail = exc.details() or ""
+            return APIError(503, f"Triton at {url} is not available: {code().name}: {' '.join(detail.split())[:500]}")
+    text = " ".join(str(exc).split())
+    return APIError(503, f"Triton at {url} is not available: {text[:500] if text else type(exc).__name__}")
 
 
 def _triton_error(exc) -> APIError:

@@ -286,7 +286,7 @@ def _from_hf(ctx: Context, repo: str, rev: str | None) -> dict[str, Any]:
     _check_cached_blobs(repo, rev, snap)
     for p in sorted(snap.rglob("*")):
         if p.is_file():
-            store.link_or_copy(p.resolve(), ctx.out / p.relative_to(snap))
+            store.copy_own(p.resolve(), ctx.out / p.relative_to(snap))  # the HF cache is the user's
     return {"kind": "hf", "repo": repo, "revision": rev, "resolved_sha": snap.name}
 
 
@@ -328,7 +328,7 @@ def _from_local(ctx: Context, loc: str) -> dict[str, Any]:
     src = Path(loc).expanduser().resolve()
     _check_no_escape(src, loc)  # checked at plan time too; the copy must not follow a link made since
     for p in checkpoint_files(src):
-        store.link_or_copy(p, ctx.out / p.relative_to(src))
+        store.copy_own(p, ctx.out / p.relative_to(src))  # read only: never linked
     return {"kind": "local", "path": str(src)}
 
 

@@ -81,7 +81,7 @@ def load(repo: Path) -> tuple[dict[str, Any], dict[str, Path], list[str]]:
     configs, dirs, findings = {}, {}, []
     files = sorted(repo.glob("*/config.pbtxt"))
     if not files:
-        raise UserError(f"{repo}: no */config.pbtxt here; give the model repository's root directory")
+        raise UserError(f"{repo}: no */config.pbtxt here; {_where_the_repository_is(repo)}")
     for f in files:
         rel = f.relative_to(repo).as_posix()
         text = f.read_text(errors="replace")
@@ -100,6 +100,21 @@ def load(repo: Path) -> tuple[dict[str, Any], dict[str, Path], list[str]]:
         configs[f.parent.name] = cfg
         dirs[f.parent.name] = f.parent
     return configs, dirs, findings
+
+
+def _where_the_repository_is(path: Path) -> str:
+    """The fix for a path that is no model repository: a bundle holds it at ``triton_repo/``, a published model's
+    directory at ``<version>/triton_repo`` (``latest`` names the version to serve)."""
+    if (path / "triton_repo").is_dir():
+        return f"it is a bundle: give its repository, {path / 'triton_repo'}"
+    latest = path / "latest"
+    named = latest.read_text().strip() if latest.is_file() else None
+    versions = sorted(p.parent.name for p in path.glob("*/triton_repo") if p.is_dir())
+    if named or versions:
+        pick = named if named in versions else (versions[-1] if versions else named)
+        return (f"it is a published model: each version's repository is at <version>/triton_repo, e.g. "
+                f"{path / str(pick) / 'triton_repo'}{' (the one latest names)' if pick == named else ''}")
+    return "give the model repository's root directory"
 
 
 def _params(cfg) -> dict[str, str]:
@@ -343,6 +358,46 @@ def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ loadability
+def repository_problems(files: set[str], dirs: set[str], read) -> list[str]:
+    """The checks ``lint``, ``verify`` (its ``loadable`` check) and ``serve``'s preflight share, from a repository's
+    tree (``files``/``dirs`` relative POSIX paths, ``read(rel)`` a file's text; a local directory or a bundle through
+    fsspec): every ``*/config.pbtxt`` parsed (a failure names the file), no unfilled placeholder, each config's
+    name its directory's, what keeps Triton from loading it (:func:`loadability`), and every ensemble against its
+    step models (:func:`check_ensemble`: tensors, types, batch sizes)."""
+    out: list[str] = []
+    configs: dict[str, Any] = {}
+    broken: set[str] = set()
+    for rel in sorted(f for f in files if f.count("/") == 1 and f.endswith("/config.pbtxt")):
+        top = rel.split("/", 1)[0]
+        if top.startswith("."):
+            continue
+        try:
+            text = read(rel)
+        except (OSError, UnicodeDecodeError) as exc:
+            out.append(f"{rel}: cannot be read ({exc})")
+            broken.add(top)
+            continue
+        left = re.findall(r"\$\{(\w+)\}", text)
+        if left:
+            out.append(f"{rel}: unfilled placeholder ${{{left[0]}}}; render it (never leave ${{...}} in a config)")
+            broken.add(top)
+            continue
+        try:
+            cfg = parse_model_config(text, name=rel)
+        except UserError as exc:
+            out.append(str(exc))
+            broken.add(top)
+            continue
+        if cfg.name and cfg.name != top:
+            out.append(f"{rel}: name \"{cfg.name}\" differs from its directory \"{top}\"; Triton refuses it")
+        configs[top] = cfg
+    out += loadability(files, dirs, read)
+    for name, cfg in sorted(configs.items()):
+        if cfg.platform == "ensemble" and not any(step.model_name in broken for step in cfg.ensemble_scheduling.step):
+            out += check_ensemble(name, cfg, configs)
+    return out
+
+
 def loadability(files: set[str], dirs: set[str], read) -> list[str]:
     """What keeps the real server from loading a repository, from its tree alone: ``files`` and ``dirs`` are the
     repository's paths relative to its root (POSIX), ``read(rel)`` returns a file's text. Works on a local
@@ -417,11 +472,10 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
         raise UserError(f"{repo}: no such directory")
     if container and not trtllm_version:
         trtllm_version = upstream.trtllm_for(container)
-    configs, dirs, findings = load(repo)
-    unparsed = bool(findings)
-    broken = {f.split("/", 1)[0] for f in findings if "/config.pbtxt:" in f}
+    configs, dirs, parse_findings = load(repo)
+    unparsed = bool(parse_findings)
     files, tree_dirs = tree_of(repo)
-    findings += loadability(files, tree_dirs, lambda rel: (repo / rel).read_text(errors="replace"))
+    findings = repository_problems(files, tree_dirs, lambda rel: (repo / rel).read_text(errors="replace"))
     lay = layouts.get(layout or layout_of(dirs))
     line = line or upstream.line_for(trtllm_version)
     recorded = lay.interface(line)
@@ -439,9 +493,7 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
             findings += conformance(name, cfg, recorded[name], reads.get(name, {}),
                                     "upstream" if lay.upstream else f"the {lay.name} layout")
         if cfg.platform == "ensemble":
-            if any(step.model_name in broken for step in cfg.ensemble_scheduling.step):
-                continue  # a step's config does not parse: that error is the finding, not what follows from it
-            findings += check_ensemble(name, cfg, configs)
+            continue  # checked against its steps by repository_problems
         else:
             findings += check_model(repo, name, cfg, dirs[name], trtllm_version, repo_mount)
     return findings

@@ -60,6 +60,8 @@ class Server:
     log_path: Path
     container: str | None = None
     binary: str | None = None  # the tritonserver started here (local launcher)
+    shm_prefix: str | None = None  # the python backend's /dev/shm region prefix, this server's own
+    ready_at: int = 0  # the log's size when the server became ready: what follows is its runtime log
 
     @property
     def grpc_url(self) -> str:
@@ -74,6 +76,31 @@ class Server:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no server log)"
+
+    def runtime_log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` of what the server logged after it became ready (its start-up lines left out)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.ready_at)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return "(no server log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(nothing logged since it became ready)"
+
+    def exit_reason(self) -> str:
+        """How the server ended, for a server started here whose process is gone: its exit code, or the signal
+        that killed it (the supervisor exits with 128 + N for signal N)."""
+        if self.proc is None:
+            return "the external server stopped answering"
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        rc = self.proc.returncode
+        if rc is None:
+            return "Triton stopped (its process is gone)"
+        if rc > 128:
+            with contextlib.suppress(ValueError):
+                return f"Triton was killed by {signal.Signals(rc - 128).name}"
+        return f"Triton exited with code {rc}"
 
     def alive(self) -> bool:
         """Whether the server process runs: for a supervised one, the supervisor's child (a server that died is a
@@ -225,10 +252,38 @@ def _die_with_parent() -> None:
 SUPERVISOR = "import sys; from pipeline.triton.server import _supervise; sys.exit(_supervise(sys.argv[1:]))"
 
 
-def supervised(cmd: list[str], cleanup: list[str] | None = None) -> list[str]:
+def supervised(cmd: list[str], cleanup: list[str] | None = None, shm_prefix: str | None = None) -> list[str]:
     """``cmd`` run under :func:`_supervise` (start it with ``stdin=PIPE`` and ``start_new_session=True``);
-    ``cleanup`` is a command run when the pipeline dies (e.g. ``docker rm -f NAME``)."""
-    return [sys.executable, "-c", SUPERVISOR, json.dumps(cleanup or []), *cmd]
+    ``cleanup`` is a command run when the pipeline dies (e.g. ``docker rm -f NAME``); the ``/dev/shm`` regions
+    named ``shm_prefix*`` are removed whenever the server ends."""
+    return [sys.executable, "-c", SUPERVISOR, json.dumps({"cleanup": cleanup or [], "shm_prefix": shm_prefix}), *cmd]
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_prefix() -> str:
+    """A python-backend shared-memory prefix of one server's own (Triton's default,
+    ``triton_python_backend_shm_region_``, is every server's: its regions could not be told apart). The python
+    backend takes it as ``--backend-config=python,shm-region-prefix-name=...`` (triton-inference-server/
+    python_backend README, "Running Multiple Instances of Triton Server"; NVIDIA's own multi-rank launcher
+    passes one per rank, TensorRT-LLM triton_backend/scripts/launch_triton_server.py)."""
+    import uuid
+
+    return f"pipeline_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+
+
+def remove_shm(prefix: str | None) -> list[str]:
+    """Remove the ``/dev/shm`` regions a stopped server's python backend left (a killed server or stub never
+    unlinks them); returns their names."""
+    if not prefix or "/" in prefix:
+        return []
+    gone = []
+    for p in SHM_DIR.glob(f"{prefix}*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+            gone.append(p.name)
+    return gone
 
 
 def _kill_descendants() -> None:
@@ -260,7 +315,8 @@ def _supervise(cmd: list[str]) -> int:
     """
     import select
 
-    cleanup, cmd = json.loads(cmd[0]), cmd[1:]
+    spec, cmd = json.loads(cmd[0]), cmd[1:]
+    cleanup, shm = (spec.get("cleanup") or [], spec.get("shm_prefix")) if isinstance(spec, dict) else (spec, None)
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server must not inherit it
@@ -270,6 +326,7 @@ def _supervise(cmd: list[str]) -> int:
         rc = proc.poll()
         if rc is not None:
             _kill_descendants()
+            remove_shm(shm)
             return rc if rc >= 0 else 128 - rc
         try:
             readable, _, _ = select.select([fd], [], [], 0.2)
@@ -281,6 +338,7 @@ def _supervise(cmd: list[str]) -> int:
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     subprocess.run(cleanup, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
             _kill_descendants()
+            remove_shm(shm)
             os.killpg(0, signal.SIGKILL)
 
 
@@ -337,6 +395,8 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
            "--allow-metrics=false", "--log-verbose=0"]
     if models:  # load only these (explicit model control)
         cmd += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)]
+    prefix = shm_prefix()
+    cmd.append(f"--backend-config=python,shm-region-prefix-name={prefix}")
     if bundled:
         root = _pytriton_root()
         libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
@@ -352,12 +412,14 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
         with open(log_path, "wb") as log:  # under a supervisor: nothing outlives the pipeline, kill -9 included
             proc = subprocess.Popen(
                 supervised(cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
-                                  f"--grpc-port={grpc_port}"]),
+                                  f"--grpc-port={grpc_port}"], shm_prefix=prefix),
                 cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        server = Server(proc, host, http_port, grpc_port, log_path, binary=str(binary))
+        server = Server(proc, host, http_port, grpc_port, log_path, binary=str(binary), shm_prefix=prefix)
         try:
             state = wait_ready(server, timeout_s, on_wait)
+            with contextlib.suppress(OSError):
+                server.ready_at = log_path.stat().st_size
             if state == "exited":
                 raise ServerError(f"tritonserver exited with code {proc.returncode} during startup")
             if state == "timeout":
@@ -403,6 +465,7 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
     if server.proc.stdin is not None:
         with contextlib.suppress(OSError):
             server.proc.stdin.close()
+    remove_shm(server.shm_prefix)  # the supervisor removes them too; a supervisor killed first could not
 
 
 def _grpc_ready(url: str) -> bool:

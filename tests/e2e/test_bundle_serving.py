@@ -119,13 +119,14 @@ def test_the_bundle_serves_after_an_s3_round_trip(tiny_build, tmp_path, monkeypa
         server.stop()
 
 
-def test_a_bundle_without_its_version_directory_fails_with_the_servers_reason(tiny_build, tmp_path):
+def test_a_bundle_without_its_version_directory_is_refused_before_triton_starts(tiny_build, tmp_path):
+    """serve's preflight (lint's rules) names the model and Triton's own words for it, in one line."""
     copy = tmp_path / "bundle"
     _copy_files_only(_local_bundle(tiny_build), copy)
     shutil.rmtree(copy / "triton_repo/ensemble/1")
     proc = run_cli("serve", str(copy), "serve.openai.port=0", root=tmp_path / "root", env=cli_env(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and "model 'ensemble': at least one version must be available" in err[0], proc.stderr
-    assert "failed to load all models" not in err[0]
+    assert len(err) == 1 and f"{copy}/triton_repo/ensemble/: no version directory" in err[0], proc.stderr
+    assert "at least one version must be available" in err[0] and "HTTP" not in proc.stdout
     assert list(tmp_path.glob("pipeline-serve-*")) == []

@@ -520,8 +520,8 @@ def _checksums(root: Path) -> dict[str, str]:
 def _record_section(title: str, body: list[str]) -> None:
     """Replace one ``## title`` section of docs/reliability.md (written by these tests, never by hand)."""
     doc = REPO / "docs" / "reliability.md"
-    head = ["# Reliability figures", "", "Every section is written by a test in `tests/e2e/test_reliability.py` when it "
-            "runs; none is edited by hand.", ""]
+    head = ["# Reliability figures", "", "Every section is written by a test in `tests/e2e/test_reliability.py` or "
+            "`tests/e2e/test_serve_faults.py` when it runs; none is edited by hand.", ""]
     text = doc.read_text() if doc.is_file() else "\n".join(head) + "\n"
     sections = {}
     for chunk in text.split("\n## ")[1:]:

@@ -32,7 +32,8 @@ def test_compatibility_table(target, quant, kv, runtime):
 
 def test_refusal_wording_and_cpu_targets():
     assert compat.problems("nvfp4", "fp8", "h100", 90, "cuda", "trtllm_engine") == [
-        "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq, or target=b200 to calibrate here for Blackwell"]
+        "nvfp4 needs Blackwell (sm100/sm120); for h100 use fp8 or int4_awq with quant.kv_cache=none, or target=b200 "
+        "to calibrate here for Blackwell"]  # an engine with an FP8 KV cache: int4_awq only with quant.kv_cache=none
     assert "quant.kv_cache=nvfp4 needs Blackwell" in compat.problems("fp8", "nvfp4", "h200", 90, "cuda",
                                                                       "trtllm_llmapi")[0]
     assert "needs a GPU target" in compat.problems("fp8", "fp8", "cpu", 0, "cpu", "trtllm_engine")[0]
