@@ -368,6 +368,16 @@ def with_predictions(cfg: DictConfig, plan: ServingPlan) -> ServingPlan:
     return dataclasses.replace(plan, predictions=preds, notes=tuple(plan.notes) + tuple(more))
 
 
+def kv_problems(plan: ServingPlan) -> list[str]:
+    """Where the plan's ``max_batch_size x max_seq_len`` exceeds the KV pool it computed (a full batch of full-length
+    sequences would not fit); empty on a CPU target and without a plan."""
+    if plan.kv_plan is None:
+        return []
+    demand = int(plan.settings["max_batch_size"]) * int(plan.settings["max_seq_len"])
+    return [] if demand <= plan.kv_tokens else [
+        f"max_batch_size x max_seq_len = {demand:,} tokens exceeds the KV pool of {plan.kv_tokens:,} tokens"]
+
+
 def capacity_problems(cfg: DictConfig, plan: ServingPlan | None = None) -> list[str]:
     p = (plan or resolve(cfg)).kv_plan
     if p is None or p.fits:
