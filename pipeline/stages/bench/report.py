@@ -8,11 +8,25 @@ from pipeline.stages.bench.gates import baseline_line
 from pipeline.stages.bench.load import COUNTING
 
 
+# Said beside every table and plot of a bench on the reference runtime (PyTorch behind Triton, an emulator of the
+# TensorRT-LLM model's interface): its timings are those of the serving path, not of TensorRT-LLM on the target.
+REFERENCE_NOTE = ("reference runtime: these figures exercise the serving path (Triton, batching, the front end) on "
+                  "PyTorch; they are not a performance measurement (`plan` shows NVIDIA's performance model's "
+                  "prediction for TensorRT-LLM)")
+
+
+def note(r: dict[str, Any]) -> str | None:
+    """:data:`REFERENCE_NOTE` for a bench on the reference runtime (``r["runtime"]``), else None."""
+    return REFERENCE_NOTE if r.get("runtime") == "reference" else None
+
+
 def markdown(model: str, r: dict[str, Any]) -> str:
     g = r["gates"]
     lines = [f"# bench: {model}", "", f"Entry point `{r['model']}` ({r.get('layout')} layout), launcher "
              f"{r['launcher']}, server start {r.get('server_start_s')} s. Gate: **{g['verdict']}**", "",
              baseline_line(g), "", f"Counting: {r.get('counting', COUNTING)}."]
+    if note(r):
+        lines += ["", f"**Note:** {note(r)}."]
     if g["breaches"]:
         lines.append("")
     lines += [f"- {b}" for b in g["breaches"]]
@@ -27,6 +41,7 @@ def markdown(model: str, r: dict[str, Any]) -> str:
             lines.append(f"| {a['prompt']} | {', '.join(a['expect'])} | {out} | {'pass' if a['pass'] else 'FAIL'} |")
     for wname, w in r["workloads"].items():
         lines += ["", f"## {wname}: ~{w['prompt_words']} prompt words, {w['max_tokens']} output tokens", "",
+                  *([f"_{note(r)}._", ""] if note(r) else []),
                   "| concurrency | requests | errors | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | "
                   "latency p50/p95/p99 ms | output tok/s | req/s |", "|---|---|---|---|---|---|---|---|"]
         for lv in w["levels"]:
@@ -92,5 +107,7 @@ def plot(r: dict[str, Any], path: Path) -> None:
         ax.set(title=f"{name}: output throughput", xlabel="concurrency", ylabel="tokens/s", xscale="log")
         ax.set_xticks(conc, [str(c) for c in conc])
         ax.minorticks_off()
+    if note(r):
+        fig.suptitle("reference runtime: the serving path, not a performance measurement", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -17,6 +17,7 @@ from pipeline.serving import shared
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
 from pipeline.stages.bench.load import COUNTING, OPENAI_READS, OPENAI_UNHASHED, run_workloads
 from pipeline.stages.bench.report import markdown, plot
+from pipeline.stages.bench.report import note as report_note
 from pipeline.triton import server as srv
 from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS  # the tokenizer lives with the engine in every layout
 from pipeline.ui import status
@@ -68,6 +69,7 @@ def run(ctx: Context) -> BenchResult:
     packaged = packaged_configs(repo)
     baseline = previous_bench(ctx)
     result: dict[str, Any] = {"model": entry_model, "layout": layout, "launcher": cfg.serve.launcher.value,
+                              "runtime": cfg.runtime.name.value,
                               "counting": COUNTING, "workloads": {}, "answers": []}
     requests: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -109,6 +111,7 @@ def run(ctx: Context) -> BenchResult:
     reports.result()  # raises what the writer raised
 
     result["gates"] = gates(cfg, result, baseline)
+    result["note"] = report_note(result)  # the reference runtime: the serving path, not a performance measurement
     (ctx.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     (ctx.out / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
     (ctx.out / "bench.md").write_text(markdown(cfg.model.name, result))

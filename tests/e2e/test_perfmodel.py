@@ -1,0 +1,82 @@
+"""plan's predictions against NVIDIA's own CLI: for the flagship (conf/model/qwen32b) at fp8 and nvfp4 on h100, h200
+and b200, the figures the serving plan shows equal what ``aiconfigurator cli estimate`` prints for the same inputs
+(the CLI is installed beside the model by `make .venv/.installed-test`: ``python -m pipeline.perfmodel --with-cli``).
+A planted wrong mapping (the FP8 KV cache sent as bf16) must not match. Where the tables have no data (NVFP4 on Hopper:
+its weight-only GEMM rows are missing) both say so."""
+from __future__ import annotations
+
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pipeline import hardware, perfmodel, serving_plan
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+FIELDS = {"ttft_ms": r"TTFT:\s+([\d.,]+) ms", "tpot_ms": r"TPOT:\s+([\d.,]+) ms",
+          "tokens_per_s_per_gpu": r"tokens/s/gpu:\s+([\d.,]+)", "memory_gb": r"Memory \(GPU\):\s+([\d.,]+) GB"}
+
+
+@pytest.fixture(autouse=True)
+def model_on(monkeypatch):
+    monkeypatch.setenv("PIPELINE_PERFMODEL", "on")
+    if perfmodel.available():
+        pytest.skip(perfmodel.available())
+    cli = subprocess.run([str(perfmodel.env_python()), "-c", "import aiconfigurator.main"], capture_output=True)
+    if cli.returncode:
+        pytest.skip(f"{perfmodel.CLI} is not installed beside the model: python -m pipeline.perfmodel --with-cli")
+
+
+def cli_estimate(system: str, gemm: str, kv: str, tp: int, batch: int, isl: int, osl: int) -> dict | str:
+    """``aiconfigurator cli estimate`` (agg) as a user runs it; its printed figures, or its last line on failure."""
+    proc = subprocess.run(
+        [str(perfmodel.env_python()), "-c", "import sys; from aiconfigurator.main import main; sys.exit(main())",
+         "cli", "estimate", "--model-path", "Qwen/Qwen3-32B", "--system", system, "--backend", "trtllm",
+         "--isl", str(isl), "--osl", str(osl), "--batch-size", str(batch), "--tp-size", str(tp),
+         "--gemm-quant-mode", gemm, "--kvcache-quant-mode", kv, "--estimate-mode", "agg"],
+        capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    if proc.returncode or "TTFT:" not in out:
+        return (out.strip().splitlines() or ["no output"])[-1]
+    return {k: float(re.search(rx, out).group(1).replace(",", "")) for k, rx in FIELDS.items()}
+
+
+def close(ours: dict, theirs: dict) -> bool:
+    # the CLI prints 3 decimals (TTFT/TPOT), 2 (tokens/s, GB); the plan rounds to 2
+    return all(abs(ours[k] - theirs[k]) <= max(0.01, 1e-4 * abs(theirs[k])) for k in FIELDS)
+
+
+def test_plan_figures_equal_aiconfigurators_cli_and_a_wrong_kv_mapping_does_not():
+    cases = [(q, t) for q in ("fp8", "nvfp4") for t in ("h100", "h200", "b200")]
+    plans = {}
+    for q, t in cases:
+        cfg = hardware.compose(["model=qwen32b", f"quant={q}", f"target={t}", "runtime=trtllm_llmapi",
+                                "quant.kv_cache=fp8"])
+        plans[(q, t)] = (cfg, serving_plan.resolve(cfg, predict=True))
+    jobs = {}
+    with ThreadPoolExecutor(2) as pool:
+        for (q, t), (cfg, p) in plans.items():
+            i, o = serving_plan.workloads(cfg)["typical"]
+            b = int(p.settings["max_batch_size"])
+            sysname, gemm = perfmodel.SYSTEMS[t], perfmodel.GEMM_MODES[q]
+            jobs[(q, t)] = pool.submit(cli_estimate, sysname, gemm, "fp8", p.tp, b, i, o)
+            if (q, t) == ("fp8", "h200"):  # the planted wrong mapping: FP8 KV sent as bf16
+                jobs["planted"] = pool.submit(cli_estimate, sysname, gemm, "bfloat16", p.tp, b, i, o)
+    compared = 0
+    for (q, t), (cfg, p) in plans.items():
+        theirs = jobs[(q, t)].result()
+        if p.predictions is None:  # no data in the tables: the plan says so in one line, and so does the CLI
+            assert isinstance(theirs, str), (q, t, theirs)
+            assert any("no prediction" in n and "\n" not in n for n in p.notes), p.notes
+            continue
+        ours = p.predictions["workloads"]["typical"]["kv_fp8"]
+        assert isinstance(theirs, dict), (q, t, theirs)
+        assert close(ours, theirs), (q, t, ours, theirs)
+        compared += 1
+        if (q, t) == ("fp8", "h200"):
+            planted = jobs["planted"].result()
+            assert not close(ours, planted), "FP8 KV sent as bf16 must not match"
+            assert close(p.predictions["workloads"]["typical"]["kv_bf16"], planted)  # and bf16 is bf16
+    assert compared >= 4  # fp8 on all three, nvfp4 on b200 at least
