@@ -3,7 +3,7 @@
 is a diagnostic that follows those internals (uvicorn 0.54), not part of the served path. Marks go to the JSON file
 named by ``HOPS_OUT`` when the process ends (SIGTERM).
 
-    python benchmarks/_hops_front.py REPO GRPC_URL [serve.openai.*=...]
+    python -m benchmarks._hops_front REPO GRPC_URL [serve.openai.*=...]
 """
 from __future__ import annotations
 

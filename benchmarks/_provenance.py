@@ -3,7 +3,7 @@ digest of the source files, written into every raw JSON under ``benchmarks/resul
 
 Where the script runs from a copy without git metadata (a GPU host given the files only), ``commit`` is None,
 ``commit_claimed`` is what its launcher says in ``PIPELINE_COMMIT`` (if anything), and ``commit_note`` says so; ``source_sha256`` (the files the pipeline runs: ``pipeline/``, ``conf/``, ``benchmarks/*.py``,
-``pyproject.toml``) still identifies the code, and ``python benchmarks/_provenance.py --match DIGEST`` finds the
+``pyproject.toml``) still identifies the code, and ``python -m benchmarks._provenance --match DIGEST`` finds the
 commit whose files have that digest. A hand-written commit is never recorded.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def source_state() -> dict:
         return {"commit": None, "dirty": None, "commit_claimed": claimed, "source_sha256": source_sha256(),
                 "commit_note": "no git checkout here (a copy of the files)"
                                + (f"; its launcher says {claimed} (PIPELINE_COMMIT)" if claimed else "")
-                               + ": `python benchmarks/_provenance.py --match DIGEST` finds the commit with these "
+                               + ": `python -m benchmarks._provenance --match DIGEST` finds the commit with these "
                                  "files"}
     status = _git("status", "--porcelain", "--untracked-files=normal", "--", *SOURCES).stdout
     dirty = [line[3:] for line in status.splitlines() if _is_source(line[3:].strip())]
@@ -85,6 +85,8 @@ def commit_label(doc: dict, width: int = 10) -> str:
     if "+dirty" in seen:  # records of an older form
         return seen + " (uncommitted changes in the tree that ran)"
     dirty = bool(doc.get("dirty"))
+    if seen.endswith("-dirty"):  # records of an older form: the mark in the commit
+        seen, dirty = seen.removesuffix("-dirty"), True
     if doc.get("commit_matched"):
         return (f"{doc['commit_matched'][:width]} (the files that ran have its source digest; the copy's git "
                 f"metadata read {seen[:width]}{' with uncommitted changes' if dirty else ''})")
@@ -108,10 +110,11 @@ def annotate(path: Path, note: str | None = None, max_count: int = 200) -> str |
     doc = json.loads(path.read_text())
     found = match(doc["source_sha256"], max_count) if doc.get("source_sha256") else None
     doc["commit_matched"] = found
-    doc["commit_matched_by"] = "source_sha256 against the last 200 commits (benchmarks/_provenance.py --annotate)"
+    doc["commit_matched_by"] = ("source_sha256 against the last 200 commits "
+                                "(python -m benchmarks._provenance --annotate)")
     if note:
         doc["note"] = note
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(doc, default=str) + "\n")
     return found
 
 

@@ -1,6 +1,6 @@
 """The load generator's own ceiling: the bench client against a trivial streaming Triton model, side by side.
 
-    python benchmarks/bench_overhead.py [--requests 2000] [--tokens 4]
+    python -m benchmarks bench_overhead [--requests 2000] [--tokens 4] [--concurrency 1,8,32,64]
 
 A decoupled python model answers every request at once with ``--tokens`` one-token responses and a final flag, so
 what is measured is the generator (tritonclient gRPC streams, one per worker thread), the loopback network and
@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rebuild_noop import REPO, commit, machine, prepend  # noqa: E402
+from benchmarks._provenance import commit_label
 
-sys.path.insert(0, str(REPO))
+TITLE = "Load-generator ceiling"
 
 CONFIG = """name: "echo"
 backend: "python"
@@ -46,12 +44,13 @@ class TritonPythonModel:
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--tokens", type=int, default=4)
-    ap.add_argument("--concurrency", default="1,8,32,64")
-    args = ap.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument("--concurrency", default="1,8,32,64")
+
+
+def run(args) -> dict:
     from pipeline.triton import client, server
 
     rows = []
@@ -61,7 +60,7 @@ def main() -> None:
         (repo / "config.pbtxt").write_text(CONFIG)
         (repo / "1" / "model.py").write_text(MODEL)
         with server.local_server(repo.parent, host="127.0.0.1", server_bin=None, work_dir=Path(tmp) / "w",
-                            timeout_s=120) as s:
+                                 timeout_s=120) as s:
             prompts = ["hello"] * args.requests
             echo = client.entry_point(s.grpc_url, "echo", "inflight_batcher_llm")
             client.run_level(s.grpc_url, echo, prompts, list(range(200)), 8, args.tokens, 30)  # warm-up
@@ -71,28 +70,32 @@ def main() -> None:
                 for r in records:  # the echo model streams one one-character token per response
                     r.output_tokens = len(r.chunk_times)
                 summ = client.summarize(records, wall)
-                rows.append((conc, n, summ))
-                print(f"c={conc}: {summ['request_throughput']['avg']:.0f} req/s, p50 "
-                      f"{summ['request_latency']['p50']:.2f} ms, errors {summ['error_count']}", file=sys.stderr)
-    lines = ["\n## Load-generator ceiling (`benchmarks/bench_overhead.py`)",
-             f"{time.strftime('%Y-%m-%d')} · commit {commit()} · {machine()} · trivial decoupled python model, "
-             f"{args.tokens} streamed responses per request, real tritonserver (nvidia-pytriton) on loopback; the "
-             f"server shares the same 2 cores", "",
+                lat = summ["request_latency"]
+                rows.append({"concurrency": conc, "requests": n, "errors": summ["error_count"],
+                             "requests_per_s": summ["request_throughput"]["avg"],
+                             "responses_per_s": summ["request_throughput"]["avg"] * args.tokens,
+                             "latency_ms": {q: lat[q] for q in ("p50", "p95", "p99")},
+                             "ttft_p50_ms": summ["time_to_first_token"]["p50"]})
+                print(f"c={conc}: {rows[-1]['requests_per_s']:.0f} req/s, p50 {lat['p50']:.2f} ms, errors "
+                      f"{rows[-1]['errors']}", file=sys.stderr)
+    return {"tokens": args.tokens, "levels": rows}
+
+
+def render(record: dict) -> list[str]:
+    tokens, rows = record["tokens"], record["levels"]
+    lines = [f"{record['date'][:10]} · commit {commit_label(record)} · {record['machine']} · trivial decoupled python "
+             f"model, {tokens} streamed responses per request, real tritonserver (nvidia-pytriton) on loopback; the "
+             f"server shares the same cores", "",
              "| concurrency | requests | errors | requests/s | streamed responses/s | request latency p50 / p95 / p99 (ms) "
              "| TTFT p50 (ms) |", "|---|---|---|---|---|---|---|"]
-    for conc, n, s in rows:
-        lat = s["request_latency"]
-        lines.append(f"| {conc} | {n} | {s['error_count']} | {s['request_throughput']['avg']:.0f} | "
-                     f"{s['request_throughput']['avg'] * args.tokens:.0f} | {lat['p50']:.2f} / {lat['p95']:.2f} / "
-                     f"{lat['p99']:.2f} | {s['time_to_first_token']['p50']:.2f} |")
-    best = max(s["request_throughput"]["avg"] for _, _, s in rows)
-    c1 = rows[0][2]["request_latency"]["p50"]
+    for r in rows:
+        lat = r["latency_ms"]
+        lines.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {r['requests_per_s']:.0f} | "
+                     f"{r.get('responses_per_s', r['requests_per_s'] * tokens):.0f} | {lat['p50']:.2f} / {lat['p95']:.2f} / {lat['p99']:.2f} | "
+                     f"{r['ttft_p50_ms']:.2f} |")
+    best = max(r["requests_per_s"] for r in rows)
+    c1 = rows[0]["latency_ms"]["p50"]
     lines += ["", f"Ceiling: {best:.0f} streaming requests/s (target ≥ 500: {'met' if best >= 500 else 'NOT met'}). "
-                  f"Round trip at concurrency 1: {c1:.2f} ms at p50, an upper bound of the client's added latency "
-                  f"(target < 1 ms: {'met' if c1 < 1 else 'NOT met'})."]
-    prepend("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()
+                  f"Round trip at concurrency {rows[0]['concurrency']}: {c1:.2f} ms at p50, an upper bound of the "
+                  f"client's added latency (target < 1 ms: {'met' if c1 < 1 else 'NOT met'})."]
+    return lines

@@ -1,41 +1,37 @@
 """The reference runtime's forward pass on this CPU in bfloat16 and in float32, side by side: what
 ``runtime.dtype=auto`` decides between (``pipeline.runtime.reference.compute_dtype``).
 
-    python benchmarks/cpu_dtype.py --root ROOT [--rows 8] [--tokens 64] [--repeat 5] [--no-doc]
+    python -m benchmarks cpu_dtype --root ROOT [--rows 8] [--tokens 64] [--repeat 5]
 
 ROOT is a build root holding the default model's fetch output (``python -m pipeline build until=fetch
 paths.root=ROOT``). The checkpoint is loaded through the reference runtime (``reference.load``) once per dtype; one
 torch thread (``serve.torch_threads``' default); a ``--rows`` × ``--tokens`` batch of seeded token ids; after one
 warm-up pass, ``--repeat`` passes alternate between the dtypes, so drift on a shared machine hits both alike. Reports
 the median pass of each and their ratio, with whether torch finds native bfloat16 (AVX512-BF16 or AMX) here and what
-``auto`` resolves to. Raw JSON: ``benchmarks/results/cpu_dtype-<date>-<commit>.json``; the section is prepended to
-``docs/benchmarks.md``.
+``auto`` resolves to.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docfile import publish  # noqa: E402
-from rebuild_noop import REPO, commit, machine  # noqa: E402
+from benchmarks._provenance import commit_label
 
-sys.path.insert(0, str(REPO))
+TITLE = "Reference runtime forward pass on CPU: bfloat16 vs float32"
+DTYPES = ("bfloat16", "float32")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--root", type=Path, required=True, help="a build root holding the default model's fetch output")
-    ap.add_argument("--rows", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--no-doc", action="store_true", help="print only; do not write docs/benchmarks.md")
-    args = ap.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, required=True,
+                        help="a build root holding the default model's fetch output")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=5)
 
+
+def run(args) -> dict:
     import torch
 
     from pipeline.runtime import reference
@@ -60,26 +56,23 @@ def main() -> None:
                 m(input_ids=ids)
                 times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    auto = str(reference.compute_dtype("auto", "cpu")).removeprefix("torch.")
-    stamp, sha = dt.datetime.now(dt.timezone.utc), commit()
-    result = {"benchmark": "cpu_dtype", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
-              "machine": machine(), "checkpoint": ckpt.name, "rows": args.rows, "tokens": args.tokens,
-              "torch_threads": 1, "torch": torch.__version__, "native_bf16": reference.native_bf16(),
-              "auto_resolves_to": auto, "seconds": times, "median_s": med,
-              "bfloat16_over_float32": med["bfloat16"] / med["float32"]}
-    lines = ["## Reference runtime forward pass on CPU: bfloat16 vs float32 (`benchmarks/cpu_dtype.py`)",
-             f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · torch {torch.__version__} · SmolLM2-135M "
-             f"(`{ckpt.name}`) through `reference.load`, one torch thread, {args.rows} × {args.tokens} tokens, "
-             f"{args.repeat} passes per dtype alternating after a warm-up.", "",
+    return {"checkpoint": ckpt.name, "rows": args.rows, "tokens": args.tokens, "repeat": args.repeat,
+            "torch_threads": 1, "torch": torch.__version__, "native_bf16": reference.native_bf16(),
+            "auto_resolves_to": str(reference.compute_dtype("auto", "cpu")).removeprefix("torch."),
+            "seconds": times, "median_s": med, "bfloat16_over_float32": med["bfloat16"] / med["float32"]}
+
+
+def render(record: dict) -> list[str]:
+    med, times = record["median_s"], record["seconds"]
+    repeat = record.get("repeat", len(times["float32"]))
+    lines = [f"{record['date'][:16].replace('T', ' ')} UTC · commit {commit_label(record)} · {record['machine']} · "
+             f"torch {record['torch']} · SmolLM2-135M (`{record['checkpoint']}`) through `reference.load`, one torch "
+             f"thread, {record['rows']} × {record['tokens']} tokens, {repeat} passes per dtype alternating after a "
+             f"warm-up.", "",
              "| dtype | median pass (s) | passes (s) |", "|---|---|---|"]
-    for name in dtypes:
+    for name in DTYPES:
         lines.append(f"| {name} | {med[name]:.3f} | {', '.join(f'{t:.3f}' for t in times[name])} |")
-    lines += ["", f"bfloat16 over float32: {result['bfloat16_over_float32']:.2f}×. Native bfloat16 here (torch's "
-                  f"AVX512-BF16/AMX probes): {'yes' if result['native_bf16'] else 'no'}; `runtime.dtype=auto` "
-                  f"resolves to {auto} on this CPU."]
-    out = REPO / "benchmarks" / "results" / f"cpu_dtype-{stamp:%Y-%m-%d}-{sha}.json"
-    print(publish(lines, out, result, args.no_doc))
-
-
-if __name__ == "__main__":
-    main()
+    lines += ["", f"bfloat16 over float32: {record['bfloat16_over_float32']:.2f}×. Native bfloat16 here (torch's "
+                  f"AVX512-BF16/AMX probes): {'yes' if record['native_bf16'] else 'no'}; `runtime.dtype=auto` "
+                  f"resolves to {record['auto_resolves_to']} on this CPU."]
+    return lines

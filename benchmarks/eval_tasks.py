@@ -1,9 +1,9 @@
 """How long the default evaluation tasks take: the eval_baseline and evaluate stages, measured fresh.
 
-    python benchmarks/eval_tasks.py                                  # SmolLM2 (the default model) on this machine
-    python benchmarks/eval_tasks.py --shape 4b --out $OUT            # a CUDA machine: Qwen3-4B's shape, fp8 for h200
-    python benchmarks/eval_tasks.py --root /data/ev -- eval.concurrency=4 ...   # extra overrides after --
-    python benchmarks/eval_tasks.py --render benchmarks/results/eval_tasks-*.json   # only (re)write the doc section
+    python -m benchmarks eval_tasks                              # SmolLM2 (the default model) on this machine
+    python -m benchmarks eval_tasks --shape 4b --out $OUT        # a CUDA machine: Qwen3-4B's shape, fp8 for h200
+    python -m benchmarks eval_tasks --root /data/ev -- eval.concurrency=4 ...   # extra overrides after --
+    python -m benchmarks eval_tasks render benchmarks/results/eval_tasks-*.json   # print those records' blocks
 
 Runs ``python -m pipeline build until=bench`` first (earlier stages cached or run, unmeasured), then
 ``python -m pipeline build until=evaluate force=[eval_baseline,evaluate]``, and reads both stages' manifests and
@@ -11,19 +11,19 @@ Runs ``python -m pipeline build until=bench`` first (earlier stages cached or ru
 and requests (four per item for the multiple-choice task), the scores and the gate. The machine's load average is
 recorded before and after: on a shared machine the figures are upper bounds.
 
-``--shape 4b`` (``benchmarks/gpu_e2e.py`` SHAPES) evaluates a seeded random model of Qwen3-4B's shape with the
+``--shape 4b`` (``benchmarks/gpu_e2e.py``'s SHAPES) evaluates a seeded random model of Qwen3-4B's shape with the
 synthetic tokenizer (65,536 tokens), served by the reference runtime on ``target.device`` (cuda for h200): the
 timing is the point; random weights score about chance (0.25) and make no accuracy claim, so the gate's allowed drop
 is set to 1 there, and the bench before it runs one request (it is not measured here).
 
-Raw JSON goes to ``benchmarks/results/eval_tasks-<date>-<host>-<model>-<commit>.json`` and the section is prepended to
-``docs/benchmarks.md``; with ``--out DIR`` the JSON goes to DIR alone (a device run's ``$OUT``; render it here later
-with ``--render``), and when a stage fails, its logs (lm-eval's, the front end's, Triton's) are copied there too.
+The raw record is ``benchmarks/results/eval_tasks-<date>-<commit>-<host>-<model>.json``; with ``--out DIR`` it goes to
+DIR alone (a device run's ``$OUT``; copy it into ``benchmarks/results/`` here), and when a stage fails, its logs
+(lm-eval's, the front end's, Triton's) are copied there too. A failed run's record states its ``error`` (exit 1) and is
+never the page's current figure. The page keeps one current record per model and device.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import platform
@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
-import _docfile  # noqa: E402
-from _provenance import commit_label, source_state  # noqa: E402
+from benchmarks._instrument import REPO
+from benchmarks._provenance import commit_label
+
+TITLE = "Task evaluation time: the default tasks, baseline and quantized"
 
 # The bench stage runs before evaluate (stage order) but is not measured here: one request.
 QUICK_BENCH = ["bench.concurrency=[1]", "bench.requests_per_level=1", "bench.warmup_requests=0", "bench.only=[chat]",
@@ -47,7 +47,7 @@ SYNTHETIC_NOTE = ("synthetic weights (seeded, random) and the synthetic tokenize
 def shape_overrides(shape: str, fmt: str, target: str) -> list[str]:
     """The pipeline overrides for a synthetic model of ``shape`` (``benchmarks/gpu_e2e.py``'s), its bench cut to one
     request, and an allowed drop that random weights cannot breach."""
-    from gpu_e2e import overrides
+    from benchmarks.gpu_e2e import overrides
 
     model = (["model=tiny-qwen3", f"quant={fmt}", "quant.gate=warn", f"target={target}", "runtime=reference"]
              if shape == "tiny" else [o for o in overrides(shape, fmt, target) if not o.startswith("bench.")])
@@ -93,8 +93,7 @@ def measure(root: Path, overrides: list[str], shape: str | None = None) -> dict:
     reports = sorted((root / "reports").glob("*.json"), key=lambda f: f.stat().st_mtime)
     rep = json.loads(reports[-1].read_text())
     rows = {r["stage"]: r for r in rep["stages"]}
-    out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
-           "host": platform.node(), "cpus": os.cpu_count(), "gpu": _gpu(), "python": platform.python_version(),
+    out = {"host": platform.node(), "cpus": os.cpu_count(), "gpu": _gpu(), "python": platform.python_version(),
            "versions": _versions(), "shape": shape, "prepare_s": round(prep_s, 1),
            "overrides": overrides, "model": rep["model"], "quant": rep["quant"], "target": rep["target"],
            "returncode": p.returncode, "command_wall_s": round(wall, 1),
@@ -138,81 +137,67 @@ def failure_logs(root: Path, dest: Path) -> list[str]:
     return copied
 
 
-def section(runs: list[dict], files: list[str]) -> str:
-    r0 = runs[0]
-    lines = [f"## Task evaluation time: the default tasks, baseline and quantized (`benchmarks/eval_tasks.py`)",
-             f"{r0['date'][:10]} · commit {commit_label(r0)} · {r0['host']} · {r0['cpus']} CPUs"
-             + (f" · {r0['gpu']}" if r0.get("gpu") else "") + f" · Python {r0['python']}", "",
+def variant(record: dict) -> str:
+    return f"{record['model']} on {record.get('gpu') or 'CPU'}"
+
+
+def suffix(record: dict) -> str:
+    return f"{record['host']}-{record['model']}"
+
+
+def render(record: dict) -> list[str]:
+    r = record
+    lines = [f"{r['date'][:10]} · commit {commit_label(r)} · {r['host']} · {r['cpus']} CPUs"
+             + (f" · {r['gpu']}" if r.get("gpu") else "") + f" · Python {r['python']}", "",
              "Each stage serves its model on a real tritonserver behind the OpenAI front end and runs lm-eval "
              "(`local-completions`, echo + logprobs) over every item; stage time includes the server start and stop.",
              ""]
-    for r in runs:
-        if r.get("note"):
-            lines += [f"{r['model']} ({r.get('shape')} shape): {r['note']}.", ""]
+    if r.get("note"):
+        lines += [f"{r['model']} ({r.get('shape')} shape): {r['note']}.", ""]
     lines += ["| model | quant | target | stage | items | lm-eval s | stage s | score | load avg before → after |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        for name, s in r["stages"].items():
-            for task, t in s["tasks"].items():
-                lines.append(f"| {r['model']} | {r['quant'] if name == 'evaluate' else 'none (baseline)'} | "
-                             f"{r['target']} | {name} ({task}) | {t['items']} | {s['lm_eval_wall_s']} | "
-                             f"{s['stage_wall_s']} | {t['score']:.4f} | {r['load_avg_before'][0]} → "
-                             f"{r['load_avg_after'][0]} |")
-        for name, s in r["stages"].items():
-            t = s.get("timings")
-            if t:
-                lines += ["", f"Where {name}'s time went ({r['model']}): tritonserver start {t.get('server_start_s')} s, "
-                          f"front end start {t.get('frontend_start_s')} s, lm-eval {t.get('lm_eval_s')} s (its "
-                          f"imports {t.get('import_s')} s, tasks {t.get('tasks_load_s')} s, requests and scoring "
-                          f"{t.get('evaluate_s')} s), stop {t.get('stop_s')} s."]
-        for task, g in (r.get("gate") or {}).items():
-            lines.append("")
-            lines.append(f"Gate ({r['model']} {r['quant']}, {task}): difference {g['difference']:+.4f}, CI "
-                         f"[{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]: {g['verdict']}.")
-        if r.get("error"):
-            lines += ["", f"Run failed: {r['error']}"]
-    lines += ["", "Raw data: " + ", ".join(f"`{f}`" for f in files) + "."]
-    return "\n".join(lines)
+    for name, s in r["stages"].items():
+        for task, t in s["tasks"].items():
+            lines.append(f"| {r['model']} | {r['quant'] if name == 'evaluate' else 'none (baseline)'} | "
+                         f"{r['target']} | {name} ({task}) | {t['items']} | {s['lm_eval_wall_s']} | "
+                         f"{s['stage_wall_s']} | {t['score']:.4f} | {r['load_avg_before'][0]} → "
+                         f"{r['load_avg_after'][0]} |")
+    for name, s in r["stages"].items():
+        t = s.get("timings")
+        if t:
+            lines += ["", f"Where {name}'s time went ({r['model']}): tritonserver start {t.get('server_start_s')} s, "
+                      f"front end start {t.get('frontend_start_s')} s, lm-eval {t.get('lm_eval_s')} s (its "
+                      f"imports {t.get('import_s')} s, tasks {t.get('tasks_load_s')} s, requests and scoring "
+                      f"{t.get('evaluate_s')} s), stop {t.get('stop_s')} s."]
+    for task, g in (r.get("gate") or {}).items():
+        lines += ["", f"Gate ({r['model']} {r['quant']}, {task}): difference {g['difference']:+.4f}, CI "
+                      f"[{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]: {g['verdict']}."]
+    if r.get("error"):
+        lines += ["", f"Run failed: {r['error']}"]
+    return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, help="output root (default: a new temp directory)")
-    ap.add_argument("--render", nargs="+", help="raw JSON files: only write the doc section")
-    ap.add_argument("--no-doc", action="store_true", help="write the raw JSON only")
-    ap.add_argument("--out", type=Path, help="write the raw JSON to this directory alone (no doc section)")
-    ap.add_argument("--shape", choices=("4b", "14b", "32b", "tiny"),
-                    help="a synthetic model of this shape (benchmarks/gpu_e2e.py; tiny: the test model, a smoke run)")
-    ap.add_argument("--quant", default="fp8", help="with --shape: the format (default fp8)")
-    ap.add_argument("--target", default="h200", help="with --shape: the target (default h200, device cuda)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides after --")
-    a = ap.parse_args()
-    if a.render:
-        runs = [json.loads(Path(f).read_text()) for f in a.render]
-        _docfile.prepend(section(runs, [str(Path(f).relative_to(REPO)) if Path(f).is_absolute() else f
-                                        for f in a.render]))
-        return
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, help="output root (default: a new temp directory)")
+    parser.add_argument("--shape", choices=("4b", "14b", "32b", "tiny"),
+                        help="a synthetic model of this shape (benchmarks/gpu_e2e.py; tiny: the test model, a smoke "
+                             "run)")
+    parser.add_argument("--quant", default="fp8", help="with --shape: the format (default fp8)")
+    parser.add_argument("--target", default="h200", help="with --shape: the target (default h200, device cuda)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides after --")
+
+
+def run(args) -> dict:
     import tempfile
 
-    root = a.root or Path(tempfile.mkdtemp(prefix="eval-bench-"))
+    root = args.root or Path(tempfile.mkdtemp(prefix="eval-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    overrides = (shape_overrides(a.shape, a.quant, a.target) if a.shape else []) + list(a.overrides)
-    run = measure(root, overrides, a.shape)
-    if a.shape:
-        run["note"] = SYNTHETIC_NOTE.format(fmt=a.quant)
-    name = f"eval_tasks-{run['date'][:10]}-{run['host']}-{run['model']}-{(run.get('commit') or 'nogit')[:7]}.json"
-    path = (a.out or REPO / "benchmarks" / "results") / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if run["returncode"]:
+    overrides = (shape_overrides(args.shape, args.quant, args.target) if args.shape else []) + list(args.overrides)
+    out = measure(root, overrides, args.shape)
+    if args.shape:
+        out["note"] = SYNTHETIC_NOTE.format(fmt=args.quant)
+    if out["returncode"]:
         # the failed stages' logs come back with a device run's $OUT; here they stay under the root
-        run["failure_logs"] = failure_logs(root, a.out) if a.out else [
+        out["failure_logs"] = failure_logs(root, args.out_dir) if args.out_dir else [
             str(p) for p in sorted((root / "reports" / "failed").glob("*eval*/*.log"))]
-    path.write_text(json.dumps(run, indent=2) + "\n")
-    print(json.dumps(run, indent=2))
-    if not a.no_doc and not a.out:
-        _docfile.prepend(section([run], [str(path.relative_to(REPO))]))
-    sys.exit(1 if run["returncode"] else 0)
-
-
-if __name__ == "__main__":
-    main()
+    return out

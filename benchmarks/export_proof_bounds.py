@@ -1,8 +1,8 @@
 """The export proof's margins, and the accuracy of every format, measured by the real quantize stage.
 
-    python benchmarks/export_proof_bounds.py                        # tiny-qwen3 and SmolLM2-135M, every CPU format
-    python benchmarks/export_proof_bounds.py --models tiny-qwen3    # one model
-    python benchmarks/export_proof_bounds.py --render               # only re-render docs/benchmarks.md from the JSON
+    python -m benchmarks export_proof_bounds                        # tiny-qwen3 and SmolLM2-135M, every CPU format
+    python -m benchmarks export_proof_bounds --models tiny-qwen3    # one model
+    python -m benchmarks render                                     # only re-render docs/benchmarks.md
 
 For each model × format it runs the real fetch and quantize stages (``build until=quantize``, ``quant.gate=warn``,
 in this process through the runner, one fresh output root per model so that fetch is shared) and reads the stage's
@@ -16,8 +16,10 @@ in this process through the runner, one fresh output root per model so that fetc
   export_weight_ratio; the unquantized weights are at 1.0 by definition);
 - the accuracy gate's numbers: the deployed export vs the unquantized model.
 
-The raw results go to ``benchmarks/results/export_proof_bounds.json``; the tables in docs/benchmarks.md are
-rendered from that file only. The default model (SmolLM2-135M-Instruct) is shipped as a Q4_1 GGUF: its "unquantized"
+A run records the rows it measured; the rows of the models and formats it did not measure are carried over from the
+newest earlier record (each marked ``carried_from``), so the current record holds the whole table. The limit and both
+verdicts are evaluated from the raw K, E and U with the bounds the format modules hold now
+(``pipeline.formats.FORMATS``; the bounds a run itself used are in the record too). The default model (SmolLM2-135M-Instruct) is shipped as a Q4_1 GGUF: its "unquantized"
 baseline is that GGUF dequantized to bf16.
 """
 from __future__ import annotations
@@ -29,13 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docfile import replace_block  # noqa: E402
-from _provenance import commit_label, source_state  # noqa: E402
-from rebuild_noop import REPO, machine  # noqa: E402
+from benchmarks._provenance import commit_label
 
-RESULTS = REPO / "benchmarks" / "results" / "export_proof_bounds.json"
-DOC = REPO / "docs" / "benchmarks.md"
+TITLE = "Export proof margins"
+# quant_accuracy runs the same measurement on SmolLM2 alone: both read each other's records
+RESULT_NAMES = ("export_proof_bounds", "quant_accuracy")
 # (format, KV, extra overrides); AWQ at block 64: SmolLM2's hidden size 576 is not a multiple of 128
 FORMATS = [("fp8", "fp8", []), ("int8_sq", "fp8", []), ("nvfp4", "fp8", []), ("int4_awq", "fp8", ["quant.block_size=64"]),
            ("w4a8_awq", "fp8", ["quant.block_size=64"]), ("none", "fp8", [])]
@@ -73,7 +73,7 @@ def _row(model: str, fmt: str, kv: str, extra: list[str], r: dict | None, outcom
     return row
 
 
-def run(models: list[str], formats: list[str], save) -> None:
+def measure(models: list[str], formats: list[str], save) -> None:
     """The real fetch and quantize stages, in this process (runner.preflight / runner.run: one import of torch and
     ModelOpt for every run), one fresh output root per model; ``save(row)`` after each run."""
     from pipeline import hardware, runner
@@ -100,25 +100,26 @@ def run(models: list[str], formats: list[str], save) -> None:
 
 
 def _bounds(fmt: str) -> tuple[float, float, float]:
-    from pipeline import hardware
+    from pipeline.formats import FORMATS
 
-    e = hardware.compose([f"quant={fmt}", "target=cpu", "runtime=reference"]).quant.eval
-    return float(e.export_kl_abs), float(e.export_kl_frac), float(e.export_weight_ratio)
+    t = FORMATS[fmt].tolerances
+    return float(t.export_kl_abs), float(t.export_kl_frac), float(t.export_weight_ratio)
 
 
-def render(doc: dict) -> None:
-    """The tables, from the raw JSON only. The limit and both verdicts are evaluated from the raw K, E and U with
-    the bounds the format modules hold now (pipeline/formats/<name>.py; the bounds a run itself used are in the JSON
-    too)."""
-    rows = doc["rows"]
+def stamp(record: dict) -> str:
+    return f"{record['date'][:10]} · commit {commit_label(record)} · {record['machine']}"
+
+
+def render(record: dict) -> list[str]:
+    """The margins table, from the record only; limits and verdicts with the bounds the format modules hold now."""
+    rows = record["rows"]
     bounds = {r["format"]: _bounds(r["format"]) for r in rows}
-    stamp = f"{doc['date']} · commit {commit_label(doc)} · {doc['machine']} · raw JSON: `benchmarks/results/export_proof_bounds.json`"
-    lines = ["## Export proof margins (`benchmarks/export_proof_bounds.py`)", stamp, "",
+    lines = [stamp(record), "",
              "The quantize stage on CPU, per model and format (FP8 KV cache; 16×128 calibration tokens, held-out rows "
              "of the shipped corpus). K = KL(unquantized ‖ fake-quant); E = KL(fake-quant ‖ deployed export, reloaded "
              "by the reference dequantizer); U = KL(fake-quant ‖ unquantized weights). The proof requires E ≤ limit = "
-             "kl_abs + kl_frac × K (per format, `pipeline/formats/<name>.py`; limits and verdicts evaluated from the raw K, E and U "
-             "with the bounds those files hold now), so the unquantized weights must score U > limit; "
+             "kl_abs + kl_frac × K (per format, `pipeline/formats/<name>.py`; limits and verdicts evaluated from the "
+             "raw K, E and U with the bounds those files hold now), so the unquantized weights must score U > limit; "
              "each exported layer must lie within `export_weight_ratio` × its quantization error of the fake-quant "
              "weight (the unquantized weights sit at 1.0). SmolLM2-135M-Instruct's baseline is its Q4_1 GGUF, "
              "dequantized to bf16.", "",
@@ -134,54 +135,28 @@ def render(doc: dict) -> None:
                      f"({kl_abs:g} + {kl_frac:g} × K) | {r['U']:.5f} | {'yes' if r['E'] <= limit else 'NO'} | "
                      f"{'yes' if r['U'] > limit else 'NO'} | {r['worst_layer_ratio']} ({ratio_max:g}) | "
                      f"{r['export_check']} |")
-    replace_block("export_proof_bounds", "\n".join(lines))
-    acc = [r for r in rows if r["model"] == "smollm2-135m" and "error" not in r]
-    if acc:
-        lines = ["## Quantization formats on SmolLM2-135M-Instruct: the deployed export vs the unquantized model "
-                 "(`benchmarks/export_proof_bounds.py`)", stamp, "",
-                 "The accuracy gate's numbers: the exported checkpoint reloaded as it is served (reference dequantizer) "
-                 "vs the unquantized model, on the held-out fifth of the shipped corpus; the fake-quant KL is "
-                 "ModelOpt's in-memory model, for comparison. The unquantized model is the Q4_1 GGUF dequantized to bf16. "
-                 "Bytes/param count every tensor of the export (embeddings stay bf16 and are tied: 28M of the 135M "
-                 "parameters). `none` quantizes the KV cache only. Calibration: 16×128 tokens (a short run, with "
-                 "`quant.calib.allow_short=true`).", "",
-                 "| format | quant_algo | bytes/param | KL (deployed) | top-1 (deployed) | perplexity ratio (deployed) | "
-                 "KL (fake-quant) | gate | export check | calibrate (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in acc:
-            d = r["deployed_vs_unquantized"]
-            lines.append(f"| {r['format']} | {r['quant_algo'] or '-'} | {r['bytes_per_param']} | {d['kl_mean']:.4f} | "
-                         f"{d['top1_agreement']:.3f} | {d['ppl_ratio']:.3f} | {r['fake_quant_vs_unquantized']['kl_mean']:.4f} | "
-                         f"{r['gate']} | {r['export_check']} | {r['timings_s'].get('calibrate_s', 0):.1f} |")
-        replace_block("quant_accuracy", "\n".join(lines))
+    carried = sorted({r["carried_from"] for r in rows if r.get("carried_from")})
+    if carried:
+        lines += ["", "Rows not measured by this run are carried over from " + ", ".join(f"`{c}`" for c in carried)
+                  + "."]
+    return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    ap.add_argument("--formats", nargs="+", default=[f for f, _, _ in FORMATS], choices=[f for f, _, _ in FORMATS])
-    ap.add_argument("--render", action="store_true", help="only re-render docs/benchmarks.md from the JSON")
-    args = ap.parse_args()
-    if not args.render:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-
-        def save(row: dict) -> None:  # after every run, so that a long sweep keeps what it measured
-            from filelock import FileLock
-
-            with FileLock(str(Path(tempfile.gettempdir()) / "export_proof_bounds.json.lock")):
-                _merge(row)
-
-        def _merge(row: dict) -> None:
-            doc = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"rows": []}
-            rows = [r for r in doc["rows"] if (r["model"], r["format"]) != (row["model"], row["format"])]
-            order = {(m, f): i for i, (m, f) in enumerate((m, f) for m in MODELS for f, _, _ in FORMATS)}
-            rows = sorted(rows + [row], key=lambda r: order.get((r["model"], r["format"]), 99))
-            doc = {"date": time.strftime("%Y-%m-%d"), **source_state(), "machine": machine(), "rows": rows}
-            RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-
-        run(args.models, args.formats, save)
-    render(json.loads(RESULTS.read_text()))
-    print(DOC)
+def add_arguments(parser: argparse.ArgumentParser, models: tuple[str, ...] = MODELS) -> None:
+    parser.add_argument("--models", nargs="+", default=list(models), choices=MODELS)
+    parser.add_argument("--formats", nargs="+", default=[f for f, _, _ in FORMATS], choices=[f for f, _, _ in FORMATS])
 
 
-if __name__ == "__main__":
-    main()
+def run(args) -> dict:
+    from benchmarks import _instrument
+
+    rows: list[dict] = []
+    measure(args.models, args.formats, rows.append)
+    measured = {(r["model"], r["format"]) for r in rows}
+    previous = _instrument.records("export_proof_bounds", sys.modules[__name__])
+    if previous:
+        for r in previous[0].data.get("rows", []):
+            if (r["model"], r["format"]) not in measured:
+                rows.append({**r, "carried_from": r.get("carried_from") or previous[0].path.name})
+    order = {(m, f): i for i, (m, f) in enumerate((m, f) for m in MODELS for f, _, _ in FORMATS)}
+    return {"rows": sorted(rows, key=lambda r: order.get((r["model"], r["format"]), 99))}

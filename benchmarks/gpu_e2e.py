@@ -1,7 +1,7 @@
 """The whole pipeline on one CUDA machine, stage by stage, at real model shapes (synthetic weights).
 
-    python benchmarks/gpu_e2e.py --shape 4b --run fp8:h200 --run nvfp4:b200 --root /data/e2e --out results.json
-    python benchmarks/gpu_e2e.py --table benchmarks/results/gpu_e2e-*.json   # markdown rows for docs/benchmarks.md
+    python -m benchmarks gpu_e2e --shape 4b --run fp8:h200 --run nvfp4:b200 --root /data/e2e --out $OUT
+    python -m benchmarks gpu_e2e render benchmarks/results/gpu_e2e-*.json   # the markdown rows of those records
 
 Each run is ``python -m pipeline build`` for a seeded random Qwen3 model of the given shape (``--shape 4b`` is
 Qwen3-4B's, ``32b`` Qwen3-32B's; the vocabulary is the synthetic tokenizer's), quantized to FORMAT for TARGET
@@ -16,13 +16,14 @@ are cached), so that every stage gets its own numbers:
   processes, minus what was in use before);
 - ``host_peak_rss_gib``: the pipeline's own peak RSS of the stage (process and children).
 
-A run that does not reach ``--until`` is recorded with its error and the rest continue. Exit status 1 when any run
-failed. ``--until quantize`` measures the quantize stage alone.
+A run that does not reach ``--until`` is recorded with its error and the rest continue; the record then states an
+``error`` (exit status 1) and is not the page's current figure. What ran so far is also kept in
+``ROOT/gpu_e2e-partial.json`` after every stage (it survives a kill). ``--until quantize`` measures the quantize stage
+alone. The page keeps one current record per set of shape × format→target runs.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import platform
@@ -32,9 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _provenance import source_state  # noqa: E402
+from benchmarks._instrument import REPO
+
+TITLE = "The whole pipeline on one GPU"
 STAGES = ["fetch", "quantize", "build", "package", "bench", "publish"]
 GIB = 2**30
 
@@ -206,92 +207,83 @@ def gpu_info() -> dict:
     return {"name": None}
 
 
-def commit() -> str | None:
-    """HEAD (the full sha) as the checkout's git sees it; in a copy without git metadata (a device machine's) the
-    commit its launcher claims in PIPELINE_COMMIT, which ``source_state()`` records as claimed beside the digest of
-    the files that ran (``python benchmarks/_provenance.py --match DIGEST`` confirms it)."""
-    state = source_state()
-    return state["commit"] or state.get("commit_claimed")
+def variant(record: dict) -> str:
+    return ", ".join(f"{r['shape']} {r['format']}→{r['target']}" for r in record["runs"])
 
 
-def table(paths: list[Path]) -> str:
-    """Markdown rows (newest first) from result files."""
-    rows = []
-    for p in paths:
-        doc = json.loads(p.read_text())
-        for run in doc["runs"]:
-            st = {s["stage"]: s for s in run["stages"]}
-            q = st.get("quantize", {})
+def render(record: dict) -> list[str]:
+    """A row per run: each stage's time as the pipeline recorded it, the quantize stage's GPU peak, the host's."""
+    doc = record
+    commit = str(doc.get("commit_matched") or doc.get("commit") or "?")
+    commit = commit if "+" in commit else commit[:7] + ("+dirty" if doc.get("dirty") and not doc.get("commit_matched")
+                                                         else "")
+    lines = [f"{doc['date'][:16]} UTC · {(doc.get('gpu') or {}).get('name')} · each stage in its own process, times as "
+             f"the pipeline records them (s):", "",
+             "| date (UTC) | commit | GPU | shape | format→target | fetch s | quantize s | build s | package s | "
+             "bench s | publish s | quantize peak GiB (torch / nvidia-smi) | host peak RSS GiB | bench errors | "
+             "extra overrides |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in doc["runs"]:
+        st = {s["stage"]: s for s in run["stages"]}
+        q = st.get("quantize", {})
 
-            def cell(stage: str) -> str:
-                s = st.get(stage)
-                if s is None:
-                    return "—"
-                if s.get("returncode"):
-                    return "failed"
-                return f"{s.get('stage_s') or 0:.1f}"
+        def cell(stage: str) -> str:
+            s = st.get(stage)
+            if s is None:
+                return "—"
+            if s.get("returncode"):
+                return "failed"
+            return f"{s.get('stage_s') or 0:.1f}"
 
-            b = (st.get("bench") or {}).get("bench") or {}
-            errors = b.get("errors", "—")
-            rows.append((doc["date"], f"| {doc['date'][:16]} | {doc.get('commit') or '?'} | {doc['gpu'].get('name')} | "
-                         f"{run['shape']} | {run['format']}→{run['target']} | {cell('fetch')} | {cell('quantize')} | "
-                         f"{cell('build')} | {cell('package')} | {cell('bench')} | {cell('publish')} | "
-                         f"{q.get('torch_peak_gib', '—')} / {q.get('nvidia_smi_peak_gib', '—')} | "
-                         f"{max((s.get('host_peak_rss_gib') or 0) for s in run['stages']):.1f} | {errors} | "
-                         f"{' '.join(run.get('extra_overrides') or []) or '—'} |"))
-    head = ("| date (UTC) | commit | GPU | shape | format→target | fetch s | quantize s | build s | package s | "
-            "bench s | publish s | quantize peak GiB (torch / nvidia-smi) | host peak RSS GiB | bench errors | "
-            "extra overrides |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    return head + "\n" + "\n".join(r for _, r in sorted(rows, reverse=True))
+        b = (st.get("bench") or {}).get("bench") or {}
+        lines.append(f"| {doc['date'][:16]} | {commit} | {doc['gpu'].get('name')} | {run['shape']} | "
+                     f"{run['format']}→{run['target']} | {cell('fetch')} | {cell('quantize')} | {cell('build')} | "
+                     f"{cell('package')} | {cell('bench')} | {cell('publish')} | "
+                     f"{q.get('torch_peak_gib', '—')} / {q.get('nvidia_smi_peak_gib', '—')} | "
+                     f"{max((s.get('host_peak_rss_gib') or 0) for s in run['stages']):.1f} | {b.get('errors', '—')} | "
+                     f"{' '.join(run.get('extra_overrides') or []) or '—'} |")
+    return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable; default 4b")
-    ap.add_argument("--run", action="append", help="FORMAT:TARGET, repeatable; default fp8:h200")
-    ap.add_argument("--until", default="publish", choices=STAGES)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra pipeline overrides for every run (recorded with the run)")
-    ap.add_argument("--root", type=Path, help="working directory for the pipeline's outputs")
-    ap.add_argument("--calib-rows", type=int, help="calibration rows (default: the synthetic model's 24)")
-    ap.add_argument("--calib-seq", type=int, help="calibration tokens per row (default: 128)")
-    ap.add_argument("--calib-text", help="calibration text, a .txt or .jsonl file (default: the shipped corpus)")
-    ap.add_argument("--out", type=Path, help="raw JSON results")
-    ap.add_argument("--table", nargs="+", type=Path, help="print markdown rows from result files and exit")
-    a = ap.parse_args()
-    if a.table:
-        print(table(a.table))
-        return
-    if not a.root or not a.out:
-        ap.error("--root and --out are required")
-    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
-           "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable; default 4b")
+    parser.add_argument("--run", action="append", help="FORMAT:TARGET, repeatable; default fp8:h200")
+    parser.add_argument("--until", default="publish", choices=STAGES)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra pipeline overrides for every run (recorded with the run)")
+    parser.add_argument("--root", type=Path, required=True, help="working directory for the pipeline's outputs")
+    parser.add_argument("--calib-rows", type=int, help="calibration rows (default: the synthetic model's 24)")
+    parser.add_argument("--calib-seq", type=int, help="calibration tokens per row (default: 128)")
+    parser.add_argument("--calib-text", help="calibration text, a .txt or .jsonl file (default: the shipped corpus)")
+
+
+def run(args) -> dict:
+    a = args
+    doc = {"host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
            "gpu": gpu_info(), "until": a.until, "runs": []}
-    failed = False
+    failed = []
     cal = calib_overrides(a.calib_rows, a.calib_seq, a.calib_text)
+    a.root.mkdir(parents=True, exist_ok=True)
+    partial = a.root / "gpu_e2e-partial.json"
     for shape in a.shape or ["4b"]:
         for spec in a.run or ["fp8:h200"]:
             fmt, _, target = spec.partition(":")
             root = a.root / f"{shape}-{fmt}-{target}"
             log_dir = root / "logs"
             log_dir.mkdir(parents=True, exist_ok=True)
-            run = {"shape": shape, "format": fmt, "target": target,
-                   "overrides": overrides(shape, fmt, target) + cal + a.set, "extra_overrides": cal + a.set,
-                   "stages": []}
-            doc["runs"].append(run)
+            run_ = {"shape": shape, "format": fmt, "target": target,
+                    "overrides": overrides(shape, fmt, target) + cal + a.set, "extra_overrides": cal + a.set,
+                    "stages": []}
+            doc["runs"].append(run_)
             for stage in STAGES[:STAGES.index(a.until) + 1]:
                 print(f"[gpu_e2e] {shape} {fmt}->{target}: {stage} ...", flush=True)
-                r = run_stage(run["overrides"], root, stage, log_dir)
-                run["stages"].append(r)
+                r = run_stage(run_["overrides"], root, stage, log_dir)
+                run_["stages"].append(r)
                 print(f"[gpu_e2e]   {json.dumps({k: v for k, v in r.items() if k != 'stderr_tail'})}", flush=True)
-                a.out.write_text(json.dumps(doc, indent=2, default=str))  # what ran so far survives a kill
+                partial.write_text(json.dumps(doc, default=str))  # what ran so far survives a kill
                 if r["returncode"]:
-                    failed = True
+                    failed.append(f"{shape} {fmt}->{target}: {stage}")
                     print(r.get("stderr_tail", ""), flush=True)
                     break
-    a.out.write_text(json.dumps(doc, indent=2, default=str))
-    sys.exit(1 if failed else 0)
-
-
-if __name__ == "__main__":
-    main()
+    if failed:
+        doc["error"] = "failed: " + "; ".join(failed)
+    return doc

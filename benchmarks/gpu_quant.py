@@ -1,7 +1,8 @@
 """Quantization on a CUDA GPU: every format on a real architecture, and calibration cost at Qwen3-32B's exact shape.
 
-    python benchmarks/gpu_quant.py run --out DIR [--parts formats,scale,awq]   # on a GPU machine; writes DIR/*.json
-    python benchmarks/gpu_quant.py record DIR/gpu_quant-*.json                  # here: prepend to docs/benchmarks.md
+    python -m benchmarks gpu_quant --out DIR [--parts formats,scale,awq]   # on a GPU machine: the record under DIR
+    python -m benchmarks gpu_quant render DIR/gpu_quant-*.json             # here: print its block; copy the file
+                                                                           # into benchmarks/results/ to show it
 
 Parts:
 - ``formats``: every format × KV combination on a Qwen3-0.6B-shaped model (seeded random weights) through ModelOpt's
@@ -20,15 +21,17 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from benchmarks._provenance import commit_label
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if TYPE_CHECKING:
+    import torch
+
+TITLE = "Quantization on a CUDA GPU: every format, and calibration cost at Qwen3-32B's shape"
 
 QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
@@ -41,6 +44,8 @@ COMBOS = [("fp8", "fp8"), ("fp8", "nvfp4"), ("int4_awq", "fp8"), ("int4_awq", "n
 
 
 def synthetic(shape: dict, layers: int | None = None, seed: int = 0):
+    import torch
+
     from transformers import AutoConfig, AutoModelForCausalLM
 
     kw = dict(shape)
@@ -53,10 +58,14 @@ def synthetic(shape: dict, layers: int | None = None, seed: int = 0):
 
 
 def rows(n: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
+    import torch
+
     return torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def timed_forward(model, data: torch.Tensor, bs: int) -> float:
+    import torch
+
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -67,6 +76,8 @@ def timed_forward(model, data: torch.Tensor, bs: int) -> float:
 
 
 def calibrate(model, fmt: str, kv: str, data: torch.Tensor, bs: int) -> float:
+    import torch
+
     import modelopt.torch.quantization as mtq
 
     from pipeline.quant.modelopt import calibration_forward, quant_config
@@ -83,6 +94,8 @@ def part_formats(out: dict) -> None:
     .prepare_reference) and the whole export proof (pipeline.quant.proof) with the format's bounds (its module's,
     through the composed config), plus the proof's built-in control: where the unquantized weights score against the
     same limit."""
+    import torch
+
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
 
@@ -131,6 +144,8 @@ def part_formats(out: dict) -> None:
 
 def part_scale(out: dict, formats=(("fp8", "fp8"), ("nvfp4", "fp8")), samples: int = 512, seq: int = 512,
                bs: int = 16) -> None:
+    import torch
+
     from modelopt.torch.export import export_hf_checkpoint
 
     from pipeline import quality
@@ -181,6 +196,8 @@ def part_scale(out: dict, formats=(("fp8", "fp8"), ("nvfp4", "fp8")), samples: i
 
 
 def part_awq(out: dict, layers: int = 2, sample_counts=(32, 64), seq: int = 512, bs: int = 16) -> None:
+    import torch
+
     res = []
     for n in sample_counts:
         model = synthetic(QWEN3_32B, layers=layers)
@@ -193,19 +210,17 @@ def part_awq(out: dict, layers: int = 2, sample_counts=(32, 64), seq: int = 512,
     out["awq"] = res
 
 
-def _source_state() -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _provenance import source_state
-
-    return source_state()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--parts", default="formats,scale,awq")
+    parser.add_argument("--scale-formats", default="", help="e.g. nvfp4+fp8 (default: fp8+fp8,nvfp4+fp8)")
 
 
-def run(args) -> None:
+def run(args) -> dict:
+    import torch
+
     out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "modelopt": __import__("modelopt").__version__, "transformers": __import__("transformers").__version__,
-           "date": time.strftime("%Y-%m-%d"), **_source_state()}
+           "modelopt": __import__("modelopt").__version__, "transformers": __import__("transformers").__version__}
     parts = args.parts.split(",")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     for name in parts:
         t0 = time.perf_counter()
         if name == "scale" and args.scale_formats:
@@ -213,19 +228,22 @@ def run(args) -> None:
         else:
             {"formats": part_formats, "scale": part_scale, "awq": part_awq}[name](out)
         out[f"{name}_wall_s"] = time.perf_counter() - t0
-        (Path(args.out) / f"gpu_quant-{'-'.join(parts)}.json").write_text(json.dumps(out, indent=2, default=float))
+    return out
 
 
-def record(paths: list[str]) -> None:
-    from rebuild_noop import prepend
+def suffix(record: dict) -> str:
+    return "-".join(p for p in ("formats", "scale", "awq") if p in record)
 
-    merged: dict = {}
-    for p in paths:
-        merged.update(json.loads(Path(p).read_text()))
-    L = [f"\n## Quantization on {merged['gpu']} (`benchmarks/gpu_quant.py`)",
-         f"{merged['date']} · commit {str(merged.get('commit'))[:10]}{' (uncommitted changes)' if merged.get('dirty') else ''} · torch {merged['torch']}, ModelOpt {merged['modelopt']}, "
-         f"transformers {merged['transformers']} · synthetic (seeded random) weights: costs and export fidelity "
-         f"are the claims, not accuracy", ""]
+
+def variant(record: dict) -> str:
+    return "parts: " + ", ".join(p for p in ("formats", "scale", "awq") if p in record)
+
+
+def render(record: dict) -> list[str]:
+    merged = record
+    L = [f"{merged['date'][:10]} · commit {commit_label(merged)} · {merged['gpu']} · torch {merged['torch']}, "
+         f"ModelOpt {merged['modelopt']}, transformers {merged['transformers']} · synthetic (seeded random) weights: "
+         f"costs and export fidelity are the claims, not accuracy", ""]
     if "formats" in merged:
         L += ["Every format on a Qwen3-0.6B-shaped model through ModelOpt's GPU kernels (64×256 calibration tokens); "
               "the export proof (structure, layers, and KL(fake-quant ‖ export) within the format's limit, which "
@@ -257,18 +275,4 @@ def record(paths: list[str]) -> None:
             L.append(f"| {r['layers']} | {r['samples']} × {r['seq_len']} | {r['calibrate_s']:.1f} | "
                      f"{r['extrapolated_64_layers_s']:.0f} |")
         L.append("")
-    prepend("\n".join(L))
-    print("\n".join(L))
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--out", required=True)
-    r.add_argument("--parts", default="formats,scale,awq")
-    r.add_argument("--scale-formats", default="", help="e.g. nvfp4+fp8 (default: fp8+fp8,nvfp4+fp8)")
-    rec = sub.add_parser("record")
-    rec.add_argument("paths", nargs="+")
-    a = ap.parse_args()
-    run(a) if a.cmd == "run" else record(a.paths)
+    return L[:-1] if L and L[-1] == "" else L

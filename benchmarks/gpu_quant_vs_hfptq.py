@@ -1,13 +1,14 @@
 """The pipeline's quantize stage against ModelOpt's own example flow (``examples/hf_ptq/hf_ptq.py``), side by side.
 
-    python benchmarks/gpu_quant_vs_hfptq.py --shape 14b --quant fp8 --rows 512 --seq 512 --calib-text FILE \
+    python -m benchmarks gpu_quant_vs_hfptq --shape 14b --quant fp8 --rows 512 --seq 512 --calib-text FILE \
         --root /data/q14 --hf-ptq DIR --step prepare   # checkpoint, rows, extensions, bf16 forward floor
     ... --step ours      # the quantize stage
     ... --step hfptq     # hf_ptq.py, unchanged
-    ... --step render --out-dir DIR --doc docs/benchmarks.md   # JSON + docs section
-    python benchmarks/gpu_quant_vs_hfptq.py --make-calib-text calib_text.txt   # once, where aiperf is installed
+    ... --step render --out DIR   # compose the raw record (under DIR on a GPU host; by default benchmarks/results/)
+    python -m benchmarks gpu_quant_vs_hfptq render FILE.json     # print a recorded run's block (no GPU needed)
+    python -m benchmarks gpu_quant_vs_hfptq --make-calib-text calib_text.txt   # once, where aiperf is installed
     (--step all runs the four in order; every step skips what an earlier run under the same --root completed; the
-    prepare step is shared by both formats under one --root)
+    prepare step is shared by both formats under one --root; only the render step writes a raw record)
 
 Same model, same calibration rows, same format, same GPU:
 
@@ -32,7 +33,7 @@ Same model, same calibration rows, same format, same GPU:
 - For both: wall time; torch ``max_memory_allocated`` at exit; nvidia-smi's peak (sampled every 250 ms, all
   processes); the process tree's peak RSS, and its peak anonymous RSS (without the memory-mapped checkpoint pages,
   which are the kernel's page cache).
-- ``render``: the raw JSON to ``--out-dir`` and a section in docs/benchmarks.md with the targets: calibrate step
+- ``render``: the raw record (the page's block states the targets): calibrate step
   <= 1.1 x hf_ptq's, whole stage <= 0.9 x hf_ptq's process time, calibration <= 1.6 x the bf16 forward floor, peak
   GPU memory (nvidia-smi) <= hf_ptq's and <= 0.9 x the device's. The commit is the tree's (``PIPELINE_COMMIT`` for a
   copy without git history), ``+dirty`` when it differs from it.
@@ -43,7 +44,6 @@ so that the bf16 checkpoint and one export fit on disk at a time.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import platform
@@ -55,12 +55,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docfile import prepend  # noqa: E402
-from _provenance import commit_label, source_state  # noqa: E402
-from gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, gpu_info, overrides  # noqa: E402
+from benchmarks._instrument import REPO
+from benchmarks._provenance import commit_label
+from benchmarks.gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, gpu_info, overrides
 
-REPO = Path(__file__).resolve().parent.parent
+TITLE = "The quantize stage vs ModelOpt's hf_ptq.py"
 GIB = 2**30
 STEPS = ("prepare", "ours", "hfptq", "render")
 KV = "fp8"
@@ -93,8 +92,7 @@ def _dump():
     with open(os.environ["HFPTQ_EVENTS"], "w") as f:
         json.dump(out, f)
 atexit.register(_dump)
-here = os.environ["HFPTQ_DIR"]
-sys.path.insert(0, here)
+here = os.environ["HFPTQ_DIR"]  # first on PYTHONPATH, as a script's own directory is (its example_utils)
 sys.argv = [os.path.join(here, "hf_ptq.py"), *sys.argv[1:]]
 import hf_ptq
 events.append({"name": "import", "start": 0.0, "end": time.perf_counter() - T0})
@@ -206,9 +204,10 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> dict[s
             "host_peak_anon_rss_gib": round(host.peak_anon / GIB, 2)}
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+def _env(path_first: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a measured process: the checkout importable (and ``path_first`` before it)."""
+    path = (path_first, str(REPO), os.environ.get("PYTHONPATH", ""))
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
 # ------------------------------------------------------------------------------------------------------- the runs
@@ -431,8 +430,9 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
             "--export_path", str(export), *a.hfptq_arg]
     cmd = [sys.executable, "-c", HFPTQ_WRAPPER, *args]
     print(f"[quant_vs_hfptq] hf_ptq.py {' '.join(args)} ...", flush=True)
-    r = measure(cmd, _env(HFPTQ_DIR=str(hf_dir), HFPTQ_EVENTS=str(events_file), HFPTQ_STEPS=",".join(HFPTQ_STEPS)),
-                root, root / "logs" / f"hfptq-{a.quant}.log")
+    env = _env(path_first=str(hf_dir), HFPTQ_DIR=str(hf_dir), HFPTQ_EVENTS=str(events_file),
+               HFPTQ_STEPS=",".join(HFPTQ_STEPS))
+    r = measure(cmd, env, root, root / "logs" / f"hfptq-{a.quant}.log")
     stdout = r.pop("stdout")
     (root / "logs" / f"hfptq-{a.quant}.stdout.log").write_text(stdout)
     out: dict[str, Any] = {"args": args, "hf_ptq_dir": str(hf_dir), **r,
@@ -525,16 +525,25 @@ def _cell(v: Any, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else (fmt.format(v) if isinstance(v, (int, float)) else str(v))
 
 
-def render(doc: dict[str, Any]) -> str:
+def variant(record: dict[str, Any]) -> str:
+    return f"{record['prepare']['shape']} shape, {record.get('quant', 'fp8')}"
+
+
+def suffix(record: dict[str, Any]) -> str:
+    return f"{record['prepare']['shape']}-{record.get('quant', 'fp8')}"
+
+
+def render(record: dict[str, Any]) -> list[str]:
+    doc = record
+    if "targets" not in doc["compare"]:
+        return _render_first_form(doc)
     prep, ours, hf, cmp = doc["prepare"], doc["ours"], doc["hfptq"], doc["compare"]
     c = prep["calibration"]
     gpu = doc["gpu"].get("name")
     quant = doc.get("quant", "fp8")
     fl = prep.get("bf16_floor") or {}
     commit_note = commit_label(doc)
-    lines = [f"## The quantize stage vs ModelOpt's hf_ptq.py: {prep['shape']} shape, {quant} "
-             f"(`benchmarks/gpu_quant_vs_hfptq.py`)", "",
-             f"{doc['date'][:16]} UTC, commit {commit_note}, {gpu}; synthetic weights "
+    lines = [f"{doc['date'][:16]} UTC, commit {commit_note}, {gpu}; synthetic weights "
              f"({cmp['weights_gib']} GiB in bf16), {quant} weights + fp8 KV cache"
              + (f" (for {TARGETS.get(quant)}, calibrated here)" if TARGETS.get(quant) != "h200" else "")
              + f", {c['rows']} calibration rows × {c['seq_len']} tokens of `{c.get('text', 'builtin')}`, the same "
@@ -596,36 +605,60 @@ def render(doc: dict[str, Any]) -> str:
         if r.get("returncode"):
             last = ((r.get("error") or "").strip().splitlines() or ["(no output)"])[-1]
             lines.append(f"- {name} failed (rc {r['returncode']}): `{last}`")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _render_first_form(doc: dict[str, Any]) -> list[str]:
+    """Records of the first form (0b98b7a: a time ratio and a memory ratio against fixed targets, no floor)."""
+    prep, ours, hf, cmp = doc["prepare"], doc["ours"], doc["hfptq"], doc["compare"]
+    c = prep["calibration"]
+    lines = [f"{doc['date'][:16]} UTC, commit {commit_label(doc)}, {doc['gpu'].get('name')}; synthetic weights "
+             f"({cmp['weights_gib']} GiB in bf16), fp8 weights + fp8 KV cache, {c['rows']} calibration rows × "
+             f"{c['seq_len']} tokens, the same rows for both ({c['identical_after_retokenizing']} of {c['rows']} "
+             f"re-tokenize to the identical row from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
+             f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged with its default flow "
+             f"(`hf_ptq.py {' '.join(_short(a) for a in hf.get('args', []))}`). ModelOpt's CUDA extensions "
+             f"were compiled once before both runs ({_cell(prep['extension_build'].get('process_s'))} s), so "
+             f"neither time includes the build. (A record of the benchmark's first form: its targets were stage ≤ "
+             f"1.2× hf_ptq's time and GPU peak ≤ 1.1× the weights.)", "",
+             "| | time s | torch peak GiB (× weights) | nvidia-smi peak GiB (× weights) | host peak RSS GiB | "
+             "host peak anonymous RSS GiB | batch size |", "|---|---|---|---|---|---|---|"]
+    for name, r, key, t in (("pipeline quantize stage", ours, "ours", ours.get("stage_s")),
+                            ("hf_ptq.py", hf, "hfptq", hf.get("process_s"))):
+        p = cmp[key]
+        lines.append(f"| {name} | {_cell(t)} | {_cell(r.get('torch_peak_gib'), '{:.2f}')} "
+                     f"({_cell(p.get('torch_peak_over_weights'), '{:.2f}')}×) | "
+                     f"{_cell(r.get('nvidia_smi_peak_gib'), '{:.2f}')} "
+                     f"({_cell(p.get('nvidia_smi_peak_over_weights'), '{:.2f}')}×) | "
+                     f"{_cell(r.get('host_peak_rss_gib'), '{:.1f}')} | "
+                     f"{_cell(r.get('host_peak_anon_rss_gib'), '{:.1f}')} | {_cell(r.get('batch_size'), '{}')} |")
+    lines += ["", f"- **time: stage / hf_ptq = {_cell(cmp['time_ratio'], '{:.2f}')}×** (target ≤ 1.2×: "
+                  f"{'met' if cmp['time_within_1_2x'] else 'not met'}); by process wall time "
+                  f"{_cell(cmp['time_ratio_process'], '{:.2f}')}×.",
+              f"- **GPU memory of the stage: {_cell(cmp['ours'].get('torch_peak_over_weights'), '{:.2f}')}× the "
+              f"weights (torch), {_cell(cmp['ours'].get('nvidia_smi_peak_over_weights'), '{:.2f}')}× (nvidia-smi)** "
+              f"(target ≤ 1.1× in both: {'met' if cmp['memory_within_1_1x'] else 'not met'}).",
+              "- Host RSS counts the memory-mapped checkpoint pages (the kernel's page cache); the anonymous RSS "
+              "is the memory the process owns.", ""]
+    os_ = ours.get("steps_s") or {}
+    lines += ["Steps (s). The stage: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in os_.items())
+              + (" (export check: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in
+                                                 (ours.get("export_check_parts_s") or {}).items()) + ")"
+                 if ours.get("export_check_parts_s") else "") + ".",
+              "hf_ptq.py: " + ", ".join(f"{HFPTQ_LABELS.get(k, k)} {v:.1f}" for k, v in
+                                        (hf.get("steps_s") or {}).items()) + "."]
+    return lines
 
 
 def step_render(a, root: Path) -> dict[str, Any]:
-    if a.from_json:  # a recorded run: its section again (into --doc)
-        section = render(json.loads(Path(a.from_json).read_text()))
-        if a.doc:
-            prepend(section, Path(a.doc))
-        print(section)
-        return {"rendered": a.from_json}
+    """The raw record from the three steps' files under ``root``."""
     prep = json.loads((root / "prepare.json").read_text())
     ours = json.loads((root / f"ours-{a.quant}.json").read_text())
     hf = json.loads((root / f"hfptq-{a.quant}.json").read_text())
     gpu = gpu_info()
-    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
-           "host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
-           "gpu": gpu, "quant": a.quant, "prepare": prep, "ours": ours, "hfptq": hf,
-           "compare": compare(prep, ours, hf, gpu)}
-    out_dir = Path(a.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = doc["date"][:10].replace("-", "")
-    name = f"gpu_quant_vs_hfptq-{stamp}-{prep['shape']}-{a.quant}"
-    path = out_dir / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    section = render(doc)
-    (out_dir / f"{name}.md").write_text(section)
-    if a.doc:
-        prepend(section, Path(a.doc))
-    print(section)
-    return {"json": str(path), "compare": doc["compare"]}
+    return {"host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
+            "gpu": gpu, "quant": a.quant, "prepare": prep, "ours": ours, "hfptq": hf,
+            "compare": compare(prep, ours, hf, gpu)}
 
 
 DEFAULT_TEXT = REPO / "calib_text.txt"  # --make-calib-text writes it; git-ignored, so it travels only when carried
@@ -646,8 +679,8 @@ def make_calib_text(out: Path, limit: int = 2_500_000, lines_per_paragraph: int 
     return f"{out}: {min(len(text), limit):,} characters from {src}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    ap = parser
     ap.add_argument("--step", choices=(*STEPS, "all"), default="all")
     ap.add_argument("--root", type=Path, help="working directory (kept between steps)")
     ap.add_argument("--shape", choices=(*sorted(SHAPES), "tiny"), default="32b")
@@ -663,42 +696,43 @@ def main() -> None:
     ap.add_argument("--floor-batches", default="32,128", help="batch sizes the bf16 forward floor is timed at")
     ap.add_argument("--hf-ptq", help="directory holding ModelOpt's examples/hf_ptq files (hf_ptq.py, example_utils.py)")
     ap.add_argument("--hfptq-arg", action="append", default=[], help="an extra hf_ptq.py argument (repeatable)")
-    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"), help="raw JSON and the section")
-    ap.add_argument("--doc", help="also prepend the section to this markdown file (docs/benchmarks.md)")
-    ap.add_argument("--from-json", help="render: the section of this recorded result file (no run, no GPU needed)")
     ap.add_argument("--keep-exports", action="store_true", help="keep both exports' safetensors")
     ap.add_argument("--redo", action="store_true", help="run the step even when ROOT/<step>.json says it ran")
-    a = ap.parse_args()
+
+
+def run(args) -> dict[str, Any] | None:
+    """The steps asked for; the render step's raw record (None when it was not among them). Exit 1 when a step
+    fails, 2 on a missing option."""
+    a = args
     if a.make_calib_text:
         print(make_calib_text(Path(a.make_calib_text)))
-        return
+        return None
     steps = STEPS if a.step == "all" else (a.step,)
     if not a.root:
-        ap.error("--root DIR is needed")
+        print("error: --root DIR is needed", file=sys.stderr)
+        raise SystemExit(2)
     if "hfptq" in steps and not a.hf_ptq:
-        ap.error("--hf-ptq DIR is needed for the hfptq step")
+        print("error: --hf-ptq DIR is needed for the hfptq step", file=sys.stderr)
+        raise SystemExit(2)
     a.root = a.root.resolve()
     a.root.mkdir(parents=True, exist_ok=True)
-    rc = 0
+    record = None
     for step in steps:
         done = a.root / (f"{step}-{a.quant}.json" if step in ("ours", "hfptq") else f"{step}.json")
         if step != "render" and done.is_file() and not a.redo and not json.loads(done.read_text()).get("returncode"):
             print(f"[quant_vs_hfptq] {step}: done earlier ({done})", flush=True)
             continue
         t0 = time.perf_counter()
-        run = {"prepare": step_prepare, "ours": step_ours, "hfptq": step_hfptq, "render": step_render}[step]
-        result = run(a, a.root)
-        if step != "render":
-            done.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        fn = {"prepare": step_prepare, "ours": step_ours, "hfptq": step_hfptq, "render": step_render}[step]
+        result = fn(a, a.root)
+        if step == "render":
+            record = result
+            continue
+        done.write_text(json.dumps(result, indent=2, default=str) + "\n")
         brief = {k: v for k, v in result.items() if k not in ("error", "calibration", "gpu_memory")}
         print(f"[quant_vs_hfptq] {step}: {time.perf_counter() - t0:.1f} s; {json.dumps(brief, default=str)[:1500]}",
               flush=True)
         if result.get("returncode"):
             print(result.get("error", ""), flush=True)
-            rc = 1
-            break
-    sys.exit(rc)
-
-
-if __name__ == "__main__":
-    main()
+            raise SystemExit(1)
+    return record

@@ -1,7 +1,7 @@
 """Log-likelihood requests in the reference runtime's batching engine: fixed-shape passes against left-padded ones,
 each in two compositions.
 
-    python benchmarks/loglik_prefill.py --root ROOT [--group 8] [--dtype bfloat16]
+    python -m benchmarks loglik_prefill --root ROOT [--group 8] [--repeat 2] [--dtype bfloat16]
 
 The prompts are the default task's (``pipeline_facts``: each question's context followed by each of its four
 choices, tokenized as lm-eval does with the model's tokenizer), 540 for SmolLM2. ROOT is a build root holding the
@@ -14,25 +14,20 @@ arrives together left-padded to the longest (``LeftPadded``, what the runtime di
 wall time of each composition (the fastest of ``--repeat`` interleaved runs), the passes run, and between the two
 compositions the largest and mean difference of the continuations' log-likelihoods and how many items' best choice
 differs (0 and 0 mean a prompt's score does not depend on what shares its pass). One torch thread
-(``serve.torch_threads``' default). Raw JSON: ``benchmarks/results/loglik_prefill-<date>-<host>-<dtype>.json``; the
-section is prepended to ``docs/benchmarks.md``.
+(``serve.torch_threads``' default).
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-import _docfile  # noqa: E402
+from benchmarks._provenance import commit_label
+
+TITLE = "Log-likelihood prompts in the reference runtime: fixed-shape passes vs left-padded ones"
 
 
 def prompts(tokenizer) -> tuple[list[tuple[list[int], list[int]]], int]:
@@ -65,7 +60,15 @@ class _LeftPadded:
         return LeftPadded
 
 
-def main() -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, required=True,
+                        help="a build root holding the default model's fetch output")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each way, interleaved (default 2)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+
+
+def run(args) -> dict:
     import random
 
     import torch
@@ -73,19 +76,7 @@ def main() -> None:
 
     from pipeline.runtime import batching, reference as rt
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=2, help="runs of each way, interleaved (default 2)")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--no-doc", action="store_true")
-    ap.add_argument("--render", type=Path, help="a raw JSON file: only write its doc section")
-    a = ap.parse_args()
-    if a.render:
-        _docfile.prepend(section(json.loads(a.render.read_text()), str(a.render.resolve().relative_to(REPO))))
-        return
-    if a.root is None:
-        ap.error("--root is required (a build root holding the default model's fetch output)")
+    a = args
     torch.set_num_threads(1)
     ckpt = next(a.root.glob(".store/smollm2-135m-fetch-*"))
     reqs, n_items = prompts(AutoTokenizer.from_pretrained(str(ckpt)))
@@ -100,7 +91,7 @@ def main() -> None:
         full = ctx + cont
         return sum(float(lp[i - 1, full[i]]) for i in range(len(ctx), len(full)))
 
-    def run(eng, order) -> tuple[list[float], float, int]:
+    def timed(eng, order) -> tuple[list[float], float, int]:
         before, res = eng.prefills, {}
         t0 = time.perf_counter()
         for k in range(0, len(order), a.group):
@@ -122,7 +113,7 @@ def main() -> None:
     for _ in range(a.repeat):  # interleaved, so that every way sees the same machine; the fastest of each counts
         for e, eng in engines.items():
             for o, order in orders.items():
-                scores[e, o], t, passes[e, o] = run(eng, order)
+                scores[e, o], t, passes[e, o] = timed(eng, order)
                 times[e, o].append(t)
     load1 = os.getloadavg()
     for eng in engines.values():
@@ -135,24 +126,24 @@ def main() -> None:
                       "runs_s": [round(t, 1) for t in times[e, o]]} for o in orders}
         out[e].update(max_abs_loglik_diff=max(diff), mean_abs_loglik_diff=sum(diff) / len(diff),
                       items_whose_best_choice_differs=sum(p != q for p, q in zip(picks(x), picks(y))))
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-           "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-           "torch": torch.__version__, "dtype": a.dtype, "torch_threads": 1, "prompts": len(reqs), "items": n_items,
-           "group": a.group, "width_step": batching.CONTEXT_WIDTH_STEP, "engines": out,
-           "fixed_over_left_time": round(out["fixed_shape"]["lm_eval_order"]["wall_s"]
-                                         / out["left_padded"]["lm_eval_order"]["wall_s"], 2),
-           "load_avg_before": [round(x, 2) for x in load0], "load_avg_after": [round(x, 2) for x in load1]}
-    name = f"loglik_prefill-{doc['date'][:10]}-{doc['host']}-{a.dtype}-{commit}.json"
-    path = REPO / "benchmarks" / "results" / name
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps(doc, indent=2))
-    if not a.no_doc:
-        _docfile.prepend(section(doc, str(path.relative_to(REPO))))
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "dtype": a.dtype, "torch_threads": 1, "prompts": len(reqs), "items": n_items,
+            "group": a.group, "width_step": batching.CONTEXT_WIDTH_STEP, "engines": out,
+            "fixed_over_left_time": round(out["fixed_shape"]["lm_eval_order"]["wall_s"]
+                                          / out["left_padded"]["lm_eval_order"]["wall_s"], 2),
+            "load_avg_before": [round(x, 2) for x in load0], "load_avg_after": [round(x, 2) for x in load1]}
 
 
-def section(doc: dict, path: str) -> str:
+def variant(record: dict) -> str:
+    return f"{record['dtype']}, groups of {record['group']}"
+
+
+def suffix(record: dict) -> str:
+    return f"{record['host']}-{record['dtype']}"
+
+
+def render(record: dict) -> list[str]:
+    doc = record
     e = doc["engines"]
     rows = []
     for name, label in (("fixed_shape", "fixed shape per prompt length (the runtime)"),
@@ -161,10 +152,8 @@ def section(doc: dict, path: str) -> str:
         rows.append(f"| {label} | {r['lm_eval_order']['wall_s']} ({r['lm_eval_order']['passes']}) | "
                     f"{r['shuffled']['wall_s']} ({r['shuffled']['passes']}) | {r['max_abs_loglik_diff']:.3g} | "
                     f"{r['items_whose_best_choice_differs']} of {doc['items']} |")
-    return "\n".join([
-        f"## Log-likelihood prompts in the reference runtime: fixed-shape passes vs left-padded ones, groups of "
-        f"{doc['group']} (`benchmarks/loglik_prefill.py`)",
-        f"{doc['date'][:10]} · commit {doc['commit']} · {doc['host']} · {doc['cpus']} CPUs · Python {doc['python']} · "
+    return [
+        f"{doc['date'][:10]} · commit {commit_label(doc)} · {doc['host']} · {doc['cpus']} CPUs · Python {doc['python']} · "
         f"torch {doc['torch']} · SmolLM2-135M in {doc['dtype']}, one torch thread · load avg "
         f"{doc['load_avg_before'][0]:.1f} → {doc['load_avg_after'][0]:.1f}", "",
         f"The default task's {doc['prompts']} prompts ({doc['items']} items × 4 choices), every position's logits "
@@ -174,9 +163,4 @@ def section(doc: dict, path: str) -> str:
         "difference between the orders (nats) | items whose best choice differs |", "|---|---|---|---|---|",
         *rows, "",
         f"Fixed-shape time / left-padded time: {doc['fixed_over_left_time']}× (same run, lm-eval's order; width "
-        f"step {doc['width_step']} tokens).", "",
-        f"Raw data: `{path}`."])
-
-
-if __name__ == "__main__":
-    main()
+        f"step {doc['width_step']} tokens)."]

@@ -3,18 +3,16 @@ monotonic timestamps in the client and in the front end (``benchmarks/_hops_fron
 request to the same Triton after each one; then bursts of 8 requests sent at once, timed from the first one's
 arrival to the last one handed to gRPC.
 
-    python benchmarks/openai_hops.py [--repo TRITON_REPO] [--requests 100] [--bursts 30] [--no-doc]
+    python -m benchmarks openai_hops [--repo TRITON_REPO] [--requests 100] [--bursts 30] [--max-tokens 32]
 
-Without ``--repo`` the tiny-qwen3 build is made first (as ``openai_overhead.py`` does). A diagnostic: the front end
+Without ``--repo`` the tiny-qwen3 build is made first (as ``openai_overhead`` does). A diagnostic: the front end
 runs with a few of uvicorn's and its own functions wrapped, which costs a little time of its own; the overhead
-figures that count are ``openai_overhead.py``'s. Writes ``benchmarks/results/openai_hops-DATE-TIME-COMMIT.json`` and
-a section of ``docs/benchmarks.md`` (``--no-doc``: neither).
+figures that count are ``openai_overhead``'s.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import signal
@@ -25,12 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openai_overhead import _build  # noqa: E402
-from _docfile import publish  # noqa: E402
-from rebuild_noop import REPO, commit, machine  # noqa: E402
+from benchmarks._instrument import REPO
+from benchmarks._provenance import commit_label
+from benchmarks.openai_overhead import _build
 
-sys.path.insert(0, str(REPO))
+TITLE = "OpenAI front end, hop by hop"
 
 HOPS = [("post→recv", "client sends → front end parses the request's first bytes"),
         ("recv→parsed", "HTTP parse, routing, body read, JSON and schema validation"),
@@ -45,10 +42,10 @@ def _front(repo: Path, grpc_url: str, marks: Path, log: Path):
     """The traced front end in a process of its own under the Triton server's supervisor; its URL once it listens."""
     from pipeline.triton.server import supervised
 
-    cmd = supervised([sys.executable, str(REPO / "benchmarks" / "_hops_front.py"), str(repo), grpc_url,
+    cmd = supervised([sys.executable, "-m", "benchmarks._hops_front", str(repo), grpc_url,
                       "serve.openai.port=0", "serve.openai.model_name=m"])
     out = open(log, "w+b")
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                             env=dict(os.environ, HOPS_OUT=str(marks)), start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -62,15 +59,14 @@ def _front(repo: Path, grpc_url: str, marks: Path, log: Path):
     raise SystemExit(f"the traced front end did not start:\n{out.read().decode(errors='replace')[-2000:]}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repo", type=Path, help="a packaged inflight_batcher_llm repository (default: build tiny)")
     ap.add_argument("--requests", type=int, default=100, help="one-at-a-time requests per path")
     ap.add_argument("--bursts", type=int, default=30, help="bursts of 8 requests sent at once")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--no-doc", action="store_true", help="print only; write neither the JSON nor the doc")
-    args = ap.parse_args()
 
+
+def run(args) -> dict:
     import aiohttp
 
     from pipeline.triton import client, server
@@ -147,18 +143,20 @@ def main() -> None:
     spread = statistics.median(spreads) if spreads else None
     burst_ttft = statistics.median((f - t0) / 1e6 for burst in bursts for t0, f in burst if f is not None)
 
-    stamp, sha = dt.datetime.now(dt.timezone.utc), commit()
-    result = {"benchmark": "openai_hops", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
-              "machine": machine(), "requests": args.requests, "bursts": args.bursts, "max_tokens": args.max_tokens,
-              "hop_p50_us": hops, "ttft_p50_us": {"openai": ttft_oa, "direct_grpc": ttft_direct},
-              "burst_admission_p50_us": spread, "burst_ttft_p50_ms": burst_ttft, "per_request_us": rows,
-              "burst_admission_us": spreads}
-    out = REPO / "benchmarks" / "results" / f"openai_hops-{stamp:%Y-%m-%d-%H%M}-{sha}.json"
-    lines = ["## OpenAI front end, hop by hop (`benchmarks/openai_hops.py`)",
-             f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime) on a real "
-             f"tritonserver, the front end (with its hops timed) in its own process. {args.requests} streamed "
-             f"`/v1/completions` one at a time, each followed by the same prompt to `ensemble` over gRPC; then "
-             f"{args.bursts} bursts of 8 sent at once. {args.max_tokens} tokens max, greedy. p50 of each hop:", "",
+    return {"requests": args.requests, "bursts": args.bursts, "max_tokens": args.max_tokens,
+            "hop_p50_us": hops, "ttft_p50_us": {"openai": ttft_oa, "direct_grpc": ttft_direct},
+            "burst_admission_p50_us": spread, "burst_ttft_p50_ms": burst_ttft, "per_request_us": rows,
+            "burst_admission_us": spreads}
+
+
+def render(record: dict) -> list[str]:
+    hops, spread, burst_ttft = record["hop_p50_us"], record["burst_admission_p50_us"], record["burst_ttft_p50_ms"]
+    ttft_oa, ttft_direct = record["ttft_p50_us"]["openai"], record["ttft_p50_us"]["direct_grpc"]
+    lines = [f"{record['date'][:16].replace('T', ' ')} UTC · commit {commit_label(record)} · {record['machine']} · "
+             f"tiny-qwen3 (reference runtime) on a real tritonserver, the front end (with its hops timed) in its own "
+             f"process. {record['requests']} streamed `/v1/completions` one at a time, each followed by the same "
+             f"prompt to `ensemble` over gRPC; then {record['bursts']} bursts of 8 sent at once. "
+             f"{record['max_tokens']} tokens max, greedy. p50 of each hop:", "",
              "| hop | what | p50 (µs) |", "|---|---|---|"]
     lines += [f"| {hop} | {what} | {hops[hop]:.0f} |" for hop, what in HOPS]
     lines += ["", f"- TTFT p50: OpenAI {ttft_oa / 1e3:.2f} ms, direct gRPC {ttft_direct / 1e3:.2f} ms "
@@ -166,8 +164,4 @@ def main() -> None:
               f"- Bursts of 8: the last request handed to gRPC {spread / 1e3:.2f} ms (p50) after the first one's "
               f"bytes arrived; their TTFT p50 {burst_ttft:.2f} ms." if spread is not None else
               "- Bursts of 8: no complete burst in the marks."]
-    print(publish(lines, out, result, args.no_doc))
-
-
-if __name__ == "__main__":
-    main()
+    return lines

@@ -1,7 +1,7 @@
 """The OpenAI front end's overhead: the same requests, side by side in one run, through the OpenAI endpoint and
 directly to Triton over gRPC, on the tiny model (so the model's own compute is small).
 
-    python benchmarks/openai_overhead.py [--repo TRITON_REPO] [--requests 24] [--rounds 20] [--max-tokens 32]
+    python -m benchmarks openai_overhead [--repo TRITON_REPO] [--requests 24] [--rounds 20] [--max-tokens 32]
 
 Without ``--repo`` the tiny-qwen3 build is made first (until the package stage) in a temporary root. One Triton
 server serves the repository; the front end runs in a process of its own (``python -m pipeline.serving``), as
@@ -16,26 +16,23 @@ of the direct path, inter-token latency p50 within 5 %, output tokens/s at least
 figure comes with a 95 % bootstrap interval over rounds (scipy's ``bootstrap``; a round and the direct round beside
 it are drawn together), so run-to-run noise on a shared machine is on the page beside the verdict.
 Each path's CPU time is recorded by process (the Triton server with its python stubs, the front end, this process's
-load generators) per output token, with the load average before and after.
-Writes ``benchmarks/results/openai_overhead-DATE-TIME-COMMIT.json`` and a section of ``docs/benchmarks.md``
-(``--no-doc``: neither; the section is printed).
+load generators) per output token, with the load average before and after. The page keeps one current record per
+machine size (CPU count).
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
+import re
 import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docfile import publish  # noqa: E402
-from rebuild_noop import REPO, commit, machine  # noqa: E402
+from benchmarks._provenance import commit_label
 
-sys.path.insert(0, str(REPO))
+TITLE = "OpenAI front end vs direct gRPC"
 
 TINY = ["model=tiny-qwen3", "quant.gate=warn", "until=package"]
 
@@ -185,8 +182,7 @@ def _pooled(records_by_round: list[list], walls: list[float]) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repo", type=Path, help="a packaged inflight_batcher_llm repository (default: build tiny)")
     ap.add_argument("--requests", type=int, default=24,
                     help="requests per round, path and concurrent worker (a round at concurrency 8: 8x as many)")
@@ -195,9 +191,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                     help="the built model's runtime.dtype (auto: bfloat16 where the CPU has it natively, else float32)")
-    ap.add_argument("--no-doc", action="store_true", help="print only; do not write docs/benchmarks.md")
-    args = ap.parse_args()
 
+
+def run(args) -> dict:
     from transformers import AutoTokenizer
 
     from pipeline.config import compose
@@ -284,31 +280,40 @@ def main() -> None:
         verdicts.append(ttft_ok and itl_ok and tps_ok and errors_ok)
         rows.append((lv["concurrency"], g, o, lv["targets"]))
 
-    stamp, sha = dt.datetime.now(dt.timezone.utc), commit()
     if args.repo:
         computed = "the given repository's runtime.dtype"
     else:
         from pipeline.runtime.reference import compute_dtype
 
         computed = f"runtime.dtype={args.dtype}: {str(compute_dtype(args.dtype, 'cpu')).removeprefix('torch.')} here"
-    result = {"benchmark": "openai_overhead", "date": stamp.isoformat(timespec="seconds"), "commit": sha,
-              "machine": machine(), "compute_dtype": computed, "max_tokens": args.max_tokens, "requests_per_round_per_worker": args.requests,
-              "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
-              "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
-              "levels": levels, "all_targets_met": all(verdicts)}
-    out = REPO / "benchmarks" / "results" / f"openai_overhead-{stamp:%Y-%m-%d-%H%M}-{sha}.json"
+    return {"compute_dtype": computed, "max_tokens": args.max_tokens, "requests_per_round_per_worker": args.requests,
+            "rounds": args.rounds, "endpoint": "/v1/completions (stream)", "direct": "ensemble over gRPC streams",
+            "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in load_after],
+            "levels": levels, "all_targets_met": all(verdicts)}
+
+
+def variant(record: dict) -> str:
+    m = re.search(r"(\d+) CPUs", record["machine"])
+    return f"{m.group(1)} CPUs" if m else record["machine"]
+
+
+def render(record: dict) -> list[str]:
+    levels = record["levels"]
+    rows = [(lv["concurrency"], lv["summary"]["grpc"], lv["summary"]["openai"], lv["targets"]) for lv in levels]
+    requests = record.get("requests_per_round_per_worker", record.get("requests_per_round"))
+    load_before, load_after = record["load_avg_before"], record["load_avg_after"]
+    computed = record.get("compute_dtype")
 
     def ms(x):
         return f"{x:.2f}"
 
-    per_round = ", ".join(f"{args.requests * lv['concurrency']} at {lv['concurrency']}" for lv in levels)
-    lines = ["## OpenAI front end vs direct gRPC (`benchmarks/openai_overhead.py`)",
-             f"{stamp:%Y-%m-%d %H:%M} UTC · commit {sha} · {machine()} · tiny-qwen3 (reference runtime, "
-             f"{computed}) on a real "
+    per_round = ", ".join(f"{requests * lv['concurrency']} at {lv['concurrency']}" for lv in levels)
+    lines = [f"{record['date'][:16].replace('T', ' ')} UTC · commit {commit_label(record)} · {record['machine']} · "
+             f"tiny-qwen3 (reference runtime{', ' + computed if computed else ''}) on a real "
              f"tritonserver; the front end in its own process (`python -m pipeline.serving`), the load generators "
-             f"in this one, all on the same cores. {args.rounds} alternating rounds per level of {args.requests} "
+             f"in this one, all on the same cores. {record['rounds']} alternating rounds per level of {requests} "
              f"requests per path and concurrent worker ({per_round}), "
-             f"{args.max_tokens} tokens max, greedy, the same prompt text on both paths "
+             f"{record['max_tokens']} tokens max, greedy, the same prompt text on both paths "
              f"(`/v1/completions` streamed vs `ensemble` over gRPC streams). Load average (1 min) "
              f"{load_before[0]:.2f} → {load_after[0]:.2f}.", "",
              "| concurrency | path | TTFT p50 (ms) | ITL p50 (ms) | request latency p50 / p95 (ms) | output tokens/s | "
@@ -369,8 +374,4 @@ def main() -> None:
             u = sm["cpu"]["us_per_output_token"]
             lines.append(f"| {conc} | {name} | {u['triton']:.0f} | {u['front_end']:.0f} | {u['load_generator']:.0f} | "
                          f"{sum(u.values()):.0f} | {sm['cpu']['cores_busy']:.2f} |")
-    print(publish(lines, out, result, args.no_doc, indent=None))
-
-
-if __name__ == "__main__":
-    main()
+    return lines

@@ -1,45 +1,53 @@
 """The recorded upstream interface (``pipeline/upstream``) against an upstream checkout, with the output kept.
 
-    python benchmarks/upstream_record_vs_checkout.py --checkout TREE --repo triton-inference-server/tensorrtllm_backend \
-        --commit c2e65b88d85255be30cf50440a91662abeb497dd [--line 1.2.1]
+    python -m benchmarks upstream_record_vs_checkout --checkout TREE \
+        --repo triton-inference-server/tensorrtllm_backend --commit c2e65b88d85255be30cf50440a91662abeb497dd \
+        [--line 1.2.1]
 
 Runs ``pipeline.upstream.refresh.verify_checkout`` (what ``python -m pipeline.upstream verify --checkout`` prints)
-and writes every difference, with the checkout's repository and commit and the project's own commit, to
-``benchmarks/results/upstream_record_vs_<repo>-<commit>.json``. TREE is the checkout (or an ``all_models`` export of
-it, e.g. ``git archive <commit> all_models | tar -x -C TREE``).
+and records every difference with the checkout's repository and commit. TREE is the checkout (or an ``all_models``
+export of it, e.g. ``git archive <commit> all_models | tar -x -C TREE``). The page keeps one current record per
+upstream repository.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _provenance import source_state  # noqa: E402
+from benchmarks._provenance import commit_label
+
+TITLE = "The recorded upstream interface against an upstream checkout"
+RESULT_NAMES = ("upstream_record_vs_checkout", "upstream_record_vs_tensorrtllm_backend")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkout", type=Path, required=True)
-    ap.add_argument("--repo", required=True, help="owner/name of the checkout")
-    ap.add_argument("--commit", required=True, help="the checkout's full commit")
-    ap.add_argument("--line", default="1.2.1")
-    args = ap.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkout", type=Path, required=True)
+    parser.add_argument("--repo", required=True, help="owner/name of the checkout")
+    parser.add_argument("--commit", required=True, help="the checkout's full commit")
+    parser.add_argument("--line", default="1.2.1")
+
+
+def run(args) -> dict:
     from pipeline.upstream.refresh import verify_checkout
 
     found = verify_checkout(args.checkout, args.line)
-    doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **source_state(),
-           "checkout": {"repo": args.repo, "commit": args.commit}, "line": args.line,
-           "command": f"python -m pipeline.upstream verify --checkout TREE --line {args.line}",
-           "difference_count": len(found), "differences": found}
-    out = REPO / "benchmarks" / "results" / f"upstream_record_vs_{args.repo.split('/')[-1]}-{args.commit[:7]}.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"{len(found)} difference(s); {out.relative_to(REPO)}")
-    return 0
+    print(f"{len(found)} difference(s)")
+    return {"checkout": {"repo": args.repo, "commit": args.commit}, "line": args.line,
+            "command": f"python -m pipeline.upstream verify --checkout TREE --line {args.line}",
+            "difference_count": len(found), "differences": found}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def suffix(record: dict) -> str:
+    return f"{record['checkout']['repo'].split('/')[-1]}-{record['checkout']['commit'][:7]}"
+
+
+def variant(record: dict) -> str:
+    return record["checkout"]["repo"]
+
+
+def render(record: dict) -> list[str]:
+    co = record["checkout"]
+    return [f"{record['date'][:10]} · commit {commit_label(record)} · the record for TensorRT-LLM line "
+            f"{record['line']} against {co['repo']} @ {co['commit'][:9]} (`{record['command']}`): "
+            f"{record['difference_count']} difference(s).", "",
+            *(f"- {d}" for d in record["differences"])]

@@ -1,10 +1,9 @@
-"""benchmarks/gpu_quant_vs_hfptq.py: its step accounting and verdicts on hand-made records, and its CPU half (the
+"""``python -m benchmarks gpu_quant_vs_hfptq``: its step accounting and verdicts on hand-made records, and its CPU half (the
 checkpoint, the calibration rows given to hf_ptq, the pipeline's quantize stage) on the tiny model. hf_ptq.py itself
 needs a CUDA GPU (its main() refuses without one): on CPU its wrapper is checked to run hf_ptq.py's own ``__main__``
 block, which stops there."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,11 +17,9 @@ HF_PTQ = REPO / ".devcarry" / "hf_ptq"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_quant_vs_hfptq", REPO / "benchmarks" / "gpu_quant_vs_hfptq.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import gpu_quant_vs_hfptq
+
+    return gpu_quant_vs_hfptq
 
 
 def _ev(name, start, end):
@@ -105,7 +102,7 @@ def test_the_section_states_the_targets_the_floor_and_the_dirty_tree(bench):
     prep, ours, hf = _records(ours_s=150.0)
     doc = {"date": "2026-12-01T01:00:00+00:00", "commit": "abc+dirty", "gpu": GPU, "quant": "nvfp4",
            "prepare": prep, "ours": ours, "hfptq": hf, "compare": bench.compare(prep, ours, hf, GPU)}
-    text = bench.render(doc)
+    text = "\n".join(bench.render(doc))
     assert "commit abc+dirty (uncommitted changes in the tree that ran)" in text
     assert "nvfp4 weights + fp8 KV cache (for b200, calibrated here)" in text
     assert "| whole stage / hf_ptq's process | 1.50× | ≤ 0.9× | **not met** |" in text
@@ -116,7 +113,7 @@ def test_the_section_states_the_targets_the_floor_and_the_dirty_tree(bench):
     ours["calibrate_parts_s"] = {"forward_loop_s": 12.5, "forward_loops": 1, "batches_s": [4.0, 3.0, 3.0, 2.5],
                                  "insert_and_finish_s": 2.5}
     hf.update(calibrate_s=16.0, forward_loop_s=14.0)
-    text = bench.render({**doc, "compare": bench.compare(prep, ours, hf, GPU)})
+    text = "\n".join(bench.render({**doc, "compare": bench.compare(prep, ours, hf, GPU)}))
     assert ("The stage: forward loop 12.5 s (1 loop; the first loop's batches 4.0, 3.0, 3.0, 2.5 s, the first "
             "loading ModelOpt's CUDA extensions), quantizer insertion and finish 2.5 s; hf_ptq.py: forward loop "
             "14.0 s of its 16.0 s.") in text
@@ -124,15 +121,15 @@ def test_the_section_states_the_targets_the_floor_and_the_dirty_tree(bench):
 
 @pytest.mark.slow
 def test_the_cpu_half_runs_on_the_tiny_model_with_the_stages_own_rows(tmp_path):
-    script = [sys.executable, str(REPO / "benchmarks" / "gpu_quant_vs_hfptq.py"), "--root", str(tmp_path), "--shape",
+    script = [sys.executable, "-m", "benchmarks", "gpu_quant_vs_hfptq", "--root", str(tmp_path), "--shape",
               "tiny", "--rows", "24", "--seq", "128", "--hf-ptq", str(HF_PTQ)]
-    proc = subprocess.run([*script, "--step", "prepare"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*script, "--step", "prepare"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     prep = json.loads((tmp_path / "prepare.json").read_text())
     rows = [json.loads(line)["text"] for line in (tmp_path / "calib_rows.jsonl").read_text().splitlines()]
     assert len(rows) == prep["calibration"]["rows"] == 24
     assert prep["calibration"]["identical_after_retokenizing"] == 24
-    proc = subprocess.run([*script, "--step", "ours"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*script, "--step", "ours"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = json.loads((tmp_path / "ours-fp8.json").read_text())
     assert ours["export_check"] == "pass" and ours["quant_algo"] == "FP8" and ours["kv_cache_quant_algo"] == "FP8"
@@ -141,7 +138,7 @@ def test_the_cpu_half_runs_on_the_tiny_model_with_the_stages_own_rows(tmp_path):
     assert not list((tmp_path / ".store").glob("*quantize-*/checkpoint/*.safetensors"))  # measured, then deleted
     if not (HF_PTQ / "hf_ptq.py").is_file():
         pytest.skip("ModelOpt's examples/hf_ptq is not in .devcarry/hf_ptq (git-ignored upstream code)")
-    proc = subprocess.run([*script, "--step", "hfptq"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*script, "--step", "hfptq"], cwd=REPO, capture_output=True, text=True, timeout=600)
     hf = json.loads((tmp_path / "hfptq-fp8.json").read_text())
     assert proc.returncode == 1 and "GPU is required" in hf["error"]  # hf_ptq.py's own main() ran, and refused
     assert hf["steps_s"]["import"] > 0

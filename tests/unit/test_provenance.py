@@ -1,8 +1,7 @@
-"""benchmarks/_provenance.py: a raw JSON's ``commit_matched`` is the commit whose source files have the run's digest,
+"""benchmarks/_provenance.py: a raw record's ``commit_matched`` is the commit whose source files have the run's digest,
 found in this checkout's history; the ``commit`` the script saw stays as it was."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -14,10 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def prov():
-    spec = importlib.util.spec_from_file_location("_provenance", REPO / "benchmarks" / "_provenance.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import _provenance
+
+    return _provenance
 
 
 def test_annotate_finds_the_commit_with_the_runs_files_and_keeps_what_the_script_saw(prov, tmp_path):
@@ -45,4 +43,5 @@ def test_the_commit_label_says_which_commit_the_files_were_and_whether_they_diff
         "b" * 10 + " (the files that ran have its source digest; the copy's git metadata read " + "a" * 10
         + " with uncommitted changes)")
     assert prov.commit_label({"commit": "abc+dirty"}) == "abc+dirty (uncommitted changes in the tree that ran)"
+    assert prov.commit_label({"commit": "46a9f49-dirty"}) == "46a9f49 (uncommitted changes)"  # the older mark
     assert prov.commit_label({"commit": None}) == "?"

@@ -73,15 +73,7 @@ def test_uvs_output_keeps_its_summary_and_the_sources_it_built_and_fresh_install
     kept = [ln for ln in out.splitlines(keepends=True) if uv_pip.KEEP.match(ln)]
     assert kept == ["Resolved 1 package in 1.05s\n", "      Built word2number==1.1\n",
                     "Prepared 1 package in 833ms\n", "Installed 1 package in 0.40ms\n"]
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("fresh_install", REPO / "benchmarks" / "fresh_install.py")
-        fresh = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(fresh)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from benchmarks import fresh_install as fresh
     log = tmp_path / "make-build.log"
     log.write_text("".join(kept) + "      Built llm-pipeline @ file:///x\n")
     assert fresh.built_from_source(tmp_path / "no-pip.log", log) == ["word2number"]  # the project itself is not
