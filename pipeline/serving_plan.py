@@ -315,10 +315,13 @@ def predictions(cfg: DictConfig, plan: ServingPlan) -> tuple[dict[str, Any] | No
     batch = int(plan.settings["max_batch_size"])
     loads = workloads(cfg)
     kvs = list(dict.fromkeys([cfg.quant.kv_cache.value, "none"]))
+    levels = sorted({int(c) for c in cfg.bench.concurrency if 0 < int(c) <= batch})  # the bench's, to hold it against
     qs = []
     for name, (i, o) in loads.items():
         qs += [_query(cfg, tp=plan.tp, batch=batch, isl=i, osl=o, kv=kv) for kv in kvs]
         qs.append(_query(cfg, tp=plan.tp, batch=batch, isl=i, osl=o, mode="SOL"))
+        if name != "typical":
+            qs += [_query(cfg, tp=plan.tp, batch=c, isl=i, osl=o) for c in levels]
     try:
         res = perfmodel.estimate(qs)
     except perfmodel.Unavailable as exc:
@@ -334,9 +337,14 @@ def predictions(cfg: DictConfig, plan: ServingPlan) -> tuple[dict[str, Any] | No
             version = version or r.get("version")
         r = next(it)
         row["speed_of_light"] = {"error": r["error"]} if "error" in r else _figures(r)
+        if name != "typical":  # the chosen KV dtype at each bench concurrency (the bench compares at the same one)
+            row["by_concurrency"] = {}
+            for c in levels:
+                r = next(it)
+                row["by_concurrency"][str(c)] = {"error": r["error"]} if "error" in r else _figures(r)
         out[name] = row
-    first_err = next((v["error"] for row in out.values() for v in row.values()
-                      if isinstance(v, dict) and "error" in v), None)
+    first_err = next((v["error"] for row in out.values() for k, v in row.items()
+                      if k.startswith("kv_") and "error" in v), None)
     if first_err and all("error" in row.get("kv_" + ("bf16" if kvs[0] == "none" else kvs[0]), {})
                          for row in out.values()):
         return None, [f"no prediction for {cfg.model.name} on {t.name}: the tables have no data for it ({first_err})"]

@@ -45,3 +45,23 @@ def test_every_reference_bench_table_says_it_measures_the_serving_path_and_a_trt
     assert tables == 2 and ref.count("not a performance measurement") == tables + 1  # the header and each table
     trt = report.markdown("m", {**r, "runtime": "trtllm_llmapi"})
     assert "not a performance measurement" not in trt  # the negative control
+
+
+def test_a_trtllm_bench_is_held_against_the_prediction_at_the_same_concurrency_and_warns_beyond_the_tolerance():
+    pred = {"trtllm_tables": "1.3.0rc20", "model": "aiconfigurator-core==0.12.0", "workloads": {"chat": {
+        "by_concurrency": {"8": {"ttft_ms": 60.0, "tpot_ms": 15.0, "tokens_per_s_per_gpu": 500.0}}}}}
+
+    def level(c: int, ttft: float, itl: float, tps: float) -> dict:
+        return {"concurrency": c, "time_to_first_token": {"p50": ttft}, "inter_token_latency": {"p50": itl},
+                "output_token_throughput": {"avg": tps}}
+
+    r = {"runtime": "trtllm_llmapi", "workloads": {"chat": {"levels": [level(1, 9.0, 9.0, 9.0),
+                                                                        level(8, 66.0, 14.0, 1050.0)]}}}
+    vs = report.against_prediction(r, pred, gpus=2)
+    assert {(x["concurrency"], x["figure"]) for x in vs["rows"]} == {(8, "TTFT p50 ms"), (8, "ITL p50 ms"),
+                                                                      (8, "output tokens/s")}  # c=1: no prediction
+    assert vs["warnings"] == []  # within ±30% (tokens/s: 2 GPUs x 500 predicted)
+    r["workloads"]["chat"]["levels"][1]["inter_token_latency"]["p50"] = 30.0  # planted: twice the predicted TPOT
+    vs = report.against_prediction(r, pred, gpus=2)
+    assert len(vs["warnings"]) == 1 and "ITL p50 ms measured 30.0, predicted 15.0" in vs["warnings"][0]
+    assert report.against_prediction({**r, "runtime": "reference"}, pred, gpus=2) is None  # an emulator: no check

@@ -20,6 +20,46 @@ def note(r: dict[str, Any]) -> str | None:
     return REFERENCE_NOTE if r.get("runtime") == "reference" else None
 
 
+# How far a TensorRT-LLM bench may stray from NVIDIA's performance model before it warns: the model's GEMM tables
+# matched this project's H200 within 0.82-1.16x (FACTS §9), and a served request adds Triton, tokenization and the
+# network on top; +-30% of the prediction is a difference worth a look, not a failure.
+PREDICTION_TOLERANCE = 0.30
+# measured (a level's key, its statistic) -> predicted figure
+COMPARED = {"TTFT p50 ms": (("time_to_first_token", "p50"), "ttft_ms"),
+            "ITL p50 ms": (("inter_token_latency", "p50"), "tpot_ms"),
+            "output tokens/s": (("output_token_throughput", "avg"), "tokens_per_s")}
+
+
+def against_prediction(r: dict[str, Any], predictions: dict[str, Any] | None, gpus: int,
+                       tolerance: float = PREDICTION_TOLERANCE) -> dict[str, Any] | None:
+    """A TensorRT-LLM bench's measurements beside NVIDIA's performance model's prediction at the same workload and
+    concurrency (``predictions``: the serving plan's, ``workloads.NAME.by_concurrency``): one row per level and
+    figure, and a warning for each measured figure off the prediction by more than ``tolerance``. None on the
+    reference runtime (an emulator's timings), or without predictions."""
+    if note(r) or not predictions:
+        return None
+    rows, warnings = [], []
+    for wname, w in r["workloads"].items():
+        by_c = ((predictions.get("workloads") or {}).get(wname) or {}).get("by_concurrency") or {}
+        for lv in w["levels"]:
+            pred = by_c.get(str(lv["concurrency"]))
+            if not pred or "error" in pred:
+                continue
+            pred = {**pred, "tokens_per_s": pred["tokens_per_s_per_gpu"] * max(1, gpus)}
+            for label, ((key, stat), pkey) in COMPARED.items():
+                measured = (lv.get(key) or {}).get(stat)
+                if measured is None or not pred.get(pkey):
+                    continue
+                ratio = measured / pred[pkey]
+                rows.append({"workload": wname, "concurrency": lv["concurrency"], "figure": label,
+                             "measured": round(measured, 2), "predicted": pred[pkey], "ratio": round(ratio, 3)})
+                if abs(ratio - 1) > tolerance:
+                    warnings.append(f"{wname} c={lv['concurrency']}: {label} measured {measured:.1f}, predicted "
+                                    f"{pred[pkey]:.1f} ({ratio:.2f}x; tolerance ±{tolerance:.0%})")
+    return {"tolerance": tolerance, "tables": predictions.get("trtllm_tables"), "model": predictions.get("model"),
+            "rows": rows, "warnings": warnings}
+
+
 def markdown(model: str, r: dict[str, Any]) -> str:
     g = r["gates"]
     lines = [f"# bench: {model}", "", f"Entry point `{r['model']}` ({r.get('layout')} layout), launcher "
@@ -27,6 +67,14 @@ def markdown(model: str, r: dict[str, Any]) -> str:
              baseline_line(g), "", f"Counting: {r.get('counting', COUNTING)}."]
     if note(r):
         lines += ["", f"**Note:** {note(r)}."]
+    vs = r.get("against_prediction")
+    if vs and vs["rows"]:
+        lines += ["", f"Measured against NVIDIA's performance model ({vs['model']}, TensorRT-LLM {vs['tables']} "
+                  f"tables) at the same concurrency; a figure off by more than ±{vs['tolerance']:.0%} is a warning:",
+                  "", "| workload | concurrency | figure | measured | predicted | ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {x['workload']} | {x['concurrency']} | {x['figure']} | {x['measured']} | {x['predicted']} | "
+                  f"{x['ratio']:.2f}x |" for x in vs["rows"]]
+        lines += [f"- warning: {x}" for x in vs["warnings"]]
     if g["breaches"]:
         lines.append("")
     lines += [f"- {b}" for b in g["breaches"]]
