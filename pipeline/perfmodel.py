@@ -31,6 +31,7 @@ PINNED = "aiconfigurator-core==0.12.0"
 # NVIDIA's CLI over the same core: only where tests run (tests/e2e/test_perfmodel.py holds plan's figures against it)
 CLI = "aiconfigurator==0.12.0"
 CORE_VERSION = PINNED.split("==")[1]
+CACHE_FORMAT = 2  # what perfmodel_worker.py writes per query; a cached result of another form is asked again
 
 # target (conf/target) -> aiconfigurator system (aiconfigurator_core/systems/*.yaml). None: no tables (a10g, cpu).
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200", "l40s": "l40s",
@@ -110,7 +111,7 @@ class Query:
                 "database_mode": self.database_mode}
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps([CORE_VERSION, self.doc()], sort_keys=True).encode()).hexdigest()[:24]
+        return hashlib.sha256(json.dumps([CORE_VERSION, CACHE_FORMAT, self.doc()], sort_keys=True).encode()).hexdigest()[:24]
 
 
 def model_config(shape: dict[str, Any], model_type: str) -> dict[str, Any]:

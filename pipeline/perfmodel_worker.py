@@ -95,7 +95,10 @@ def main() -> None:
         try:
             out.append(estimate(q))
         except Exception as exc:  # one line per query: the model's own words (missing table rows, unknown model)
-            msg = " ".join(str(exc).split())
+            import aiconfigurator_core
+
+            here = os.path.dirname(os.path.dirname(aiconfigurator_core.__file__))  # no local paths in the line
+            msg = " ".join(str(exc).replace(here + os.sep, "").split())
             out.append({"error": (msg[:300] or type(exc).__name__)})
     import aiconfigurator_core
 

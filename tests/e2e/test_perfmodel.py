@@ -52,8 +52,9 @@ def test_plan_figures_equal_aiconfigurators_cli_and_a_wrong_kv_mapping_does_not(
     cases = [(q, t) for q in ("fp8", "nvfp4") for t in ("h100", "h200", "b200")]
     plans = {}
     for q, t in cases:
+        # TP and batch set (the profile's sweep is the same model at more points; one point keeps this test short)
         cfg = hardware.compose(["model=qwen32b", f"quant={q}", f"target={t}", "runtime=trtllm_llmapi",
-                                "quant.kv_cache=fp8"])
+                                "quant.kv_cache=fp8", "build.tp_size=1", "build.max_batch_size=64"])
         plans[(q, t)] = (cfg, serving_plan.resolve(cfg, predict=True))
     jobs = {}
     with ThreadPoolExecutor(2) as pool:
