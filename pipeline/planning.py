@@ -35,7 +35,8 @@ resolve = serving_plan.resolve
 
 
 def capacity_problems(cfg: DictConfig) -> list[str]:
-    return serving_plan.capacity_problems(cfg)
+    """Whether the model fits the target at all (the KV rule; no performance model)."""
+    return serving_plan.capacity_problems(cfg, serving_plan.resolve(cfg, use_model=False))
 
 
 class CapacityView:

@@ -186,7 +186,7 @@ def _profile(cfg: DictConfig, shape: capacity.Shape, tps: list[int], typical: tu
             "runners_up": ok[1:3], "why": why, "swept": len(rows)}, why
 
 
-def _derive(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]], capacity.KVPlan | None,
+def _derive(cfg: DictConfig, use_model: bool = True) -> tuple[dict[str, Any], dict[str, dict[str, str]], capacity.KVPlan | None,
                                        dict[str, Any] | None, list[str]]:
     """(settings, sources, KV plan, profile, notes)."""
     b, t = cfg.build, cfg.target
@@ -227,6 +227,8 @@ def _derive(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]],
     batch_why = ""
     if gap:
         notes.append(f"no prediction: {gap}")
+    elif not use_model:
+        notes.append("no prediction: the KV rule alone (a plan-time check)")
     else:
         try:
             prof, why = _profile(cfg, shape, tps, typical, batch, mnt0, need)
@@ -353,12 +355,13 @@ def predictions(cfg: DictConfig, plan: ServingPlan) -> tuple[dict[str, Any] | No
 
 
 # ----------------------------------------------------------------------------------------------------- resolve
-def resolve(cfg: DictConfig, *, predict: bool = False) -> ServingPlan:
+def resolve(cfg: DictConfig, *, predict: bool = False, use_model: bool = True) -> ServingPlan:
     """The serving plan of ``cfg``: TP (the configured one, the profile's or the planner's choice), PP, the world size,
     the KV pool, the settings and their sources, and the performance model's figures where it answered for the
     profile (``predict``: ask for them in any case). The summary (what build.json and bundle.json record as
-    ``capacity``) carries :meth:`ServingPlan.record` under ``serving``."""
-    settings, sources, p, profile, notes = _derive(cfg)
+    ``capacity``) carries :meth:`ServingPlan.record` under ``serving``. ``use_model`` False: the KV rule alone, no
+    performance model (the plan-time checks of many configs: ``validate``, sweeps)."""
+    settings, sources, p, profile, notes = _derive(cfg, use_model)
     tp = int(cfg.build.tp_size) or (p.tp if p is not None else 1)
     pp = int(cfg.build.pp_size)
     world = max(1, tp) * pp if cfg.target.device.value == "cuda" else 1

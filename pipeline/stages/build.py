@@ -194,10 +194,12 @@ def check(cfg) -> list[str]:
         problem = trtllm.engine_export_problem(planning.model_type(cfg))
         if problem:
             return [problem]
-    settings = serving_plan.resolve(cfg).settings
+    # the KV rule's sizes (no performance model: validate and sweeps check hundreds of configs); every derived size
+    # keeps the same invariants (tests/unit/test_serving_plan.py), and the build renders the preflight's plan
+    plan = serving_plan.resolve(cfg, use_model=False)
     return (planning.compat_problems(cfg) or rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build),
-                                                                                            settings))
-            or planning.capacity_problems(cfg))
+                                                                                            plan.settings))
+            or serving_plan.capacity_problems(cfg, plan))
 
 
 def env_check(cfg) -> list[str]:

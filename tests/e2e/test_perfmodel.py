@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pipeline import hardware, perfmodel, serving_plan
+from pipeline.errors import UserError
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -54,7 +55,8 @@ def test_plan_figures_equal_aiconfigurators_cli_and_a_wrong_kv_mapping_does_not(
     for q, t in cases:
         # TP and batch set (the profile's sweep is the same model at more points; one point keeps this test short)
         cfg = hardware.compose(["model=qwen32b", f"quant={q}", f"target={t}", "runtime=trtllm_llmapi",
-                                "quant.kv_cache=fp8", "build.tp_size=1", "build.max_batch_size=64"])
+                                "quant.kv_cache=fp8", "build.tp_size=1", "build.max_batch_size=64",
+                                "serve.slo.ttft_ms=100000", "serve.slo.tpot_ms=1000"])
         plans[(q, t)] = (cfg, serving_plan.resolve(cfg, predict=True))
     jobs = {}
     with ThreadPoolExecutor(2) as pool:
@@ -81,3 +83,17 @@ def test_plan_figures_equal_aiconfigurators_cli_and_a_wrong_kv_mapping_does_not(
             assert not close(ours, planted), "FP8 KV sent as bf16 must not match"
             assert close(p.predictions["workloads"]["typical"]["kv_bf16"], planted)  # and bf16 is bf16
     assert compared >= 4  # fp8 on all three, nvfp4 on b200 at least
+
+
+def test_the_service_limits_choose_the_profile_and_a_target_that_cannot_meet_them_is_refused():
+    base = ["model=qwen32b", "quant=fp8", "target=h200", "runtime=trtllm_llmapi", "quant.kv_cache=fp8"]
+    thr = serving_plan.resolve(hardware.compose(base))  # the default limits, objective throughput
+    lat = serving_plan.resolve(hardware.compose(base + ["serve.slo.objective=latency"]))  # the same sweep, cached
+    t, l_ = thr.profile["chosen"], lat.profile["chosen"]
+    assert t["tokens_per_s_per_gpu"] > l_["tokens_per_s_per_gpu"] and t["request_latency_ms"] > l_["request_latency_ms"]
+    assert thr.settings["max_batch_size"] == t["batch"] and lat.settings["max_batch_size"] == l_["batch"]
+    assert t["ttft_ms"] <= 2000 and t["tpot_ms"] <= 30 and thr.profile["runners_up"]
+    # the longer sequences a smaller batch leaves room for, within the same pool
+    assert lat.settings["max_seq_len"] >= thr.settings["max_seq_len"]
+    with pytest.raises(UserError, match=r"no TP x batch meets serve.slo .* the closest is TP=\d+ batch \d+"):
+        serving_plan.resolve(hardware.compose(base + ["serve.slo.tpot_ms=1"]))  # planted: 1 ms per token
