@@ -204,15 +204,12 @@ def print_serving(doc: dict[str, Any], console=None) -> None:
     sv = doc.get("serving")
     if not sv:
         return
-    s = Table(title=f"serving settings on {doc['target']}")
-    for col in ("setting", "value", "from"):
-        s.add_column(col)
+    console.print(f"serving settings on {escape(doc['target'])} (a value set in build wins):")
     for name, v in sv["settings"].items():
         value = v["value"]
         shown = ", ".join(map(str, value)) if isinstance(value, list) else f"{value:,}" if isinstance(value, int) \
             else str(value)
-        s.add_row(name, escape(shown), escape(f"{v.get('source', '')}: {v.get('why', '')}"))
-    console.print(s)
+        console.print(escape(f"  {name} = {shown}  ({v.get('source', '')}: {v.get('why', '')})"))
     prof = sv.get("profile")
     if prof:
         c = prof["chosen"]
@@ -225,12 +222,13 @@ def print_serving(doc: dict[str, Any], console=None) -> None:
     pred = sv.get("predictions")
     if pred:
         t = Table(title=f"predicted on {pred['system']} by NVIDIA's performance model ({pred['model']}, measured "
-                        f"TensorRT-LLM {pred['trtllm_tables']} kernel tables; not measured here)")
-        for col in ("workload", "in/out", "batch", "KV", "TTFT ms", "TPOT ms", "tokens/s/GPU", "memory GB"):
-            t.add_column(col, justify="right")
+                        f"TensorRT-LLM {pred['trtllm_tables']} kernel tables; not measured here; SOL: speed of "
+                        f"light)")
+        for col in ("workload", "in/out", "batch", "KV", "TTFT ms", "TPOT ms", "tok/s/GPU", "GB"):
+            t.add_column(col, justify="right", no_wrap=True)
         for name, w in pred["workloads"].items():
             for kv, label in [(k, k.removeprefix("kv_")) for k in w if k.startswith("kv_")] + [
-                    ("speed_of_light", "speed of light")]:
+                    ("speed_of_light", "SOL")]:
                 f = w[kv]
                 if "error" in f:
                     t.add_row(name, f"{w['isl']}/{w['osl']}", str(w["batch"]), label, escape(f["error"][:60]), "", "",
