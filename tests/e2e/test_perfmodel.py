@@ -97,3 +97,13 @@ def test_the_service_limits_choose_the_profile_and_a_target_that_cannot_meet_the
     assert lat.settings["max_seq_len"] >= thr.settings["max_seq_len"]
     with pytest.raises(UserError, match=r"no TP x batch meets serve.slo .* the closest is TP=\d+ batch \d+"):
         serving_plan.resolve(hardware.compose(base + ["serve.slo.tpot_ms=1"]))  # planted: 1 ms per token
+
+
+def test_a_head_size_the_tables_lack_is_one_line_and_the_plan_goes_on():
+    cfg = hardware.compose(["model=smollm2-135m", "quant=fp8", "target=h100", "runtime=trtllm_llmapi"])
+    p = serving_plan.resolve(cfg, predict=True)
+    assert p.predictions is None and p.profile is None
+    lines = [n for n in p.notes if "no prediction" in n]
+    assert len(lines) == 1 and "head_size: 64" in lines[0] and "\n" not in lines[0]
+    assert str(perfmodel.env_path()) not in lines[0]  # no local paths in the line
+    assert p.settings["max_batch_size"] > 8 and serving_plan.kv_problems(p) == []  # sized by the KV rule all the same
