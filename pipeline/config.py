@@ -207,7 +207,7 @@ def validate(cfg: DictConfig) -> list[str]:
     if not conc or any(int(c) < 1 or int(c) > 4096 for c in conc):
         problems.append(f"bench.concurrency={conc} is out of range: give a non-empty list of integers in [1, 4096]")
     b = cfg.build
-    if b.max_input_len >= b.max_seq_len:
+    if b.max_input_len and b.max_seq_len and b.max_input_len >= b.max_seq_len:
         problems.append(f"build.max_input_len={b.max_input_len} must be below build.max_seq_len={b.max_seq_len}")
     problems.extend(_workload_problems(cfg))
     if cfg.serve.launcher.value == "external" and not cfg.serve.url:

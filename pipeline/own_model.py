@@ -49,7 +49,8 @@ def shape_from_config(doc: dict[str, Any]) -> dict[str, Any]:
            "head_dim": int(text.get("head_dim") or (hidden // heads if heads else 0)),
            "vocab_size": int(text.get("vocab_size") or 0),
            "tie_word_embeddings": bool(doc.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-           "model_type": str(doc.get("model_type") or "")}
+           "model_type": str(doc.get("model_type") or ""),
+           "max_position_embeddings": int(text.get("max_position_embeddings") or 0)}
     return {k: v for k, v in out.items() if v or k == "tie_word_embeddings"}
 
 

@@ -199,6 +199,55 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def print_serving(doc: dict[str, Any], console=None) -> None:
+    """The serving plan (``plan`` verb): each serving setting and where it came from, the service profile with its
+    runners-up, and NVIDIA's performance model's predictions per workload (chosen KV dtype, bf16 KV, speed of
+    light), or one line saying why there are none."""
+    from rich.table import Table
+
+    from pipeline import ui
+
+    console = console or ui.out
+    sv = doc.get("serving")
+    if not sv:
+        return
+    console.print(f"serving settings on {escape(doc['target'])} (a value set in build wins):")
+    for name, v in sv["settings"].items():
+        value = v["value"]
+        shown = ", ".join(map(str, value)) if isinstance(value, list) else f"{value:,}" if isinstance(value, int) \
+            else str(value)
+        console.print(escape(f"  {name} = {shown}  ({v.get('source', '')}: {v.get('why', '')})"))
+    prof = sv.get("profile")
+    if prof:
+        c = prof["chosen"]
+        console.print(escape(f"profile ({prof['objective']}): TP={c['tp']} batch {c['batch']}, predicted TTFT "
+                             f"{c['ttft_ms']:.0f} ms, TPOT {c['tpot_ms']:.1f} ms, {c['tokens_per_s_per_gpu']:,.0f} "
+                             f"tokens/s/GPU; {prof['why']}"))
+        for r in prof["runners_up"]:
+            console.print(escape(f"  runner-up: TP={r['tp']} batch {r['batch']}: TTFT {r['ttft_ms']:.0f} ms, TPOT "
+                                 f"{r['tpot_ms']:.1f} ms, {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"))
+    pred = sv.get("predictions")
+    if pred:
+        t = Table(title=f"predicted on {pred['system']} by NVIDIA's performance model ({pred['model']}, measured "
+                        f"TensorRT-LLM {pred['trtllm_tables']} kernel tables; not measured here; SOL: speed of "
+                        f"light)")
+        for col in ("workload", "in/out", "batch", "KV", "TTFT ms", "TPOT ms", "tok/s/GPU", "GB"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for name, w in pred["workloads"].items():
+            for kv, label in [(k, k.removeprefix("kv_")) for k in w if k.startswith("kv_")] + [
+                    ("speed_of_light", "SOL")]:
+                f = w[kv]
+                if "error" in f:
+                    t.add_row(name, f"{w['isl']}/{w['osl']}", str(w["batch"]), label, escape(f["error"][:60]), "", "",
+                              "")
+                    continue
+                t.add_row(name, f"{w['isl']}/{w['osl']}", str(w["batch"]), label, f"{f['ttft_ms']:.1f}",
+                          f"{f['tpot_ms']:.2f}", f"{f['tokens_per_s_per_gpu']:,.0f}", f"{f['memory_gb']:.1f}")
+        console.print(t)
+    for n in sv.get("notes") or []:
+        console.print(f"[yellow]serving plan:[/] {escape(n)}")
+
+
 def print_plan(doc: dict[str, Any], console=None) -> None:
     """The plan (``plan`` verb): each stage's fingerprint and cached/run status, the KV-cache capacity table, and
     what this machine would refuse to build (``console``: stdout by default)."""

@@ -135,6 +135,7 @@ class ModelShape:
     vocab_size: int = rng(0, 0, None)
     tie_word_embeddings: bool = False
     model_type: str = ""  # config.json's model_type (qwen3, llama, qwen3_moe, ...); "" when known only at fetch
+    max_position_embeddings: int = rng(0, 0, None)  # the model's context (config.json); 0: not known at plan time
 
 
 @dataclass
@@ -255,10 +256,12 @@ class RuntimeConfig:
 # ----------------------------------------------------------------------------------------------------------- build
 @dataclass
 class BuildSettings:
-    max_batch_size: int = rng(8, 1, 4096)
-    max_input_len: int = rng(1024, 1, 1_048_576)
-    max_seq_len: int = rng(2048, 2, 1_048_576)
-    max_num_tokens: int = rng(8192, 1, 1_048_576)
+    # 0 (and cuda_graph_batch_sizes []): derived per target by the serving plan (pipeline/serving_plan.py) from the
+    # model's context, the workloads, the KV pool and serve.slo; a value set here wins
+    max_batch_size: int = rng(0, 0, 4096)
+    max_input_len: int = rng(0, 0, 1_048_576)
+    max_seq_len: int = rng(0, 0, 1_048_576)
+    max_num_tokens: int = rng(0, 0, 1_048_576)
     max_beam_width: int = rng(1, 1, 64)
     tp_size: int = rng(0, 0, 64)  # 0: the smallest TP whose weights + KV pool fit (capacity planner)
     pp_size: int = rng(1, 1, 64)
@@ -274,7 +277,7 @@ class BuildSettings:
     strip_plan: bool = False
     workers: int = rng(1, 1, 64)
     # LLM-API path
-    cuda_graph_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
+    cuda_graph_batch_sizes: List[int] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------------------- serve
@@ -303,9 +306,25 @@ class OpenAIConfig:
     limits: OpenAILimits = field(default_factory=OpenAILimits)
 
 
+class Objective(str, Enum):
+    throughput = "throughput"  # the most output tokens/s per GPU within the limits
+    latency = "latency"  # the shortest request latency within the limits
+
+
+@dataclass
+class ServiceLimits:
+    """The service-level limits that choose TP, batch and token budget among the configurations the performance model
+    sweeps (pipeline/serving_plan.py). Defaults: aiconfigurator's own CLI defaults (--ttft 2000, --tpot 30)."""
+
+    ttft_ms: float = rng(2000.0, 1.0, 3_600_000.0)
+    tpot_ms: float = rng(30.0, 0.1, 60_000.0)
+    objective: Objective = Objective.throughput
+
+
 @dataclass
 class ServeConfig:
     launcher: Launcher = Launcher.local
+    slo: ServiceLimits = field(default_factory=ServiceLimits)
     layout: Layout = Layout.auto  # the Triton repository layout; the reference runtime can take either
     server_bin: Optional[str] = None  # else `tritonserver` on PATH, else the one bundled in nvidia-pytriton
     host: str = "127.0.0.1"

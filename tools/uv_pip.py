@@ -108,6 +108,7 @@ def has_gpu() -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", required=True, help="the environment's interpreter")
+    ap.add_argument("--uv", help="the interpreter whose uv runs (default: --python's)")
     ap.add_argument("--quiet", action="store_true", help="print uv's errors only")
     ap.add_argument("--torch-or-pip", action="store_true",
                     help="resolve first (--dry-run); a CUDA torch on a machine without an NVIDIA GPU: install with pip")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     flags, extra_env = uv_args(pip_config(a.python))
     env = {**os.environ, **extra_env}
-    cmd = [a.python, "-m", "uv", "pip", "install", "--python", a.python, *flags, *args]
+    cmd = [a.uv or a.python, "-m", "uv", "pip", "install", "--python", a.python, *flags, *args]
     if a.torch_or_pip:
         dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, env=env)
         if dry.returncode:

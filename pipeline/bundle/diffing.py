@@ -74,6 +74,31 @@ def effective_settings(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def serving_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``pipeline diff``'s rows for the serving plan each bundle records (``capacity.serving``,
+    pipeline/serving_plan.py): every serving setting, the profile's TP and batch, and the predicted figures of the
+    typical request at the chosen KV dtype with the tables' TensorRT-LLM version and the model's version."""
+    sa, sb = _get(a, "capacity", "serving") or {}, _get(b, "capacity", "serving") or {}
+    rows: list[tuple[str, Any, Any]] = []
+    names = list(dict.fromkeys([*(sa.get("settings") or {}), *(sb.get("settings") or {})]))
+    for n in names:
+        rows.append((f"serving {n}", _get(sa, "settings", n, "value"), _get(sb, "settings", n, "value")))
+    for key in ("tp", "batch"):
+        rows.append((f"profile {key}", _get(sa, "profile", "chosen", key), _get(sb, "profile", "chosen", key)))
+
+    def typical(s: dict[str, Any]) -> dict[str, Any]:
+        w = _get(s, "predictions", "workloads", "typical") or {}
+        return next((v for k, v in w.items() if k.startswith("kv_")), {}) or {}
+
+    ta, tb = typical(sa), typical(sb)
+    for key in ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb"):
+        rows.append((f"predicted {key}", ta.get(key), tb.get(key)))
+    rows.append(("predicted from TensorRT-LLM tables", _get(sa, "predictions", "trtllm_tables"),
+                 _get(sb, "predictions", "trtllm_tables")))
+    rows.append(("performance model", sa.get("model"), sb.get("model")))
+    return rows
+
+
 def diff(old: str, new: str) -> str:
     """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
     the server benched on, size, accuracy, bench, versions."""
@@ -88,6 +113,7 @@ def diff(old: str, new: str) -> str:
     sa, sb = a.get("served_by") or {}, b.get("served_by") or {}
     for key in ("launcher", "binary", "image", "version"):
         rows.append((f"server {key}", sa.get(key), sb.get(key)))
+    rows += serving_rows(a, b)
     rows += [
         ("bytes", sum(f["size"] for f in a.get("files", [])), sum(f["size"] for f in b.get("files", []))),
         ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),

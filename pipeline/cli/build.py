@@ -103,13 +103,17 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
     key = ArtifactKey.of(cfg)
     from pipeline.upstream import rules
 
-    adjusted = [f.message for f in rules.adjustments(cfg)]
+    from pipeline import serving_plan
+    from pipeline.config import to_plain
     from pipeline.hardware import RESOLVED
 
+    sp = serving_plan.with_predictions(cfg, plan.capacity)  # the performance model's figures (cached on disk)
+    adjusted = [f.message for f in rules.adjustments(cfg, serving_plan.build_settings(to_plain(cfg.build),
+                                                                                     sp.settings))]
     auto = [RESOLVED[k] for k in ("target", "runtime") if k in RESOLVED and k in _resolved_now(cfg)]
     doc = {"model": key.model, "quant": key.quant, "kv_cache": key.kv, "target": key.target, "runtime": key.runtime,
-           "auto": auto, "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "stages": rows, "not_buildable_here": here,
-           "adjusted": adjusted}
+           "auto": auto, "tp": plan.capacity.tp, "capacity": plan.capacity.summary, "serving": sp.record(),
+           "stages": rows, "not_buildable_here": here, "adjusted": adjusted}
     if any(p.stage.name == "quantize" for p in plan.stages):
         from pipeline import calib
 
@@ -122,6 +126,7 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
         from pipeline import ui
 
         report.print_plan(doc, ui.out)
+        report.print_serving(doc, ui.out)
         for a in adjusted:
             ui.out.print(f"[cyan]adjusted:[/] {escape(a)}")
     return doc

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline import planning
+from pipeline import planning, serving_plan
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.identity import ArtifactKey
@@ -70,7 +70,7 @@ def run(ctx: Context) -> BuildRecord:
         "gpu_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "dtype": str(dtype).removeprefix("torch."),  # runtime.dtype as it resolved here (auto: by the device)
         "quant": reference.read_quant_config(engine),
-        "build_settings": to_plain(ctx.cfg.build),
+        "build_settings": serving_plan.build_settings(to_plain(ctx.cfg.build), ctx.capacity.settings),
         "capacity": ctx.capacity.summary,
         "versions": lib_versions(("torch", "transformers", "safetensors")),
         "check": {**check_result, "pass": True,
@@ -92,7 +92,7 @@ def run_trtllm(ctx: Context) -> BuildRecord:
     cfg, rt = ctx.cfg, ctx.cfg.runtime.name.value
     info = trtllm.require(rt, cfg.runtime.trtllm_version)
     q = ctx.result("quantize")
-    build = to_plain(cfg.build)
+    build = serving_plan.build_settings(to_plain(cfg.build), ctx.capacity.settings)
     tp, pp = ctx.capacity.tp, ctx.capacity.pp
     engine = ctx.out / "engine"
     engine.mkdir()
@@ -150,7 +150,8 @@ def engine_build_spec(ctx: Context, quant_algo: str | None, kv_algo: str | None,
     for p in ckpt.iterdir():
         if p.is_file() and is_tokenizer_file(p.name):
             ctx.link_input("quantize", f"checkpoint/{p.name}", f"engine/{p.name}")
-    args = trtllm.trtllm_build_args(to_plain(ctx.cfg.build), quant_algo, kv_algo,
+    args = trtllm.trtllm_build_args(serving_plan.build_settings(to_plain(ctx.cfg.build), ctx.capacity.settings),
+                                    quant_algo, kv_algo,
                                     str(ctx.inputs["quantize"] / "trtllm_checkpoint"), str(engine), str(own))
     return {"kind": "engine", "engine_dir": str(engine), "tokenizer_dir": str(ckpt), "trtllm_build_args": args}
 
@@ -193,7 +194,12 @@ def check(cfg) -> list[str]:
         problem = trtllm.engine_export_problem(planning.model_type(cfg))
         if problem:
             return [problem]
-    return planning.compat_problems(cfg) or rules.refusals(cfg) or planning.capacity_problems(cfg)
+    # the KV rule's sizes (no performance model: validate and sweeps check hundreds of configs); every derived size
+    # keeps the same invariants (tests/unit/test_serving_plan.py), and the build renders the preflight's plan
+    plan = serving_plan.resolve(cfg, use_model=False)
+    return (planning.compat_problems(cfg) or rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build),
+                                                                                            plan.settings))
+            or serving_plan.capacity_problems(cfg, plan))
 
 
 def env_check(cfg) -> list[str]:
@@ -215,7 +221,7 @@ STAGE = Stage(
     run=run,
     reads=("runtime", "target", "build", "quant.format", "quant.kv_cache"),
     # TP and PP (the planner picks TP from model.shape when build.tp_size is 0) and the plan build.json records
-    capacity=("tp", "pp", "summary"),
+    capacity=("tp", "pp", "summary", "settings"),
     inputs=("quantize",),
     libs=("torch", "transformers", "safetensors", "tensorrt_llm", "tensorrt"),
     check=check,

@@ -117,9 +117,9 @@ def run_baseline(ctx: Context) -> EvalResult:
     bcfg = baseline_config(cfg)
     repo = ctx.out / "triton_repo"
     ctx.link_input("fetch", "", f"triton_repo/{ENGINE_REL}")
-    b = bcfg.build
+    s = planning.resolve(bcfg).settings
     cap = planning.CapacityView({"tp": 1, "pp": 1, "world": 1,
-                                 "kv_tokens": int(b.max_batch_size) * int(b.max_seq_len)})
+                                 "kv_tokens": int(s["max_batch_size"]) * int(s["max_seq_len"]), "settings": s})
     repository.render_repository(bcfg, repo, cap)
     serve = bcfg.serve
     if serve.launcher.value == "external":  # the external server serves the bundle; the baseline is served here

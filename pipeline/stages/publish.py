@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline import __version__, store
+from pipeline import __version__, serving_plan, store
 from pipeline.bundle import SCHEMA, BundleManifest, bundle_tree, store_dirs
 from pipeline.bundle import publish as publish_bundle
 from pipeline.bundle import sign as sign_bundle
@@ -176,7 +176,8 @@ def run(ctx: Context) -> PublishResult:
         "target": to_plain(cfg.target), "runtime": to_plain(cfg.runtime),
         "runtime_versions": {**versions, "container": cfg.runtime.container if cfg.runtime.name.value != "reference"
                              else None},
-        "build": to_plain(cfg.build), "capacity": build.capacity,
+        # the settings the bundle was built and packaged with: the config's, with the serving plan's derived sizes
+        "build": serving_plan.build_settings(to_plain(cfg.build), ctx.capacity.settings), "capacity": build.capacity,
         "accuracy": acc.model_dump(mode="json") if acc else None,
         "bench": bench.model_dump(mode="json"),  # bundle.json holds it as the manifest does
         "eval": ev.model_dump(mode="json") if ev else None,
@@ -237,6 +238,7 @@ STAGE = Stage(
     reads=("publish.link", "publish.sign", "model.name", "model.source", "target", "runtime", "build",
            "quant.format", "quant.kv_cache"),
     inputs=("fetch", "quantize", "build", "package", "bench", "eval_baseline", "evaluate"),
+    capacity=("settings",),  # bundle.json's build settings as rendered (serving_plan)
     libs=("fsspec", "pydantic"),
     root="bundles",
     label=lambda cfg: ArtifactKey.of(cfg).label,

@@ -73,7 +73,7 @@ def templates_digest(cfg=None, store_dir=None) -> dict[str, Any]:
                                               for dst, p in copies])}
 
 
-CAPACITY = ("tp", "pp", "world", "kv_tokens")  # what the repository takes from the resolved capacity plan
+CAPACITY = ("tp", "pp", "world", "kv_tokens", "settings")  # what the repository takes from the resolved capacity plan
 
 
 def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any]]:

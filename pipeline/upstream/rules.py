@@ -192,21 +192,22 @@ def evaluate(s: dict[str, Any]) -> list[Finding]:
     return sorted(out, key=lambda f: f.action != "refuse")
 
 
-def settings_of(cfg) -> dict[str, Any]:
-    """The plain settings the rules read, from a composed config."""
+def settings_of(cfg, build: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plain settings the rules read, from a composed config; ``build``: the rendered build settings (the
+    serving plan's, ``serving_plan.build_settings``), else the config's own."""
     from pipeline.config import to_plain
 
     return {"runtime": cfg.runtime.name.value, "quant": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
             "sm": int(cfg.target.sm), "trtllm_version": cfg.runtime.get("trtllm_version"),
-            "container": cfg.runtime.get("container"), "build": to_plain(cfg.build), "serve": to_plain(cfg.serve)}
+            "container": cfg.runtime.get("container"), "build": build if build is not None else to_plain(cfg.build), "serve": to_plain(cfg.serve)}
 
 
-def refusals(cfg) -> list[str]:
-    return [f.message for f in evaluate(settings_of(cfg)) if f.action == "refuse"]
+def refusals(cfg, build: dict[str, Any] | None = None) -> list[str]:
+    return [f.message for f in evaluate(settings_of(cfg, build)) if f.action == "refuse"]
 
 
-def adjustments(cfg) -> list[Finding]:
-    return [f for f in evaluate(settings_of(cfg)) if f.action == "adjust"]
+def adjustments(cfg, build: dict[str, Any] | None = None) -> list[Finding]:
+    return [f for f in evaluate(settings_of(cfg, build)) if f.action == "adjust"]
 
 
 # ------------------------------------------------------------------------------------- rendered parameter values

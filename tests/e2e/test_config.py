@@ -12,7 +12,7 @@ from tests.conftest import run_cli
 
 @pytest.mark.parametrize("args, expected", [
     (["plan", "model=nope"], "error: unknown model 'nope'"),
-    (["build", "build.max_batch_size=0"], "error: build.max_batch_size=0 is out of range"),
+    (["build", "build.max_batch_size=-1"], "error: build.max_batch_size=-1 is out of range"),
     (["build", "quant.nonsense=1"], "error: unknown config key 'quant.nonsense'"),
     (["frobnicate"], "error: unknown verb 'frobnicate'"),
     (["build", "model=tiny-qwen3", "model.source=/does/not/exist"], "no such directory"),

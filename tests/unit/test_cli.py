@@ -12,7 +12,7 @@ from pipeline import config, hardware
 from pipeline.cli.build import cmd_validate
 from pipeline.errors import UserError
 
-PROBLEMS = ("build.max_batch_size=0 is out of range", "build.pp_size=0 is out of range")
+PROBLEMS = ("build.max_batch_size=-1 is out of range", "build.pp_size=0 is out of range")
 
 
 def _small_tree(tmp_path, monkeypatch, *, broken: bool, quants: tuple[str, ...] = ()) -> list[str]:
@@ -28,7 +28,7 @@ def _small_tree(tmp_path, monkeypatch, *, broken: bool, quants: tuple[str, ...] 
             if p.stem != keep:
                 p.unlink()
     if broken:
-        (conf / "build" / "default.yaml").write_text("max_batch_size: 0\npp_size: 0\n")
+        (conf / "build" / "default.yaml").write_text("max_batch_size: -1\npp_size: 0\n")
     monkeypatch.setattr(config, "CONF_DIR", conf)
     return [" ".join(f"{k}={v}" for k, v in c.items()) for c in config.combinations()]
 
@@ -177,4 +177,4 @@ def test_an_interpolation_to_a_missing_key_is_one_problem_naming_the_key(overrid
     assert msg.startswith(f"cannot resolve config key {key}: Interpolation key ")
     assert "must name a config key that exists" in msg and "\n" not in msg
     # negative control: an interpolation to a key that exists resolves
-    assert hardware.compose(["build.max_batch_size=${build.max_input_len}"]).build.max_batch_size > 0
+    assert hardware.compose(["build.max_batch_size=${build.workers}"]).build.max_batch_size > 0

@@ -90,7 +90,8 @@ def test_build_takes_tp_from_the_resolved_capacity_plan_and_its_fingerprint_foll
     assert [p.capacity.tp for p in planned] == [c.tp for c in caps]
     fps = [p.stages[0].fingerprint for p in planned]
     assert fps[0] != fps[1]
-    assert planned[1].stages[0].parts["capacity"] == {"tp": caps[1].tp, "pp": 1, "summary": caps[1].summary}
+    assert planned[1].stages[0].parts["capacity"] == {"tp": caps[1].tp, "pp": 1, "summary": caps[1].summary,
+                                                      "settings": caps[1].settings}
     assert runner.plan(large, [lone])[0].fingerprint == fps[1]  # resolved on demand when no plan is given
     # negative control: declaring no capacity field, build would share one fingerprint across the two shapes (it
     # reads no model.shape itself), and its run would get no capacity plan
@@ -158,9 +159,11 @@ def test_the_engine_build_spec_reads_only_declared_keys(tmp_path):
     (out / "engine").mkdir(parents=True)
     ctx = Context(cfg=runner.stage_config(cfg, build.STAGE), stage=build.STAGE, out=out, final=tmp_path / "final",
                   inputs={"quantize": tmp_path / "quantize"}, manifests={"quantize": {}},
-                  paths={"store": tmp_path / "store"})
+                  paths={"store": tmp_path / "store"},
+                  capacity=planning.CapacityView(planning.resolve(cfg).values(build.STAGE.capacity)))
     args = build.engine_build_spec(ctx, "FP8", "FP8", "10.13")["trtllm_build_args"]
-    assert args[args.index("--max_seq_len") + 1] == str(cfg.build.max_seq_len)
+    # the serving plan's length for the H100 (the build's declared capacity field), not the config's 0
+    assert args[args.index("--max_seq_len") + 1] == str(planning.resolve(cfg).settings["max_seq_len"]) != "0"
     assert (out / "engine" / "tokenizer.json").is_file()
 
 

@@ -35,7 +35,11 @@ CUDA_GRAPH_CONFIG = {"batch_sizes", "max_batch_size", "enable_padding"}
 
 
 def _build(*extra):
-    return config.to_plain(hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", *extra]).build)
+    """The build settings the renderers get: the config's, with the serving plan's derived sizes."""
+    from pipeline import serving_plan
+
+    cfg = hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine", *extra])
+    return serving_plan.build_settings(config.to_plain(cfg.build), serving_plan.resolve(cfg).settings)
 
 
 def test_trtllm_build_args_use_upstream_flags():
@@ -49,7 +53,8 @@ def test_trtllm_build_args_use_upstream_flags():
     assert "--input_timing_cache" not in awq
     bc = trtllm.build_config_kwargs(_build(), "NVFP4", "FP8", "/t.cache")
     assert set(bc) <= BUILD_CONFIG_FIELDS and set(bc["plugin_config"]) <= PLUGIN_FIELDS
-    assert bc["max_batch_size"] == 8 and bc["kv_cache_type"] == "paged"
+    # sized for the H100 by the serving plan, not the CPU smoke's 8
+    assert bc["max_batch_size"] == _build()["max_batch_size"] > 8 and bc["kv_cache_type"] == "paged"
 
 
 def test_llmapi_options_use_upstream_names():

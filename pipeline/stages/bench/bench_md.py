@@ -8,11 +8,73 @@ from pipeline.stages.bench.gates import baseline_line
 from pipeline.stages.bench.load import COUNTING
 
 
+# Said beside every table and plot of a bench on the reference runtime (PyTorch behind Triton, an emulator of the
+# TensorRT-LLM model's interface): its timings are those of the serving path, not of TensorRT-LLM on the target.
+REFERENCE_NOTE = ("reference runtime: these figures exercise the serving path (Triton, batching, the front end) on "
+                  "PyTorch; they are not a performance measurement (`plan` shows NVIDIA's performance model's "
+                  "prediction for TensorRT-LLM)")
+
+
+def note(r: dict[str, Any]) -> str | None:
+    """:data:`REFERENCE_NOTE` for a bench on the reference runtime (``r["runtime"]``), else None."""
+    return REFERENCE_NOTE if r.get("runtime") == "reference" else None
+
+
+# How far a TensorRT-LLM bench may stray from NVIDIA's performance model before it warns: the model's GEMM tables
+# matched this project's H200 within 0.82-1.16x (FACTS §9), and a served request adds Triton, tokenization and the
+# network on top; +-30% of the prediction is a difference worth a look, not a failure.
+PREDICTION_TOLERANCE = 0.30
+# measured (a level's key, its statistic) -> predicted figure
+COMPARED = {"TTFT p50 ms": (("time_to_first_token", "p50"), "ttft_ms"),
+            "ITL p50 ms": (("inter_token_latency", "p50"), "tpot_ms"),
+            "output tokens/s": (("output_token_throughput", "avg"), "tokens_per_s")}
+
+
+def against_prediction(r: dict[str, Any], predictions: dict[str, Any] | None, gpus: int,
+                       tolerance: float = PREDICTION_TOLERANCE) -> dict[str, Any] | None:
+    """A TensorRT-LLM bench's measurements beside NVIDIA's performance model's prediction at the same workload and
+    concurrency (``predictions``: the serving plan's, ``workloads.NAME.by_concurrency``): one row per level and
+    figure, and a warning for each measured figure off the prediction by more than ``tolerance``. None on the
+    reference runtime (an emulator's timings), or without predictions."""
+    if note(r) or not predictions:
+        return None
+    rows, warnings = [], []
+    for wname, w in r["workloads"].items():
+        by_c = ((predictions.get("workloads") or {}).get(wname) or {}).get("by_concurrency") or {}
+        for lv in w["levels"]:
+            pred = by_c.get(str(lv["concurrency"]))
+            if not pred or "error" in pred:
+                continue
+            pred = {**pred, "tokens_per_s": pred["tokens_per_s_per_gpu"] * max(1, gpus)}
+            for label, ((key, stat), pkey) in COMPARED.items():
+                measured = (lv.get(key) or {}).get(stat)
+                if measured is None or not pred.get(pkey):
+                    continue
+                ratio = measured / pred[pkey]
+                rows.append({"workload": wname, "concurrency": lv["concurrency"], "figure": label,
+                             "measured": round(measured, 2), "predicted": pred[pkey], "ratio": round(ratio, 3)})
+                if abs(ratio - 1) > tolerance:
+                    warnings.append(f"{wname} c={lv['concurrency']}: {label} measured {measured:.1f}, predicted "
+                                    f"{pred[pkey]:.1f} ({ratio:.2f}x; tolerance ±{tolerance:.0%})")
+    return {"tolerance": tolerance, "tables": predictions.get("trtllm_tables"), "model": predictions.get("model"),
+            "rows": rows, "warnings": warnings}
+
+
 def markdown(model: str, r: dict[str, Any]) -> str:
     g = r["gates"]
     lines = [f"# bench: {model}", "", f"Entry point `{r['model']}` ({r.get('layout')} layout), launcher "
              f"{r['launcher']}, server start {r.get('server_start_s')} s. Gate: **{g['verdict']}**", "",
              baseline_line(g), "", f"Counting: {r.get('counting', COUNTING)}."]
+    if note(r):
+        lines += ["", f"**Note:** {note(r)}."]
+    vs = r.get("against_prediction")
+    if vs and vs["rows"]:
+        lines += ["", f"Measured against NVIDIA's performance model ({vs['model']}, TensorRT-LLM {vs['tables']} "
+                  f"tables) at the same concurrency; a figure off by more than ±{vs['tolerance']:.0%} is a warning:",
+                  "", "| workload | concurrency | figure | measured | predicted | ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {x['workload']} | {x['concurrency']} | {x['figure']} | {x['measured']} | {x['predicted']} | "
+                  f"{x['ratio']:.2f}x |" for x in vs["rows"]]
+        lines += [f"- warning: {x}" for x in vs["warnings"]]
     if g["breaches"]:
         lines.append("")
     lines += [f"- {b}" for b in g["breaches"]]
@@ -27,6 +89,7 @@ def markdown(model: str, r: dict[str, Any]) -> str:
             lines.append(f"| {a['prompt']} | {', '.join(a['expect'])} | {out} | {'pass' if a['pass'] else 'FAIL'} |")
     for wname, w in r["workloads"].items():
         lines += ["", f"## {wname}: ~{w['prompt_words']} prompt words, {w['max_tokens']} output tokens", "",
+                  *([f"_{note(r)}._", ""] if note(r) else []),
                   "| concurrency | requests | errors | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | "
                   "latency p50/p95/p99 ms | output tok/s | req/s |", "|---|---|---|---|---|---|---|---|"]
         for lv in w["levels"]:
@@ -92,5 +155,7 @@ def plot(r: dict[str, Any], path: Path) -> None:
         ax.set(title=f"{name}: output throughput", xlabel="concurrency", ylabel="tokens/s", xscale="log")
         ax.set_xticks(conc, [str(c) for c in conc])
         ax.minorticks_off()
+    if note(r):
+        fig.suptitle("reference runtime: the serving path, not a performance measurement", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,10 +17,13 @@ from pipeline.runner.contract import Context, Stage
 from pipeline.runner import leases
 from pipeline.stages.bench.gates import GATE_FIELDS, gates, previous_bench, summary_row
 from pipeline.stages.bench.load import COUNTING, OPENAI_READS, OPENAI_UNHASHED, run_workloads
-from pipeline.stages.bench.bench_md import markdown, plot
+from pipeline.stages.bench.bench_md import against_prediction, markdown, plot
+from pipeline.stages.bench.bench_md import note as report_note
 from pipeline.triton import server as srv
 from pipeline.triton.layouts import ENGINE_REL, ENTRY_POINTS  # the tokenizer lives with the engine in every layout
 from pipeline.ui import status
+
+log = logging.getLogger(__name__)
 
 
 def choose_entry(choice: str, layout: str, entry_points: list[str] | tuple[str, ...] | None = None) -> str:
@@ -68,6 +72,7 @@ def run(ctx: Context) -> BenchResult:
     packaged = packaged_configs(repo)
     baseline = previous_bench(ctx)
     result: dict[str, Any] = {"model": entry_model, "layout": layout, "launcher": cfg.serve.launcher.value,
+                              "runtime": cfg.runtime.name.value,
                               "counting": COUNTING, "workloads": {}, "answers": []}
     requests: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -109,6 +114,14 @@ def run(ctx: Context) -> BenchResult:
     reports.result()  # raises what the writer raised
 
     result["gates"] = gates(cfg, result, baseline)
+    result["note"] = report_note(result)  # the reference runtime: the serving path, not a performance measurement
+    summary = ctx.capacity.summary if ctx.capacity is not None else None
+    vs = against_prediction(result, ((summary or {}).get("serving") or {}).get("predictions"),
+                            int((summary or {}).get("gpus") or 1))
+    if vs is not None:
+        result["against_prediction"] = vs
+        for w in vs["warnings"]:
+            log.warning("bench vs prediction: %s", w)
     (ctx.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     (ctx.out / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
     (ctx.out / "bench.md").write_text(markdown(cfg.model.name, result))
@@ -187,6 +200,8 @@ STAGE = Stage(
            *OPENAI_READS),
     # the regression baseline: the bundle published there (bench.json, volatile); where the front end listens
     unhashed_reads=("publish.dest", *OPENAI_UNHASHED),
+    # the serving plan's predictions (a TensorRT-LLM bench is held against them at the same concurrency) and GPUs
+    capacity=("summary",),
     inputs=("package",),
     serves=("package",),  # on the run's server: the task evaluation serves the same repository
     libs=("tritonclient", "nvidia-pytriton", "transformers", "aiperf"),

@@ -9,12 +9,13 @@ from pipeline.triton.layouts import common
 
 
 def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any]]:
-    """Every placeholder of every template (``capacity``: the ``tp``, ``pp``, ``world`` and ``kv_tokens`` of a
-    ``planning.Capacity``)."""
+    """Every placeholder of every template (``capacity``: the ``tp``, ``pp``, ``world``, ``kv_tokens`` and
+    ``settings`` of a ``serving_plan.ServingPlan``)."""
     from pipeline.upstream import rules
 
     b, sv = cfg.build, cfg.serve
-    bs = common.batch_size(cfg, engine_cfg)
+    built = common.build_values(cfg, capacity)  # the serving plan's sizes (pipeline/serving_plan.py)
+    bs = common.batch_size(cfg, engine_cfg, capacity)
     kv_tokens = capacity.kv_tokens
     in_container = common.engine_in_container(cfg)
     base = {"triton_max_batch_size": bs}
@@ -25,7 +26,7 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
            # 0 (no capacity plan) is refused by the backend's KvCacheConfig; empty leaves the pool to the fraction
            "max_tokens_in_paged_kv_cache": kv_tokens if kv_tokens > 0 else "",
            "batch_scheduler_policy": "guaranteed_no_evict",
-           "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction,
+           "kv_cache_free_gpu_mem_fraction": built["kv_cache_free_gpu_mem_fraction"],
            "exclude_input_in_output": True,
            "enable_kv_cache_reuse": rules.rendered_kv_cache_reuse(cfg.runtime.name.value, b.use_paged_context_fmha,
                                                                   sv.enable_kv_cache_reuse),
@@ -35,14 +36,14 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
         "ensemble": {**base, "logits_datatype": "TYPE_FP32"},
         "preprocessing": {**base, **queue, "tokenizer_dir": in_container, "engine_dir": in_container,
                           "add_special_tokens": True,  # upstream renders none: its model defaults to true
-                          "max_input_len": b.max_input_len,
+                          "max_input_len": built["max_input_len"],
                           "preprocessing_instance_count": sv.preprocessing_instance_count},
         "postprocessing": {**base, "tokenizer_dir": in_container, "skip_special_tokens": True,
                            "postprocessing_instance_count": sv.postprocessing_instance_count},
         "tensorrt_llm_bls": {**base, "decoupled_mode": sv.decoupled, "accumulate_tokens": False,
                              "bls_instance_count": sv.bls_instance_count, "logits_datatype": "TYPE_FP32"},
         "tensorrt_llm.engine": {**llm, "triton_backend": "tensorrtllm"},
-        "tensorrt_llm.reference": {**llm, "triton_backend": "python", **common.reference_values(cfg)},
+        "tensorrt_llm.reference": {**llm, "triton_backend": "python", **common.reference_values(cfg, capacity)},
     }
 
 

@@ -28,21 +28,20 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
     llmapi = {"llm_instance_count": sv.llm_instance_count,
               "gpu_device_ids": gpu_device_ids(sv.llm_instance_count, capacity.world, cfg.target.gpus_per_node)}
     return {"tensorrt_llm.llmapi": llmapi,
-            "tensorrt_llm.llmapi_reference": {**llmapi, **common.reference_values(cfg)}}
+            "tensorrt_llm.llmapi_reference": {**llmapi, **common.reference_values(cfg, capacity)}}
 
 
 def model_yaml(cfg, repo: Path, capacity) -> dict[str, Any]:
     """``1/model.yaml``: ``model`` (absolute under the container mount), the LLM-API options (the build's
     ``llmapi.json``; for the reference runtime, the options TensorRT-LLM would get) and ``triton_config``."""
-    from pipeline.config import to_plain
     from pipeline.runtime import trtllm
 
     options_file = repo / ENGINE_REL / "llmapi.json"
     if options_file.is_file():
         options = json.loads(options_file.read_text())
     else:
-        options = trtllm.llmapi_options(to_plain(cfg.build), cfg.quant.kv_cache.value, max(1, capacity.tp),
-                                        capacity.pp)
+        options = trtllm.llmapi_options(common.build_values(cfg, capacity), cfg.quant.kv_cache.value,
+                                        max(1, capacity.tp), capacity.pp)
     return {"model": common.engine_in_container(cfg), "backend": "pytorch", **options,
             "triton_config": {"max_batch_size": MAX_BATCH_SIZE, "decoupled": bool(cfg.serve.decoupled)}}
 

@@ -1,0 +1,211 @@
+"""NVIDIA's performance model for serving (aiconfigurator-core, pinned): predicted TTFT, TPOT, tokens/s/GPU and memory
+of a model x GPU x quant x KV dtype x TP x batch on TensorRT-LLM, from the measured kernel tables it ships per GPU
+system and TensorRT-LLM version. Offline, no GPU.
+
+What the figures are: aiconfigurator's aggregated (in-flight batching) estimate, the same computation as
+``aiconfigurator cli estimate --estimate-mode agg`` (``pipeline/perfmodel_worker.py`` says which of its modules), on
+the newest TensorRT-LLM tables it holds for the system (``version`` in each result: 1.3.0rc20 for Hopper and
+Blackwell in 0.12.0). They are predictions from kernel timings measured by NVIDIA, not measurements of a bundle; no
+TensorRT-LLM run on this project's machines has checked them.
+
+Where it runs: aiconfigurator-core needs numpy >= 2.1 and this environment keeps numpy < 2 for the bundled CPU
+Triton's python stub, so the model runs in an environment of its own (``PERFMODEL_ENV`` beside this one,
+``make perfmodel-env``), as a child process reading and writing JSON (``pipeline/perfmodel_worker.py``). Results are
+cached on disk per query and core version (``cache_dir()``): a warm ``plan`` reads JSON and starts no child.
+
+Where the tables have no data (a CPU target, a GPU without tables such as the A10G, a head size they do not hold such
+as SmolLM2's 64, a format without a mode), a result is one line saying so, never a made-up figure.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PINNED = "aiconfigurator-core==0.12.0"
+# NVIDIA's CLI over the same core: only where tests run (tests/e2e/test_perfmodel.py holds plan's figures against it)
+CLI = "aiconfigurator==0.12.0"
+CORE_VERSION = PINNED.split("==")[1]
+CACHE_FORMAT = 2  # what perfmodel_worker.py writes per query; a cached result of another form is asked again
+
+# target (conf/target) -> aiconfigurator system (aiconfigurator_core/systems/*.yaml). None: no tables (a10g, cpu).
+SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200", "l40s": "l40s",
+           "rtx-pro-6000": "rtx_pro_6000_server", "a100": "a100_sxm"}
+# quant.format -> aiconfigurator GEMMQuantMode (aiconfigurator_core/sdk/common.py). ModelOpt's FP8 is per-tensor FP8
+# with static (calibrated) activation scales: aiconfigurator reads such a checkpoint as fp8_static
+# (sdk/models/helpers.py _infer_quant_modes_from_raw_config: quant_algo fp8 without quant_dynamic). NVFP4 is nvfp4
+# (the model itself turns it into weight-only nvfp4_wo off Blackwell: helpers.resolve_nvfp4_for_system). INT4 AWQ is
+# W4A16: int4_wo. INT8 SmoothQuant is sq. W4A8 AWQ has no mode.
+GEMM_MODES = {"none": "bfloat16", "fp8": "fp8_static", "nvfp4": "nvfp4", "int4_awq": "int4_wo", "int8_sq": "sq"}
+# quant.kv_cache -> KVCacheQuantMode (bfloat16, int8, fp8); an NVFP4 KV cache has none.
+KV_MODES = {"none": "bfloat16", "bf16": "bfloat16", "fp8": "fp8"}
+
+ENV_HINT = "make perfmodel-env"
+
+
+def env_path() -> Path:
+    """The performance model's own environment: beside this one (``sys.prefix``), like the evaluation overlay."""
+    return Path(os.environ.get("PIPELINE_PERFMODEL_ENV") or Path(sys.prefix) / "perfmodel")
+
+
+def env_python() -> Path:
+    return env_path() / "bin" / "python"
+
+
+def cache_dir() -> Path:
+    return env_path().with_name(env_path().name + "-cache") / CORE_VERSION
+
+
+def available() -> str | None:
+    """None when the model can run here; else why not, with the fix (one line)."""
+    if os.environ.get("PIPELINE_PERFMODEL", "").lower() == "off":
+        return "the performance model is off here (PIPELINE_PERFMODEL=off)"
+    if env_python().is_file():
+        return None
+    return (f"the performance model ({PINNED}) is not installed here: run `{ENV_HINT}` (an environment of its own "
+            f"at {env_path()}, since it needs numpy 2)")
+
+
+def create(find_links: str | None = None, with_cli: bool = False) -> Path:
+    """Make the environment: a venv (uv, from its cache where it can) holding the pinned aiconfigurator-core (and,
+    ``with_cli``, NVIDIA's CLI over it, for the tests)."""
+    from pipeline import overlays
+
+    root = env_path()
+    with overlays.replacing(root) as tmp:
+        subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(tmp)], check=True)
+        tool = Path(__file__).resolve().parents[1] / "tools" / "uv_pip.py"
+        py = str(tmp / "bin" / "python")
+        args = ([sys.executable, str(tool), "--python", py, "--uv", sys.executable, "--"] if tool.is_file() else
+                [sys.executable, "-m", "uv", "pip", "install", "--python", py])
+        extra = ["--find-links", find_links] if find_links else []
+        subprocess.run([*args, *extra, PINNED, *([CLI] if with_cli else [])], check=True)
+    return root
+
+
+@dataclass(frozen=True)
+class Query:
+    """One aggregated estimate: ``hub_id`` (``org/name``, used where aiconfigurator bundles its config) or
+    ``config`` (a ``config.json``), the system, GEMM and KV modes, TP, batch, input and output lengths, and the
+    database mode (SILICON: the measured tables; SOL: speed of light)."""
+
+    hub_id: str
+    config: str  # config.json as sorted JSON (hashable)
+    system: str
+    gemm: str
+    kv: str
+    tp: int
+    batch: int
+    isl: int
+    osl: int
+    database_mode: str = "SILICON"
+
+    def doc(self) -> dict[str, Any]:
+        return {"hub_id": self.hub_id, "config": json.loads(self.config), "system": self.system, "gemm": self.gemm,
+                "kv": self.kv, "tp": self.tp, "batch": self.batch, "isl": self.isl, "osl": self.osl,
+                "database_mode": self.database_mode}
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps([CORE_VERSION, CACHE_FORMAT, self.doc()], sort_keys=True).encode()).hexdigest()[:24]
+
+
+def model_config(shape: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """A ``config.json`` aiconfigurator can read, from the model's shape (for models whose config it does not bundle)."""
+    arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM"}.get(model_type, "LlamaForCausalLM")
+    return {"architectures": [arch], "model_type": model_type or "llama",
+            "num_hidden_layers": int(shape["num_layers"]), "hidden_size": int(shape["hidden_size"]),
+            "intermediate_size": int(shape["intermediate_size"]), "num_attention_heads": int(shape["num_heads"]),
+            "num_key_value_heads": int(shape["num_kv_heads"]), "head_dim": int(shape["head_dim"]),
+            "vocab_size": int(shape["vocab_size"]),
+            "max_position_embeddings": int(shape.get("max_position_embeddings") or 0) or 4096,
+            "tie_word_embeddings": bool(shape.get("tie_word_embeddings")), "torch_dtype": "bfloat16"}
+
+
+def no_data(target: str, device: str, quant: str, kv: str) -> str | None:
+    """Why the tables cannot answer for this target/format at all (one line), before asking them; None when they may."""
+    if device != "cuda":
+        return f"target {target} is a CPU: the performance model's tables are TensorRT-LLM on NVIDIA GPUs"
+    if target not in SYSTEMS:
+        return (f"target {target} has no tables in {PINNED} (systems with data: "
+                f"{', '.join(sorted(SYSTEMS))})")
+    if quant not in GEMM_MODES:
+        return f"quant {quant} has no GEMM mode in {PINNED}"
+    if kv not in KV_MODES:
+        return f"KV cache {kv} has no KV mode in {PINNED} (bfloat16, int8, fp8)"
+    return None
+
+
+def _cached(q: Query) -> dict[str, Any] | None:
+    f = cache_dir() / f"{q.key()}.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _store(q: Query, result: dict[str, Any]) -> None:
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{q.key()}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(result, sort_keys=True))
+    tmp.replace(d / f"{q.key()}.json")
+
+
+class Unavailable(RuntimeError):
+    """The model cannot run here (not installed, or its child failed as a whole): one line."""
+
+
+def estimate(queries: list[Query], *, timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Each query's result (cached ones from disk; the rest from one child process): the figures (``ttft_ms``,
+    ``tpot_ms``, ``tokens_per_s_per_gpu``, ``tokens_per_s_per_user``, ``request_latency_ms``, ``memory_gb``,
+    ``kv_cache_oom``, the modes used and the tables' TensorRT-LLM ``version``) or ``{"error": one line}``."""
+    results: dict[Query, dict[str, Any]] = {}
+    missing = []
+    off = os.environ.get("PIPELINE_PERFMODEL", "").lower() == "off"
+    if off:
+        raise Unavailable(available() or "off")
+    for q in dict.fromkeys(queries):
+        hit = _cached(q)
+        if hit is None:
+            missing.append(q)
+        else:
+            results[q] = hit
+    if missing:
+        why = available()
+        if why:
+            raise Unavailable(why)
+        worker = Path(__file__).with_name("perfmodel_worker.py")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        try:
+            proc = subprocess.run([str(env_python()), str(worker)], input=json.dumps(
+                {"queries": [q.doc() for q in missing]}), capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise Unavailable(f"the performance model took over {timeout_s:.0f} s") from exc
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise Unavailable(f"the performance model failed (exit {proc.returncode}): {tail}")
+        for q, r in zip(missing, json.loads(proc.stdout)["results"]):
+            _store(q, r)
+            results[q] = r
+    return [results[q] for q in queries]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pipeline.perfmodel [--find-links DIR]``: make the performance model's environment."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="make the performance model's environment (aiconfigurator-core)")
+    ap.add_argument("--find-links", help="a wheelhouse to install from (offline)")
+    ap.add_argument("--with-cli", action="store_true", help=f"also {CLI} (the tests compare against its CLI)")
+    a = ap.parse_args(argv)
+    print(f"performance model: {PINNED} in {create(a.find_links, a.with_cli)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The serving plan (pipeline/serving_plan.py): settings derived per target, the KV bound, the upstream rules, and
+what the renderers take. The performance model is off here (tests/conftest.py): GPU targets are sized by the KV rule;
+tests/e2e/test_perfmodel.py checks the model's figures against aiconfigurator's own CLI."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import hardware, serving_plan
+from pipeline.config import to_plain
+from pipeline.runtime import trtllm
+from pipeline.upstream import rules
+
+
+OTHERS = {
+    "h200": ["model=qwen32b", "quant=fp8", "target=h200", "runtime=trtllm_llmapi"],
+    "h100_bs16": ["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_llmapi", "build.max_batch_size=16"],
+    "a10g": ["model=qwen32b", "quant=fp8", "target=a10g", "runtime=trtllm_llmapi"],
+    "cpu": ["target=cpu", "runtime=reference"],
+}
+_COMPOSED: dict = {}
+
+
+def _plan(name: str, *extra: str):
+    """The named config (``OTHERS``; composed together once, under one Hydra initialisation) and its serving plan."""
+    if not _COMPOSED:
+        _COMPOSED.update(zip(OTHERS, hardware.compose_many(list(OTHERS.values()))))
+    cfg = hardware.compose(OTHERS[name] + list(extra)) if extra else _COMPOSED[name]
+    return cfg, serving_plan.resolve(cfg)
+
+
+FLAGSHIP = [(q, t) for q in ("fp8", "nvfp4") for t in ("h100", "h200", "b200")]
+
+
+@pytest.fixture(scope="module")
+def flagship():
+    """The flagship on h100/h200/b200 at fp8 and nvfp4, composed under one Hydra initialisation."""
+    jobs = [["model=qwen32b", f"quant={q}", f"target={t}", "runtime=trtllm_llmapi"] for q, t in FLAGSHIP]
+    return dict(zip(FLAGSHIP, hardware.compose_many(jobs)))
+
+
+@pytest.mark.parametrize("quant, target", FLAGSHIP)
+def test_flagship_sizes_are_derived_within_the_kv_pool_and_pass_the_upstream_rules(flagship, quant, target):
+    cfg = flagship[(quant, target)]
+    p = serving_plan.resolve(cfg)
+    s = p.settings
+    assert all(p.sources[k]["source"] == "derived" for k in serving_plan.DERIVED)
+    assert s["max_batch_size"] > serving_plan.CPU_SIZES["max_batch_size"]  # not the CPU smoke's 8
+    assert s["max_batch_size"] * s["max_seq_len"] <= p.kv_tokens and serving_plan.kv_problems(p) == []
+    assert s["max_input_len"] < s["max_seq_len"] <= int(cfg.model.shape.max_position_embeddings)
+    need = max(i + o for i, o in serving_plan.workloads(cfg).values())
+    assert s["max_seq_len"] >= need
+    assert max(s["cuda_graph_batch_sizes"]) == s["max_batch_size"]
+    built = serving_plan.build_settings(to_plain(cfg.build), s)
+    for runtime in ("trtllm_llmapi", "trtllm_engine"):
+        findings = rules.evaluate({**rules.settings_of(cfg, built), "runtime": runtime})
+        assert [f.message for f in findings if f.action == "refuse"] == []
+    # every renderer takes the plan's values
+    opts = trtllm.llmapi_options(built, cfg.quant.kv_cache.value, p.tp, p.pp)
+    assert (opts["max_batch_size"], opts["max_seq_len"], opts["max_num_tokens"]) == (
+        s["max_batch_size"], s["max_seq_len"], s["max_num_tokens"])
+    assert opts["cuda_graph_config"]["batch_sizes"] == s["cuda_graph_batch_sizes"]
+    args = trtllm.trtllm_build_args(built, "FP8", "FP8", "/c", "/o", None)
+    assert args[args.index("--max_seq_len") + 1] == str(s["max_seq_len"])
+    assert args[args.index("--max_input_len") + 1] == str(s["max_input_len"])
+
+
+def test_a_planted_oversize_breaks_the_kv_bound_and_the_rules_catch_a_planted_bad_length():
+    cfg, p = _plan("h200")
+    assert serving_plan.kv_problems(p) == []
+    # negative control: a batch and length set by hand beyond the pool
+    big = p.kv_tokens // 1000 + 1
+    cfg2, p2 = _plan("h200", f"build.max_batch_size={big}", "build.max_seq_len=1000")
+    assert serving_plan.kv_problems(p2) and p2.sources["max_batch_size"]["source"] == "set"
+    assert any("exceeds the KV pool" in w for w in p2.summary["warnings"])
+    # negative control for the rules: an input length beyond the derived sequence length is refused
+    built = serving_plan.build_settings(to_plain(cfg.build), {**p.settings, "max_input_len": p.settings[
+        "max_seq_len"] + 1})
+    found = rules.evaluate({**rules.settings_of(cfg, built), "runtime": "trtllm_engine"})
+    assert any("max_input_len" in f.message for f in found)
+
+
+def test_a_value_set_by_hand_wins_and_the_cpu_smoke_keeps_its_sizes():
+    _, p = _plan("h100_bs16")
+    assert p.settings["max_batch_size"] == 16 and p.sources["max_batch_size"] == {"source": "set",
+                                                                                 "why": "build.max_batch_size"}
+    assert p.sources["max_seq_len"]["source"] == "derived"
+    _, cpu = _plan("cpu")
+    assert cpu.settings == serving_plan.CPU_SIZES | {"max_input_len": 1024}
+    assert {v["source"] for v in cpu.sources.values()} == {"cpu"}
+    assert cpu.kv_plan is None and serving_plan.kv_problems(cpu) == []
+
+
+def test_targets_without_tables_say_so_in_one_line_and_go_on():
+    cfg, p = _plan("a10g")
+    preds, notes = serving_plan.predictions(cfg, p)
+    assert preds is None and len(notes) == 1 and "a10g has no tables" in notes[0] and "\n" not in notes[0]
+    cfg, p = _plan("cpu")
+    preds, notes = serving_plan.predictions(cfg, p)
+    assert preds is None and "is a CPU" in notes[0]
+    # the model's environment missing or off: one line too, and the sizes still come from the KV rule
+    _, p = _plan("h200")
+    assert any("no prediction" in n and "PIPELINE_PERFMODEL=off" in n for n in p.notes)
+    assert p.sources["max_batch_size"]["source"] == "derived"
