@@ -2,8 +2,8 @@
 shared by the stages of one build run that serve the same one.
 
 The bench and the task evaluation both serve the packaged repository. Within one build run (the runner's
-``Context.shared``, :class:`pipeline.runner.contract.Shared`) the first of them to run starts the server (and the front end,
-in a process of its own: ``python -m pipeline.serving``), the next one reuses them, and the runner stops them once no
+``Context.shared``, :class:`pipeline.runner.contract.Shared`) the first of them to run starts the server (and the
+front end, in a process of its own: ``python -m pipeline.serving``), the next one reuses them, and the runner stops them once no
 stage left to run serves that repository, and on every exit path of the run. A stage called without a run's scope
 starts and stops its own. What a stage measures and writes does not depend on it: it gets the same server and front
 end either way, and only waits less.
@@ -97,8 +97,8 @@ def _started(serve, repo: Path, work: Path, stage: str) -> Iterator[Any]:
 @contextlib.contextmanager
 def triton(shared, serve, repo: Path, work: Path, stage: str) -> Iterator[Lease]:
     """A server serving ``repo`` with ``serve``'s launcher, for stage ``stage``: the run's (``shared``: the runner's
-    :class:`~pipeline.runner.contract.Shared`, which keeps it for the stages after this one that serve ``repo``), or, without
-    one, a server of this block's own, stopped when it ends."""
+    :class:`~pipeline.runner.contract.Shared`, which keeps it for the stages after this one that serve ``repo``), or,
+    without one, a server of this block's own, stopped when it ends."""
     t0 = time.perf_counter()
     if shared is None:
         with _started(serve, repo, work, stage) as server:

@@ -1,8 +1,8 @@
 """Generation over Triton's gRPC API (``tritonclient.grpc.aio``), through the layout's own entry points. What goes in
 and comes out is the layout's codec (its folder's ``openai_codec.py``, ``pipeline/triton/layouts/<name>/``): an
 OpenAI request becomes the entry point's tensors, each response a :class:`~pipeline.triton.layouts.contract.Delta`.
-The tensor names and types are those of the layout's interface (NVIDIA's recorded upstream one for ``inflight_batcher_llm`` and
-``llmapi``), read back from the server's own model configs at start-up; an input a request needs and the model lacks
+The tensor names and types are those of the layout's interface (NVIDIA's recorded upstream one for
+``inflight_batcher_llm`` and ``llmapi``), read back from the server's own model configs at start-up; an input a request needs and the model lacks
 is a 400 naming both.
 
 Transport (``pipeline.serving.transport``): model configs and readiness through ``tritonclient.grpc.aio``; requests

@@ -83,7 +83,7 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
             prompts = [_render(tok, p, chat) for p in raw]
             if b.warmup_requests and wi == 0:  # the later workloads find the server warm
                 records, _ = triton_client.run_level(url, entry, prompts, list(range(b.warmup_requests)), 1,
-                                              spec.max_tokens, b.request_timeout_s)
+                                                     spec.max_tokens, b.request_timeout_s)
                 keep(records, "warmup", wname, 1)
             if front is not None and wi == 0 and b.warmup_requests:
                 front.level(raw, list(range(b.warmup_requests)), 1, spec.max_tokens, chat)
@@ -93,7 +93,7 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
                 offset += n
                 with progress(f"bench {wname}: concurrency {conc}", n) as bar:
                     records, wall = triton_client.run_level(url, entry, prompts, order, conc, spec.max_tokens,
-                                                     b.request_timeout_s, bar.advance)
+                                                            b.request_timeout_s, bar.advance)
                 keep(records, "measure", wname, conc)
                 if not server.alive():
                     raise srv.ServerError(f"tritonserver died during {wname} at concurrency {conc}:\n"
@@ -203,7 +203,7 @@ class _Front:
         from pipeline.stages.bench import openai_client
 
         return openai_client.run_level(self.url, self.name, prompts, order, conc, max_tokens, self.timeout, chat=chat,
-                                   on_done=on_done, api_key=self.api_key)
+                                       on_done=on_done, api_key=self.api_key)
 
     def aiperf(self, prompts, conc, max_tokens, chat, out, seed):
         return aiperf.profile(self.url.removesuffix("/v1"), self.name, self.tokenizer, prompts, max_tokens, conc,

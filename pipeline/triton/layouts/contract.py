@@ -1,5 +1,5 @@
-"""The contract between the OpenAI front end (``pipeline.serving``) and the layouts (``pipeline/triton/layouts/<name>/``):
-everything a layout folder's ``served.py`` and ``openai_codec.py`` build on, and everything the front end reads back
+"""The contract between the OpenAI front end (``pipeline.serving``) and the layouts
+(``pipeline/triton/layouts/<name>/``): everything a layout folder's ``served.py`` and ``openai_codec.py`` build on, and everything the front end reads back
 from them. The front end imports the layouts; no layout imports the front end (an import-linter contract in
 ``pyproject.toml``).
 
