@@ -5,7 +5,9 @@ from pipeline import hardware
 
 
 def _engine_ctx(tmp_path, shared_content: bytes | None):
+    from pipeline import planning
     from pipeline.runner.contract import Context
+    from pipeline.runner.fingerprint import capacity_fields
     from pipeline.stages import build
 
     cfg = hardware.compose(["model=qwen32b", "target=h100", "runtime=trtllm_engine"])
@@ -19,8 +21,9 @@ def _engine_ctx(tmp_path, shared_content: bytes | None):
     if shared_content is not None:
         shared.parent.mkdir(parents=True)
         shared.write_bytes(shared_content)
+    capacity = planning.CapacityView(planning.resolve(cfg).values(capacity_fields(cfg, build.STAGE)))
     ctx = Context(cfg=cfg, stage=build.STAGE, out=out, final=tmp_path / "engines" / "build", inputs={"quantize":
-                  quantize}, manifests={"quantize": {}}, paths={"store": tmp_path / "store"})
+                  quantize}, manifests={"quantize": {}}, paths={"store": tmp_path / "store"}, capacity=capacity)
     return ctx, shared
 
 

@@ -182,7 +182,7 @@ def test_diff_shows_task_scores_between_bundles(tmp_path):
     for b in (old, new):
         bundle.BundleManifest.model_validate(json.loads((b / "bundle.json").read_text()))
     text = bundle.diff(str(old), str(new))
-    assert "| task pipeline_facts quantized | 0.7333 | 0.3333 | -54.5% |" in text
+    assert "| task pipeline_facts quantized | 0.7333 | 0.3333 | -0.4 |" in text  # a score changes by points, not %
     assert "| task pipeline_facts verdict | pass | fail |  |" in text
     assert "task pipeline_facts baseline" not in text  # unchanged rows are left out
 
