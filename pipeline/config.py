@@ -262,8 +262,11 @@ def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
         value = node.get(f.name)
         lo, hi = f.metadata.get("min"), f.metadata.get("max")
         if (lo is not None or hi is not None) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
+            derived = f.metadata.get("zero_derives") and value == 0  # 0: the serving plan derives the value
+            if not derived and ((lo is not None and value < lo) or (hi is not None and value > hi)):
                 bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+                if f.metadata.get("zero_derives"):
+                    bounds += ", or 0 to derive it"
                 out.append(f"{key}={value} is out of range: must be {bounds}")
         sub = _field_type(node_type, f.name)
         if dataclasses.is_dataclass(sub) and isinstance(value, DictConfig):

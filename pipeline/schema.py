@@ -258,14 +258,14 @@ class RuntimeConfig:
 class BuildSettings:
     # 0 (and cuda_graph_batch_sizes []): derived per target by the serving plan (pipeline/serving_plan.py) from the
     # model's context, the workloads, the KV pool and serve.slo; a value set here wins
-    max_batch_size: int = rng(0, 0, 4096)
-    max_input_len: int = rng(0, 0, 1_048_576)
-    max_seq_len: int = rng(0, 0, 1_048_576)
-    max_num_tokens: int = rng(0, 0, 1_048_576)
+    max_batch_size: int = rng(0, 1, 4096, zero_derives=True)
+    max_input_len: int = rng(0, 1, 1_048_576, zero_derives=True)
+    max_seq_len: int = rng(0, 2, 1_048_576, zero_derives=True)
+    max_num_tokens: int = rng(0, 1, 1_048_576, zero_derives=True)
     max_beam_width: int = rng(1, 1, 64)
-    tp_size: int = rng(0, 0, 64)  # 0: the smallest TP whose weights + KV pool fit (capacity planner)
+    tp_size: int = rng(0, 1, 64, zero_derives=True)  # 0: the smallest TP whose weights + KV pool fit (capacity planner)
     pp_size: int = rng(1, 1, 64)
-    kv_cache_free_gpu_mem_fraction: float = rng(0.9, 0.05, 0.99)
+    kv_cache_free_gpu_mem_fraction: float = rng(0.0, 0.05, 0.99, zero_derives=True)  # 0: derived (serving plan)
     # Planner workload: the input/output lengths a typical request has
     expected_input_len: int = rng(1024, 1, 1_048_576)
     expected_output_len: int = rng(256, 1, 1_048_576)

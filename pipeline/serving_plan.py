@@ -17,7 +17,9 @@ How each setting is derived (a value set in ``build`` wins, and is marked ``set`
 - ``max_num_tokens``: one typical prompt plus one decode token per sequence of a full batch (what one in-flight
   batching step schedules, aiconfigurator's context-token budget); with chunked context off, the longest prompt.
 - ``cuda_graph_batch_sizes``: powers of two below ``max_batch_size``, and ``max_batch_size``.
-- ``kv_cache_free_gpu_mem_fraction``: as configured (TensorRT-LLM's default 0.9).
+- ``kv_cache_free_gpu_mem_fraction``: TensorRT-LLM's default 0.9 (``KvCacheConfig.free_gpu_memory_fraction``,
+  "Default is 90%") where the pool at 0.9 holds ``max_batch_size x max_seq_len``; else the smallest fraction that
+  holds them, at most :data:`MAX_FRACTION` (beyond it the plan warns that a full batch at full length does not fit).
 
 Service profile (``serve.slo``): among TP x batch at the typical request, the configurations the performance model
 predicts within ``ttft_ms`` and ``tpot_ms``; ``objective`` throughput takes the most output tokens/s per GPU,
@@ -41,10 +43,14 @@ from pipeline.errors import UserError
 
 # The CPU smoke's sizes: a target=cpu build serves a small model on a few cores.
 CPU_SIZES = {"max_batch_size": 8, "max_seq_len": 2048, "max_input_len": 1024, "max_num_tokens": 8192,
-             "cuda_graph_batch_sizes": [1, 2, 4, 8]}
+             "cuda_graph_batch_sizes": [1, 2, 4, 8], "kv_cache_free_gpu_mem_fraction": 0.9}
 # TensorRT-LLM's default max_batch_size (tensorrt_llm/llmapi/llm_args.py BaseLlmArgs.max_batch_size, 1.2).
 TRTLLM_MAX_BATCH = 2048
-DERIVED = ("max_batch_size", "max_seq_len", "max_input_len", "max_num_tokens", "cuda_graph_batch_sizes")
+DERIVED = ("max_batch_size", "max_seq_len", "max_input_len", "max_num_tokens", "cuda_graph_batch_sizes",
+           "kv_cache_free_gpu_mem_fraction")
+# TensorRT-LLM's KV fraction default (tensorrt_llm/llmapi/llm_args.py KvCacheConfig.free_gpu_memory_fraction, 1.2) and
+# the most the plan raises it to: the rest of the free memory stays for what the activation estimate misses
+DEFAULT_FRACTION, MAX_FRACTION = 0.9, 0.95
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 WORDS_PER_TOKEN = 0.75  # an English BPE token is about 3/4 of a word: a bench workload's prompt words -> tokens
 
@@ -105,11 +111,13 @@ def workloads(cfg: DictConfig) -> dict[str, tuple[int, int]]:
 
 
 # ----------------------------------------------------------------------------------------------------- derivation
-def _kv_plan(cfg: DictConfig, shape: capacity.Shape, *, tp: int, max_num_tokens: int, need: int) -> capacity.KVPlan:
+def _kv_plan(cfg: DictConfig, shape: capacity.Shape, *, tp: int, max_num_tokens: int, need: int,
+             fraction: float | None = None) -> capacity.KVPlan:
     t, b = cfg.target, cfg.build
     return capacity.plan(shape, cfg.quant.format.value, cfg.quant.kv_cache.value, float(t.memory_gb),
                          int(t.gpus_per_node), tp=tp, pp=int(b.pp_size),
-                         fraction=float(b.kv_cache_free_gpu_mem_fraction), max_num_tokens=max_num_tokens,
+                         fraction=fraction or float(b.kv_cache_free_gpu_mem_fraction) or DEFAULT_FRACTION,
+                         max_num_tokens=max_num_tokens,
                          max_batch_size=1, max_seq_len=need, input_len=int(b.expected_input_len),
                          output_len=int(b.expected_output_len))
 
@@ -259,6 +267,7 @@ def _derive(cfg: DictConfig, use_model: bool = True) -> tuple[dict[str, Any], di
     pool = p.row(kv).max_tokens
     if "max_batch_size" not in set_ and batch * need > pool:
         batch = max(1, pool // need)
+    fraction = float(set_.get("kv_cache_free_gpu_mem_fraction") or 0)
     if "max_seq_len" in set_:
         seq = int(set_["max_seq_len"])
         seq_why = "build.max_seq_len"
@@ -268,8 +277,21 @@ def _derive(cfg: DictConfig, use_model: bool = True) -> tuple[dict[str, Any], di
         seq_why = (f"the model's context of {context:,} tokens" if context and seq == context else
                    f"the KV pool of {pool:,} tokens / {batch} sequences" if room < (context or need) else
                    f"the longest workload ({need} tokens; the model's context is not known)")
+    if not fraction:  # the default, or the smallest fraction whose pool holds a full batch at full length
+        row = p.row(kv)
+        free = row.pool_bytes / DEFAULT_FRACTION  # the memory the fraction is taken of
+        needed = batch * seq * row.kv_bytes_per_token / free if free else 0.0
+        fraction = DEFAULT_FRACTION if needed <= DEFAULT_FRACTION else min(MAX_FRACTION, math.ceil(needed * 100) / 100)
+        sources["kv_cache_free_gpu_mem_fraction"] = {"source": "derived", "why": (
+            f"TensorRT-LLM's default: its pool holds {batch} × {seq:,} tokens" if fraction == DEFAULT_FRACTION else
+            f"raised from {DEFAULT_FRACTION} so the pool holds {batch} × {seq:,} tokens" if needed <= MAX_FRACTION
+            else f"raised from {DEFAULT_FRACTION} to the most the plan allows ({MAX_FRACTION}); {batch} × {seq:,} "
+                 f"tokens need {needed:.2f}")}
+        if fraction != DEFAULT_FRACTION:
+            p = _kv_plan(cfg, shape, tp=tp, max_num_tokens=mnt0, need=need, fraction=fraction)
+            pool = p.row(kv).max_tokens
     out = {"max_batch_size": batch, "max_seq_len": seq, "max_num_tokens": mnt0,
-           "cuda_graph_batch_sizes": _graphs(batch), **set_}
+           "cuda_graph_batch_sizes": _graphs(batch), "kv_cache_free_gpu_mem_fraction": fraction, **set_}
     if "max_batch_size" not in set_:
         sources["max_batch_size"] = {"source": "derived", "why": batch_why}
     if "max_seq_len" not in set_:
@@ -366,7 +388,7 @@ def resolve(cfg: DictConfig, *, predict: bool = False, use_model: bool = True) -
     pp = int(cfg.build.pp_size)
     world = max(1, tp) * pp if cfg.target.device.value == "cuda" else 1
     kv = (p.row(p.chosen_kv).max_tokens if p is not None else 0)
-    summary = _summary(p, float(cfg.build.kv_cache_free_gpu_mem_fraction)) if p is not None else None
+    summary = _summary(p, float(settings["kv_cache_free_gpu_mem_fraction"])) if p is not None else None
     plan = ServingPlan(tp=tp, pp=pp, world=world, kv_tokens=kv, summary=summary, settings=settings, sources=sources,
                        profile=profile, notes=tuple(notes), kv_plan=p)
     if predict or profile is not None:  # the model answered for the profile: its figures are cached, ask for them

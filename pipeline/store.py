@@ -42,8 +42,10 @@ def file_digest_cached(path: Path, cache_dir: Path) -> str:
     if memo.is_file():
         return memo.read_text().strip()
     value = sha256_file(path)
-    try:  # a memo only: `plan` on a root it cannot write still plans (build refuses such a root first)
-        memo.parent.mkdir(parents=True, exist_ok=True)
+    if not cache_dir.is_dir():  # a memo only, kept in a store that exists: planning creates nothing
+        return value
+    try:  # `plan` on a root it cannot write still plans (build refuses such a root first)
+        memo.parent.mkdir(exist_ok=True)
         write_text_atomic(memo, value)
     except OSError:
         pass

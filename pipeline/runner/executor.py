@@ -249,16 +249,19 @@ class BuildPlan:
 
 
 def writable_root(cfg: DictConfig) -> None:
-    """``paths.root`` and the stage store can be created and written here; else one line naming the path."""
+    """``paths.root`` and the stage store can be created and written here; else one line naming the path. Nothing
+    is created: the nearest existing directory of each path is probed with a temporary file that is removed."""
     import errno as _errno
     import tempfile
 
     paths = resolved_paths(cfg)
     for key in ("root", "store"):
         p = paths[key]
+        probe = next((a for a in (p, *p.parents) if a.exists()), None)
         try:
-            p.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=p).close()
+            if probe is None or not probe.is_dir():
+                raise NotADirectoryError(_errno.ENOTDIR, "not a directory", str(probe))
+            tempfile.TemporaryFile(dir=probe).close()
         except OSError as exc:
             why = exc.strerror or type(exc).__name__
             hint = "free some space" if exc.errno in (_errno.ENOSPC, _errno.EDQUOT) else "give a writable directory"

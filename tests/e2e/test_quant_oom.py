@@ -59,12 +59,12 @@ def test_an_oom_at_the_first_batch_halves_it_and_the_stage_finishes(tmp_path, mo
         return False
 
     seen = _plant(monkeypatch, first_batch_of_each)
-    out = _quantize(tmp_path)  # CPU: batches of 8 (24 calibration rows, 6 held-out)
+    out = _quantize(tmp_path)  # CPU: batches of 8 (24 calibration rows, 5 held-out)
     acc = json.loads((out / "accuracy.json").read_text())
     mem = acc["gpu_memory"]
     retries = mem["oom_retries"]
     assert [(r["step"], r["row"], r["batch_size"], r["retry_batch_size"]) for r in retries] == [
-        ("reference logits", 0, 6, 3), ("calibrate", 0, 8, 4)]
+        ("reference logits", 0, 5, 2), ("calibrate", 0, 8, 4)]
     assert "planted" in retries[1]["error"]
     assert mem["batch_size"] == 8 and acc["batch_size"] == mem["calibration_batch_size_used"] == 4
     calib_batches = [n for n, c, fail in seen if c and not fail]

@@ -341,7 +341,7 @@ def test_kill_9_at_seeded_random_points_leaves_nothing_partial(tmp_path):
 
 # A test hook, not part of the pipeline: the build runs with every published file's upload 0.2 s slower.
 SLOW_UPLOAD = ("import time\n"
-               "import pipeline.bundle as b\n"
+               "import pipeline.bundle.remote as b\n"
                "put = b._put\n"
                "def slow(*a, **k):\n"
                "    time.sleep(0.2)\n"

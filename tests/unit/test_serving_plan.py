@@ -68,7 +68,7 @@ def test_a_planted_oversize_breaks_the_kv_bound_and_the_rules_catch_a_planted_ba
     cfg, p = _plan("h200")
     assert serving_plan.kv_problems(p) == []
     # negative control: a batch and length set by hand beyond the pool
-    big = p.kv_tokens // 1000 + 1
+    big = 2 * p.kv_tokens // 1000  # twice the pool: more than raising the KV fraction can hold
     cfg2, p2 = _plan("h200", f"build.max_batch_size={big}", "build.max_seq_len=1000")
     assert serving_plan.kv_problems(p2) and p2.sources["max_batch_size"]["source"] == "set"
     assert any("exceeds the KV pool" in w for w in p2.summary["warnings"])
@@ -79,6 +79,24 @@ def test_a_planted_oversize_breaks_the_kv_bound_and_the_rules_catch_a_planted_ba
     assert any("max_input_len" in f.message for f in found)
 
 
+def test_the_kv_fraction_is_raised_only_as_far_as_a_set_batch_needs():
+    cfg, p = _plan("h200")
+    assert p.settings["kv_cache_free_gpu_mem_fraction"] == serving_plan.DEFAULT_FRACTION == 0.9
+    # a batch set by hand 3% over the pool at 0.9: the fraction rises just enough, and every renderer takes it
+    batch = -(-int(p.kv_tokens * 1.03) // 1000)
+    cfg2, p2 = _plan("h200", f"build.max_batch_size={batch}", "build.max_seq_len=1000")
+    f = p2.settings["kv_cache_free_gpu_mem_fraction"]
+    assert 0.9 < f <= 0.95 and p2.sources["kv_cache_free_gpu_mem_fraction"]["source"] == "derived"
+    assert serving_plan.kv_problems(p2) == [] and p2.summary["kv_cache_free_gpu_mem_fraction"] == f
+    built = serving_plan.build_settings(to_plain(cfg2.build), p2.settings)
+    opts = trtllm.llmapi_options(built, cfg2.quant.kv_cache.value, p2.tp, p2.pp)
+    assert opts["kv_cache_config"]["free_gpu_memory_fraction"] == f
+    # negative control: the same batch with the fraction set by hand at 0.9 does not fit, and the plan says so
+    _, p3 = _plan("h200", f"build.max_batch_size={batch}", "build.max_seq_len=1000",
+                  "build.kv_cache_free_gpu_mem_fraction=0.9")
+    assert p3.sources["kv_cache_free_gpu_mem_fraction"]["source"] == "set" and serving_plan.kv_problems(p3)
+
+
 def test_a_value_set_by_hand_wins_and_the_cpu_smoke_keeps_its_sizes():
     _, p = _plan("h100_bs16")
     assert p.settings["max_batch_size"] == 16 and p.sources["max_batch_size"] == {"source": "set",
@@ -86,6 +104,7 @@ def test_a_value_set_by_hand_wins_and_the_cpu_smoke_keeps_its_sizes():
     assert p.sources["max_seq_len"]["source"] == "derived"
     _, cpu = _plan("cpu")
     assert cpu.settings == serving_plan.CPU_SIZES | {"max_input_len": 1024}
+    assert cpu.settings["kv_cache_free_gpu_mem_fraction"] == 0.9
     assert {v["source"] for v in cpu.sources.values()} == {"cpu"}
     assert cpu.kv_plan is None and serving_plan.kv_problems(cpu) == []
 
