@@ -39,7 +39,7 @@ def test_an_unwritable_root_is_one_line_naming_paths_root_and_no_log_in_tmp(tmp_
                           env=cli_env(tmp_path, TMPDIR=str(tmp)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: paths.root=/sys/pipeline-root: cannot write there (Operation not permitted); give a writable "
+        "error: paths.root=/sys/pipeline-root: cannot write there (Permission denied); give a writable "
         "directory (paths.root=DIR)"]
     assert list(tmp.iterdir()) == []
 
