@@ -124,15 +124,19 @@ def _noise_notes(compared: bool, confidences: set[Any], methods: set[str], unrec
                    "recorded requests, overlap, so the change may be chance; an unmarked bench change lies outside "
                    "the noise (the intervals do not overlap).")
     if unrecorded:
-        sides = " and ".join(f"the {side} bundle ({n} row{'s' if n > 1 else ''})" for side, n in unrecorded.items())
-        out.append(f"Bench changes left unmarked: no noise recorded in {sides} (benched before intervals were "
-                   "recorded, or a level of one request); the change may be chance.")
+        sides = " and the ".join(side for side in ("old", "new") if side in unrecorded)
+        n = unrecorded["rows"]
+        out.append(f"{n} bench change{'s' if n > 1 else ''} left unmarked: no noise recorded for "
+                   f"{'them' if n > 1 else 'it'} in the {sides} bundle (benched before intervals were recorded, or a "
+                   "level of one request); such a change may be chance.")
     return out
 
 
 def diff(old: str, new: str) -> str:
     """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
-    the server benched on, size, accuracy, bench, versions."""
+    the server benched on, size, accuracy, bench, versions. A bench change whose two recorded intervals overlap
+    (each row's ``noise``, pipeline/stages/bench/noise.py) is marked ``(within noise)``; lines under the table say
+    what the mark means and which bundle recorded no noise."""
     with store_errors(old, "reading the bundle"):
         _, _, a = open_manifest(old)
     with store_errors(new, "reading the bundle"):
@@ -171,7 +175,7 @@ def diff(old: str, new: str) -> str:
     rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))
     lines = ["| field | old | new | change |", "|---|---|---|---|"]
     compared, confidences, methods = False, set(), set()  # bench changes held against the noise, and its kind
-    unrecorded: dict[str, int] = {}  # side -> bench changes it recorded no interval for
+    unrecorded: dict[str, int] = {}  # rows: bench changes left unmarked; old/new: a side lacking noise
     for name, o, n in rows:
         if _plain(o) == _plain(n):
             continue
@@ -185,9 +189,10 @@ def diff(old: str, new: str) -> str:
                 no, nn, key = noise[name]
                 within = within_noise(no.get(key), nn.get(key))
                 if within is None:
+                    unrecorded["rows"] = unrecorded.get("rows", 0) + 1
                     for side, rec in (("old", no), ("new", nn)):
                         if within_noise(rec.get(key), rec.get(key)) is None:
-                            unrecorded[side] = unrecorded.get(side, 0) + 1
+                            unrecorded[side] = 1
                 else:
                     compared = True
                     confidences |= {x["confidence"] for x in (no, nn) if isinstance(x.get("confidence"), (int, float))}
