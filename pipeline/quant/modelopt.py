@@ -37,8 +37,24 @@ def quant_config(fmt: str, kv: str, block_size: int | None = None) -> dict[str, 
                 sub = entry["cfg"][0] if isinstance(entry["cfg"], list) else entry["cfg"]
                 sub["block_sizes"] = {**sub["block_sizes"], -1: block_size}
     if kv != "none":
-        cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, getattr(mtq, KV_PRESETS[kv])["quant_cfg"])
+        cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, kv_preset(kv)["quant_cfg"])
     return cfg
+
+
+def kv_preset(kv: str) -> dict[str, Any]:
+    """ModelOpt's KV preset for ``quant.kv_cache=kv``, as hf_ptq.py takes it for ``--kv_cache_qformat kv``:
+    ``modelopt.recipe.presets.KV_QUANT_CFG_CHOICES[kv]`` (the YAML presets of ``configs/ptq/presets/kv/``; the KV
+    formats are named as ModelOpt names them). A format whose name ModelOpt lacks falls back to its ``mtq``
+    constant."""
+    import modelopt.torch.quantization as mtq
+
+    try:
+        from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
+    except ImportError:  # before ModelOpt's preset table (0.45)
+        KV_QUANT_CFG_CHOICES = {}
+    if kv in KV_QUANT_CFG_CHOICES:
+        return copy.deepcopy(KV_QUANT_CFG_CHOICES[kv])
+    return copy.deepcopy(getattr(mtq, KV_PRESETS[kv]))
 
 
 def linear_in_sizes(shape: dict[str, int]) -> dict[str, int]:
