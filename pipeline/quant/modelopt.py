@@ -236,13 +236,112 @@ def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size
         state["loops"] += 1
 
     t_all = time.perf_counter()
-    mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+    counter = ExpertTokens(model)
+    try:
+        mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+    finally:
+        counter.remove()
     sync()
+    if parts is not None and counter.counts:
+        parts["expert_tokens"] = {name: c.tolist() for name, c in counter.counts.items()}
+    uncovered = moe_coverage_problem(counter, model, len(rows), rows.shape[1])
+    if uncovered and fmt != "none":
+        raise StageFailed(uncovered)
     if parts is not None:
         parts.update(forward_loop_s=round(state["loop_s"], 3), forward_loops=state["loops"],
                      batches_s=state["batches"],
                      insert_and_finish_s=round(time.perf_counter() - t_all - state["loop_s"], 3))
     return state["bs"]
+
+
+# ------------------------------------------------------------------------------------------ MoE expert coverage
+class ExpertTokens:
+    """Counts the calibration tokens each MoE expert is routed, from forward hooks on the routers (a module named
+    ``gate`` beside an ``experts`` one, as transformers' Mixtral/Qwen-MoE blocks are built): transformers 5 routers
+    return (logits, scores, indices); older ones are linear layers whose logits' top-k the block routes by.
+
+    An expert no calibration token reaches has activation quantizers that never saw its inputs: ModelOpt leaves a
+    per-expert input quantizer without an amax (its export then falls back to other experts' scales, the "token
+    salad" of NVIDIA/Model-Optimizer PRs #1340, #1354, #1411), and transformers 5's fused experts share one input
+    quantizer that was calibrated on the other experts' inputs only."""
+
+    def __init__(self, model):
+        import torch
+
+        self.counts: dict[str, Any] = {}
+        self._hooks = []
+        for name, block in model.named_modules():
+            gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+            if gate is None or experts is None or not isinstance(gate, torch.nn.Module):
+                continue
+            n = next((int(getattr(o, a)) for o in (gate, block, experts) for a in ("num_experts", "n_routed_experts")
+                      if isinstance(getattr(o, a, None), int)), 0)
+            top_k = next((int(getattr(o, a)) for o in (gate, block) for a in ("top_k", "num_experts_per_tok")
+                          if isinstance(getattr(o, a, None), int)), 0)
+            if n <= 0 or top_k <= 0:
+                continue
+            self.counts[name] = torch.zeros(n, dtype=torch.long)
+            self._hooks.append(gate.register_forward_hook(self._hook(name, top_k)))
+
+    def _hook(self, name: str, top_k: int):
+        import torch
+
+        def count(module, inputs, output) -> None:
+            with torch.no_grad():
+                if isinstance(output, tuple) and len(output) >= 3:
+                    indices = output[2]
+                else:
+                    logits = output[0] if isinstance(output, tuple) else output
+                    indices = torch.topk(logits.float(), top_k, dim=-1).indices
+                counts = self.counts[name]
+                counts += torch.bincount(indices.reshape(-1).cpu(), minlength=counts.numel())[: counts.numel()]
+
+        return count
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def uncalibrated_experts(counter: ExpertTokens, model) -> list[tuple[str, int]]:
+    """(MoE block, expert index) of every expert that no calibration token reached, or whose own enabled
+    quantizers were left without an amax (per-expert modules: ``<block>.experts.<index>.*``)."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    out = {(name, int(i)) for name, c in counter.counts.items() for i in (c == 0).nonzero().flatten().tolist()}
+    for qname, q in model.named_modules():
+        if not isinstance(q, TensorQuantizer) or not q.is_enabled or ".experts." not in qname:
+            continue
+        if getattr(q, "_use_constant_amax", False) or getattr(q, "_dynamic", False) or q.block_sizes:
+            continue
+        if getattr(q, "amax", None) is None and not getattr(q, "_disabled", False):
+            block, _, rest = qname.partition(".experts.")
+            idx = rest.split(".", 1)[0]
+            if idx.isdigit():
+                out.add((block, int(idx)))
+    return sorted(out)
+
+
+def moe_coverage_problem(counter: ExpertTokens, model, rows: int, seq_len: int) -> str | None:
+    """The quantize stage's failure when calibration left MoE experts uncalibrated: which (layer, expert), and
+    the fix."""
+    missing = uncalibrated_experts(counter, model)
+    if not missing:
+        return None
+    import re
+
+    def layer(block: str) -> str:
+        m = re.search(r"layers\.(\d+)", block)
+        return f"layer {m.group(1)}" if m else block
+
+    named = ", ".join(f"{layer(b)} expert {i}" for b, i in missing[:12])
+    more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
+    return (f"MoE calibration coverage: {len(missing)} expert(s) received no calibration token in {rows} rows x "
+            f"{seq_len} tokens ({named}{more}), so their activation scales were never calibrated; calibrate with "
+            f"more or longer rows (quant.calib.num_samples, quant.calib.seq_len, or a broader quant.calib.dataset), "
+            f"or with ModelOpt's moe_calib_experts_ratio (the calibration algorithm's option, hf_ptq.py "
+            f"--moe_calib_experts_ratio), which routes calibration tokens to more experts")
 
 
 def use_cpu_fallbacks(model, fmt: str, kv: str) -> int:
