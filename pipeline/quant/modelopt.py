@@ -5,6 +5,7 @@ The presets and the KV merge follow ModelOpt's ``examples/llm_ptq/hf_ptq.py``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from pathlib import Path
@@ -374,6 +375,36 @@ def prepare_reference(model, fmt: str, kv: str):
     if rounded:
         proof.resketch(model, ref)
     return ref, rounded
+
+
+@contextlib.contextmanager
+def kv_as_served(model, kv: str, runtime: str = "reference"):
+    """Within: every calibrated K/V quantizer's amax is the one the deployment applies (the KV format's
+    ``served_scales`` × 448: TensorRT-LLM's LLM API quantizes an FP8 KV cache at scale 1.0 whatever was calibrated),
+    so the fake-quant model evaluated is the served one, as the export proof requires; restored on exit, so the
+    export still writes the calibrated scales (what ModelOpt exports, and what an engine's checkpoint holds)."""
+    import torch
+
+    served = getattr(KV_FORMATS.get(kv), "served_scales", None)
+    saved = []
+    if served is not None:
+        for mod in model.modules():
+            qs = [getattr(mod, f"{w}_bmm_quantizer", None) for w in ("k", "v")]
+            if not all(q is not None and q.is_enabled and getattr(q, "_amax", None) is not None
+                       and not getattr(q, "_use_constant_amax", False) for q in qs):
+                continue
+            bound = float(qs[0].maxbound)
+            scales = served(*(float(q._amax.float().max()) / bound for q in qs), runtime)
+            for q, s in zip(qs, scales):
+                saved.append((q, q._amax.detach().clone()))
+                with torch.no_grad():
+                    q._amax.fill_(s * bound)
+    try:
+        yield len(saved)
+    finally:
+        with torch.no_grad():
+            for q, amax in saved:
+                q._amax.copy_(amax)
 
 
 def nothing_quantized_problem(model, fmt: str, kv: str) -> str | None:
