@@ -79,10 +79,8 @@ def explain(exc: BaseException) -> str:
             return f"unknown config key '{key}'{hint}"
         if msg.startswith("Invalid value") and key:
             if key == "quant.kv_cache":
-                from pipeline.compat import unserved_kv_preset
-
                 value = msg.split("'")[1] if msg.count("'") >= 2 else ""
-                refused = unserved_kv_preset(value)
+                refused = schema.unserved_kv_preset(value)
                 if refused:
                     return refused
             return f"{key}: {msg[0].lower()}{msg[1:]}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import compat
+from pipeline import compat, schema
 
 TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 100, "gb200": 100,
            "rtx-pro-6000": 120}
@@ -55,6 +55,6 @@ def test_cast_kv_presets_refused_on_engines_with_the_reason():
 
 def test_unserved_modelopt_kv_presets_name_their_reason():
     for preset in ("fp8_affine", "nvfp4_affine", "nvfp4_rotate"):
-        why = compat.unserved_kv_preset(preset)
+        why = schema.unserved_kv_preset(preset)
         assert why and why.startswith(f"quant.kv_cache={preset} is a ModelOpt KV preset") and "; use " in why
-    assert compat.unserved_kv_preset("int8") is None  # not a ModelOpt preset: the schema's own message stands
+    assert schema.unserved_kv_preset("int8") is None  # not a ModelOpt preset: the schema's own message stands
