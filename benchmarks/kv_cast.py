@@ -9,8 +9,8 @@ Per weight format × KV preset it runs ``build until=quantize`` (``quant.gate=wa
 - deployed: the export reloaded by the reference runtime, with the KV scales TensorRT-LLM's LLM API applies (1.0
   for an FP8 KV cache, ``pipeline/formats/fp8.py`` ``served_kv_scales``), vs the unquantized model: the accuracy
   gate's numbers (KL, top-1 agreement, perplexity ratio on held-out rows);
-- fake-quant: ModelOpt's in-memory model vs the unquantized one, which quantizes keys and values with the calibrated
-  amax (``fp8``) or the FP8 range (``fp8_cast``): what calibration promises;
+- fake-quant: ModelOpt's in-memory model vs the unquantized one, evaluated with the served KV scales too (the
+  quantize stage's ``kv_as_served``), as the export proof compares it;
 - the exported ``k_scale`` / ``v_scale`` range (none for ``fp8_cast``) and the calibration time.
 
 ``--weights none`` quantizes the KV cache only, so its rows isolate what the KV preset changes.
@@ -102,8 +102,9 @@ def render(record: dict) -> list[str]:
              "The quantize stage on CPU (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized to bf16 as the unquantized "
              "model; 16×128 calibration tokens; held-out rows of the shipped corpus). Deployed: the export reloaded "
              "with the KV scales TensorRT-LLM's LLM API applies (1.0 for FP8, whatever was calibrated); fake-quant: "
-             "ModelOpt's in-memory model, whose `fp8` KV quantizers use the calibrated amax. `weights none` quantizes "
-             "the KV cache only.", "",
+             "ModelOpt's in-memory model, evaluated with those served KV scales too (the stage's `kv_as_served`). "
+             "`weights none` quantizes the KV cache only. Exported KV scales: how many, their range, how many "
+             "exceed 1.0 (where an engine's max(k, v, 1) would differ from the LLM API's 1.0).", "",
              "| weights | KV preset | exported KV scales | KL (deployed) | top-1 (deployed) | ppl ratio (deployed) | "
              "KL (fake-quant) | ppl ratio (fake-quant) | gate | calibrate (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
