@@ -295,7 +295,9 @@ class ExpertTokens:
                     logits = output[0] if isinstance(output, tuple) else output
                     indices = torch.topk(logits.float(), top_k, dim=-1).indices
                 counts = self.counts[name]
-                counts += torch.bincount(indices.reshape(-1).cpu(), minlength=counts.numel())[: counts.numel()]
+                if counts.device != indices.device:  # counted where the router runs: no host sync per batch
+                    counts = self.counts[name] = counts.to(indices.device)
+                counts += torch.bincount(indices.reshape(-1), minlength=counts.numel())[: counts.numel()]
 
         return count
 
