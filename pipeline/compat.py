@@ -64,5 +64,12 @@ def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: st
     if sm not in KV_SM[kv].sms:
         out.append(f"quant.kv_cache={kv} needs {KV_SM[kv].needs}; for {target} use quant.kv_cache=fp8")
     elif kv not in RUNTIME_KV[runtime]:
-        out.append(f"quant.kv_cache={kv} is not accepted by runtime {runtime}; use quant.kv_cache=fp8")
+        why = KV_FORMATS[kv].unserved_why
+        base = KV_FORMATS[kv].variant_of
+        fix = f"quant.kv_cache={base}" if base and runtime in KV_FORMATS[base].runtimes else "quant.kv_cache=fp8"
+        others = [r for r in RUNTIMES if r != "reference" and r != runtime and kv in RUNTIME_KV[r]]
+        if others:
+            fix += f", or runtime={others[0]}"
+        out.append(f"quant.kv_cache={kv} is not accepted by runtime {runtime}{f' ({why})' if why else ''}; use {fix}")
     return out
+

@@ -170,6 +170,15 @@ class KVFormat:
     idempotent: bool = False  # a fixed per-tensor scale: quantizing twice is quantizing once, so the runtime
     #                           quantizes only the new positions of its cache, in place
     cpu_fallback: ModelHook | None = None  # as QuantFormat.cpu_fallback
+    # ModelOpt KV presets that export the same kv_cache_quant_algo (fp8 and fp8_cast: calibrated or constant amax)
+    # differ in how the scale is found, not in the export's algo: a variant names the format whose algo it shares,
+    # and the registry's one-format-per-algo rule (KV_BY_ALGO, read by the reference runtime) keeps that one.
+    variant_of: str | None = None
+    constant_amax: bool = False  # ModelOpt's use_constant_amax: no calibration, and no k_scale/v_scale exported
+    unserved_why: str = ""  # why a runtime missing from ``runtimes`` cannot serve it (plan's refusal says it)
+    # The per-tensor K and V scales a deployment applies, from the exported ones (None where the export has none)
+    # and the runtime serving it -> (k, v) as floats; None: the exported scales, 1.0 where absent.
+    served_scales: Callable[[Optional[float], Optional[float], str], tuple[float, float]] | None = None
 
     def __post_init__(self) -> None:
         if (self.quant_algo is None) != (self.preset is None):

@@ -297,7 +297,7 @@ def run(ctx: Context) -> QuantizeResult:
                                               pp=ctx.capacity.pp)
     with _timed(timings, "reference_s", peaks):  # the proof's record of the fake-quant weights
         ref, rounded = modelopt.prepare_reference(model, fmt, kv)
-    with _timed(timings, "quant_eval_s", peaks):
+    with _timed(timings, "quant_eval_s", peaks), modelopt.kv_as_served(model, kv):  # KV scales as served
         fq = _logits("fake-quant logits (held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "export_s", peaks), status("exporting unified HF checkpoint"):
         modelopt.export_hf_checkpoint(model, ckpt)

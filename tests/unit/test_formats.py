@@ -55,7 +55,7 @@ def coverage_problems(registry: dict, kv_registry: dict, conf: Path = ROOT / "co
 def test_registry_covers_schema_conf_and_reference_runtime():
     assert coverage_problems(formats.FORMATS, formats.KV_FORMATS) == []
     assert list(formats.FORMATS) == ["none", "fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq"]  # none, preference
-    assert list(formats.KV_FORMATS) == ["none", "fp8", "nvfp4"]
+    assert list(formats.KV_FORMATS) == ["none", "fp8", "fp8_cast", "nvfp4", "nvfp4_cast"]
     assert set(formats.MODULES) == {p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("_")}
 
 
