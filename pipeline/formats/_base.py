@@ -137,6 +137,7 @@ class QuantFormat:
     # refused in plan for a 1.2.x runtime.trtllm_version); the citations are in the format's module docstring
     trtllm_lines: tuple[str, ...] = TRTLLM_LINES
     calibrates_on_cpu: bool = True  # False: ModelOpt's calibration itself runs a CUDA-only kernel (no CPU fallback)
+    precision: str = ""  # weights / activations in a few words (the generated formats table, docs/formats.md)
 
     def __post_init__(self) -> None:
         if not ((self.quant_algo is None) == (self.layout is None) == (self.preset is None)):

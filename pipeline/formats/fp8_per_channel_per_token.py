@@ -30,6 +30,7 @@ FORMAT = QuantFormat(
     weight_bytes=1.0, sms=(89, 90, *BLACKWELL), sm_needs="Ada, Hopper or Blackwell (sm89+)",
     runtimes=frozenset({"reference", "trtllm_llmapi"}),
     layout=ExportLayout(weight="F8_E4M3", required={"weight_scale": (("F32",), "out")}),
+    precision="FP8 per-channel / FP8 per-token (dynamic)",
     tolerances=Tolerances(kl_max=0.1, top1_min=0.85, ppl_ratio_max=1.05, max_drop=0.05,
                           export_kl_abs=0.002, export_kl_frac=0.7, export_weight_ratio=0.25),
     dequantize=dequantize,

@@ -28,6 +28,7 @@ FORMAT = QuantFormat(
                         optional={"pre_quant_scale": (FLOAT_DTYPES, "in")}, weight_bits=4, bf16_fraction_max=0.4),
     group_size=nvfp4.NVFP4_BLOCK, calibrates_from_sm=89, calibrates_on_cpu=False,
     calib_factor=AWQ_CALIB_FACTOR, calib_factor_reason="the AWQ search",
+    precision="NVFP4 (block 16), AWQ-lite / NVFP4",
     tolerances=Tolerances(kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08,
                           export_kl_abs=0.002, export_kl_frac=0.7, export_weight_ratio=0.4),
     dequantize=nvfp4.dequantize, quantize_input=nvfp4.quantize_input, cpu_fallback=nvfp4.use_cpu_fallback,

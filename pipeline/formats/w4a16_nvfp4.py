@@ -22,6 +22,7 @@ FORMAT = QuantFormat(
                                                           "weight_scale_2": SCALAR_F32},
                         weight_bits=4, bf16_fraction_max=0.4),
     group_size=nvfp4.NVFP4_BLOCK, calibrates_from_sm=89,
+    precision="NVFP4 (block 16) / bf16",
     tolerances=Tolerances(kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08,
                           export_kl_abs=0.002, export_kl_frac=0.7, export_weight_ratio=0.4),
     dequantize=nvfp4.dequantize, cpu_fallback=nvfp4.use_cpu_fallback,
