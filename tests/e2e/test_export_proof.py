@@ -223,7 +223,8 @@ def test_an_export_whose_layers_are_all_excluded_carries_no_quantized_weights(fp
 
 
 # ------------------------------------------------------------------------ the weight presets that calibrate on CPU
-CPU_FORMATS = ["fp8_per_channel_per_token", "w4a16_nvfp4", "w4a8_nvfp4_fp8"]  # nvfp4_awq: tests/gpu (CUDA only)
+# nvfp4_awq calibrates on CUDA only: tests/gpu/test_gpu.py
+CPU_FORMATS = ["fp8_per_channel_per_token", "mxfp8", "w4a16_nvfp4", "w4a8_nvfp4_fp8"]
 
 
 @pytest.fixture(scope="module", params=CPU_FORMATS)
@@ -236,7 +237,8 @@ def test_each_weight_preset_exports_its_algo_and_its_dequantizer_reproduces_mode
     """ModelOpt's real export of the preset: the recorded quant_algo is the module's, and the format's reference
     dequantizer reproduces the fake-quant weights (the layer check) and the fake-quant model (the numbers check).
     Negative control: the same export with one layer's per-tensor (NVFP4: ``weight_scale_2``, as its e4m3 block
-    scales saturate at 448) or per-channel weight scale doubled fails naming that layer."""
+    scales saturate at 448), per-channel or per-block (MXFP8's E8M0 exponent + 1) weight scale doubled fails naming
+    that layer."""
     from pipeline.formats import FORMATS
 
     q = json.loads((preset["dir"] / "hf_quant_config.json").read_text())["quantization"]
@@ -246,7 +248,7 @@ def test_each_weight_preset_exports_its_algo_and_its_dequantizer_reproduces_mode
 
     def double(t, q):
         key = f"{LAYER}.weight_scale_2" if f"{LAYER}.weight_scale_2" in t else f"{LAYER}.weight_scale"
-        t[key] = t[key] * 2
+        t[key] = t[key] + 1 if t[key].dtype == torch.uint8 else t[key] * 2  # MXFP8: one more in the exponent
 
     problems = _prove(preset, _tampered(preset, tmp_path, double), tiny, reload=False)
     assert [p.split(":")[0] for p in problems] == [LAYER], problems

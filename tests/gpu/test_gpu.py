@@ -77,7 +77,7 @@ def test_cpu_fp8_fallback_matches_modelopt_cuda_kernel_bit_for_bit():
 COMBOS = [("fp8", "fp8"), ("fp8", "nvfp4"), ("int4_awq", "fp8"), ("int4_awq", "nvfp4"), ("nvfp4", "fp8"),
           ("nvfp4", "nvfp4"), ("w4a8_awq", "fp8"), ("int8_sq", "none"), ("int8_sq", "fp8"),
           ("fp8_per_channel_per_token", "fp8"), ("w4a16_nvfp4", "fp8"), ("w4a8_nvfp4_fp8", "fp8"),
-          ("nvfp4_awq", "fp8")]  # nvfp4_awq: its AWQ search calibrates on CUDA only (no CPU e2e test)
+          ("mxfp8", "fp8"), ("nvfp4_awq", "fp8")]  # nvfp4_awq: its AWQ search calibrates on CUDA only (no CPU e2e test)
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,8 @@ def coverage_problems(registry: dict, kv_registry: dict, conf: Path = ROOT / "co
 def test_registry_covers_schema_conf_and_reference_runtime():
     assert coverage_problems(formats.FORMATS, formats.KV_FORMATS) == []
     assert list(formats.FORMATS) == ["none", "fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq",  # none, preference,
-                                     "fp8_per_channel_per_token", "nvfp4_awq", "w4a16_nvfp4", "w4a8_nvfp4_fp8"]  # then unranked by name
+                                     "fp8_per_channel_per_token", "mxfp8", "nvfp4_awq", "w4a16_nvfp4",
+                                     "w4a8_nvfp4_fp8"]  # then unranked by name
     assert list(formats.KV_FORMATS) == ["none", "fp8", "nvfp4"]
     assert set(formats.MODULES) == {p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("_")}
 
@@ -116,8 +117,10 @@ def test_derived_tables_read_the_registry():
     assert formats.AWQ_FORMATS == ("int4_awq", "w4a8_awq")
     assert formats.PREFERENCE == ("fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq")
     assert set(formats.BY_ALGO) == {"FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4", "W8A8_SQ_PER_CHANNEL",
-                                    "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4_AWQ", "W4A16_NVFP4", "W4A8_NVFP4_FP8"}
-    assert {n for n, f in formats.FORMATS.items() if f.trtllm_lines == ("main",)} == {"nvfp4_awq", "w4a16_nvfp4"}
+                                    "FP8_PER_CHANNEL_PER_TOKEN", "MXFP8", "NVFP4_AWQ", "W4A16_NVFP4",
+                                    "W4A8_NVFP4_FP8"}
+    assert {n for n, f in formats.FORMATS.items() if f.trtllm_lines == ("main",)} == {"mxfp8", "nvfp4_awq",
+                                                                                       "w4a16_nvfp4"}
 
 
 def test_a_format_only_main_loads_is_refused_for_a_1_2_runtime_and_allowed_on_main():
@@ -279,8 +282,8 @@ def test_the_reference_runtime_loads_with_the_packaged_copy_of_the_registry(tmp_
         BY_ALGO = {a: f for a, f in formats.BY_ALGO.items() if a != "FP8"}
         KV_BY_ALGO = formats.KV_BY_ALGO
 
-    with pytest.raises(ValueError, match=r"cannot load quant_algo='FP8' \(supported: FP8_PER_CHANNEL_PER_TOKEN, NVFP4, "
-                                         r"NVFP4_AWQ, W4A16_AWQ, W4A16_NVFP4, W4A8_AWQ, W4A8_NVFP4_FP8, "
+    with pytest.raises(ValueError, match=r"cannot load quant_algo='FP8' \(supported: FP8_PER_CHANNEL_PER_TOKEN, "
+                                         r"MXFP8, NVFP4, NVFP4_AWQ, W4A16_AWQ, W4A16_NVFP4, W4A8_AWQ, W4A8_NVFP4_FP8, "
                                          r"W8A8_SQ_PER_CHANNEL, none\)"):
         reference.load(e.dir, torch.bfloat16, formats=WithoutFP8)
 
