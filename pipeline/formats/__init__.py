@@ -32,10 +32,11 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from ._base import (ALL_GPUS, ALL_RUNTIMES, AWQ_GROUP, BLACKWELL, FLOAT_DTYPES, RUNTIMES, ExportLayout, FormatError,
-                    KVFormat, QuantFormat, Tolerances)
+from ._base import (ALL_GPUS, ALL_RUNTIMES, AWQ_GROUP, BLACKWELL, FLOAT_DTYPES, RUNTIMES, TRTLLM_LINES, ExportLayout,
+                    FormatError, KVFormat, QuantFormat, Tolerances)
 
-__all__ = ["ALL_GPUS", "ALL_RUNTIMES", "AWQ_GROUP", "BLACKWELL", "FLOAT_DTYPES", "RUNTIMES", "ExportLayout",
+__all__ = ["ALL_GPUS", "ALL_RUNTIMES", "AWQ_GROUP", "BLACKWELL", "FLOAT_DTYPES", "RUNTIMES", "TRTLLM_LINES",
+           "ExportLayout",
            "FormatError", "KVFormat", "QuantFormat", "Tolerances", "FORMATS", "KV_FORMATS", "MODULES", "AWQ_FORMATS",
            "BY_ALGO", "KV_BY_ALGO", "PREFERENCE", "dequantize", "discover"]
 

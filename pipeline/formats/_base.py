@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional
 ALL_GPUS = (80, 86, 89, 90, 100, 103, 120)
 BLACKWELL = (100, 103, 120)
 RUNTIMES = ("reference", "trtllm_engine", "trtllm_llmapi")
+# The TensorRT-LLM lines this project records (pipeline/upstream RECORD_FILES): the 1.2.x releases and main
+TRTLLM_LINES = ("1.2.1", "main")
 ALL_RUNTIMES = frozenset(RUNTIMES)
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 FP8_MAX = 448.0  # largest e4m3 magnitude: a static FP8 scale is amax / 448
@@ -131,6 +133,11 @@ class QuantFormat:
     # behaviour: the quantize stage's, on ModelOpt's calibrated model (import modelopt inside)
     cpu_fallback: ModelHook | None = None  # route fake-quant kernels that exist on CUDA only through torch on CPU
     round_as_exported: Callable[[Any], int] | None = None  # (quantized linears) -> layers rounded as the export rounds
+    # TensorRT-LLM lines whose QuantAlgo and checkpoint loaders take this quant_algo (a format only main loads is
+    # refused in plan for a 1.2.x runtime.trtllm_version); the citations are in the format's module docstring
+    trtllm_lines: tuple[str, ...] = TRTLLM_LINES
+    calibrates_on_cpu: bool = True  # False: ModelOpt's calibration itself runs a CUDA-only kernel (no CPU fallback)
+    precision: str = ""  # weights / activations in a few words (the generated formats table, docs/formats.md)
 
     def __post_init__(self) -> None:
         if not ((self.quant_algo is None) == (self.layout is None) == (self.preset is None)):
@@ -142,6 +149,9 @@ class QuantFormat:
         if not self.runtimes <= ALL_RUNTIMES:
             raise FormatError(f"format {self.name}: unknown runtimes {sorted(self.runtimes - ALL_RUNTIMES)}; use "
                               f"{', '.join(RUNTIMES)}")
+        if not set(self.trtllm_lines) <= set(TRTLLM_LINES):
+            raise FormatError(f"format {self.name}: unknown TensorRT-LLM lines "
+                              f"{sorted(set(self.trtllm_lines) - set(TRTLLM_LINES))}; use {', '.join(TRTLLM_LINES)}")
         if self.awq and self.group_size is None:
             raise FormatError(f"format {self.name}: an AWQ format needs its default group_size")
 

@@ -47,6 +47,7 @@ FORMAT = QuantFormat(
     sms=(89, 90, *BLACKWELL), sm_needs="Ada, Hopper or Blackwell (sm89+)", runtimes=ALL_RUNTIMES,
     layout=ExportLayout(weight="F8_E4M3", required={"weight_scale": SCALAR_F32, "input_scale": SCALAR_F32}),
     fp8_context_fmha=True, preference=0,
+    precision="FP8 per-tensor / FP8 per-tensor (static)",
     tolerances=Tolerances(
         kl_max=0.1, top1_min=0.85, ppl_ratio_max=1.05, max_drop=0.05,
         # Export proof bounds (benchmarks/export_proof_bounds.py): the reloaded export's KL from the fake-quant model

@@ -121,6 +121,7 @@ FORMAT = QuantFormat(
                                                           "weight_scale_2": SCALAR_F32, "input_scale": SCALAR_F32},
                         weight_bits=4, bf16_fraction_max=0.4),
     group_size=NVFP4_BLOCK, fp8_context_fmha=True, preference=2, calibrates_from_sm=89,
+    precision="NVFP4 (e2m1, block 16) / NVFP4",
     tolerances=Tolerances(
         kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08,
         # Export proof bounds (benchmarks/export_proof_bounds.py): the reloaded export's KL from the fake-quant model

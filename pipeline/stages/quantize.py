@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from pipeline import calib, capacity, hf_config, quality, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
-from pipeline.formats import KV_FORMATS
+from pipeline.formats import FORMATS, KV_FORMATS
 from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
 from pipeline.results import QuantizeResult
@@ -64,6 +64,9 @@ def check(cfg: DictConfig) -> list[str]:
         problems.append(f"quant.kv_cache={kv} with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
                         f"runs {KV_FORMATS[kv].quant_algo} KV kernels that have no CPU version); use "
                         f"quant.kv_cache=fp8 on target cpu")
+    if not FORMATS[fmt].calibrates_on_cpu and cfg.target.device.value != "cuda":
+        problems.append(f"quant={fmt} calibrates on a CUDA GPU only (ModelOpt's {FORMATS[fmt].preset} runs a CUDA-only "
+                        f"kernel during calibration); use a GPU target, or quant=nvfp4 on target cpu")
     if not (fmt == "none" and kv == "none"):
         t = cfg.target
         problems.append(capacity.calibration_fit_problem(
