@@ -28,8 +28,10 @@ Same model, same calibration rows, same format, same GPU:
   --calib_size N --calib_seq L --export_path DIR`` run from ``--hf-ptq DIR`` unchanged: a wrapper imports it as a
   module, times its step functions (load_model, get_max_batch_size, make_calib_dataloader, pre_quantize,
   mono_quantize, post_quantize, export_quantized) by wrapping them in its namespace, then runs its ``__main__``
-  block. Its default flow is kept (batch size probed, preview generation before and after quantization: its
-  evaluation); ``--hfptq-arg`` adds flags.
+  block. Its flow is kept (batch size probed, preview generation before and after quantization: its
+  evaluation) except for the KV preset: ``--kv_cache_qformat fp8`` is explicit, calibrated as the stage's ``fp8``
+  is, while hf_ptq.py's own default since ModelOpt 0.43 is ``fp8_cast`` (hf_ptq.py @ a2fbac7 lines 1414-1418);
+  ``--hfptq-arg`` adds flags.
 - For both: wall time; torch ``max_memory_allocated`` at exit; nvidia-smi's peak (sampled every 250 ms, all
   processes); the process tree's peak RSS, and its peak anonymous RSS (without the memory-mapped checkpoint pages,
   which are the kernel's page cache).
@@ -549,7 +551,8 @@ def render(record: dict[str, Any]) -> list[str]:
              + f", {c['rows']} calibration rows × {c['seq_len']} tokens of `{c.get('text', 'builtin')}`, the same "
              f"rows for both ({c['identical_after_retokenizing']} of {c['rows']} re-tokenize to the identical row "
              f"from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
-             f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged with its default flow "
+             f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged but for an "
+             f"explicit `--kv_cache_qformat fp8` (its default is fp8_cast since ModelOpt 0.43) "
              f"(`hf_ptq.py {' '.join(_short(x) for x in hf.get('args', []))}`). ModelOpt's CUDA extensions "
              f"were built before both runs ({_cell(prep['extension_build'].get('process_s'))} s: compiled, or "
              f"loaded from a carried build directory), so neither time includes the build.", "",
@@ -616,7 +619,8 @@ def _render_first_form(doc: dict[str, Any]) -> list[str]:
              f"({cmp['weights_gib']} GiB in bf16), fp8 weights + fp8 KV cache, {c['rows']} calibration rows × "
              f"{c['seq_len']} tokens, the same rows for both ({c['identical_after_retokenizing']} of {c['rows']} "
              f"re-tokenize to the identical row from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
-             f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged with its default flow "
+             f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged but for an "
+             f"explicit `--kv_cache_qformat fp8` (its default is fp8_cast since ModelOpt 0.43) "
              f"(`hf_ptq.py {' '.join(_short(a) for a in hf.get('args', []))}`). ModelOpt's CUDA extensions "
              f"were compiled once before both runs ({_cell(prep['extension_build'].get('process_s'))} s), so "
              f"neither time includes the build. (A record of the benchmark's first form: its targets were stage ≤ "

@@ -39,8 +39,10 @@ def _as_advice(quant: str, kv: str, sm: int, runtime: str) -> str:
     return quant
 
 
-def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: str) -> list[str]:
-    """Every reason this combination cannot be served (empty when it can)."""
+def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: str,
+             trtllm_line: str | None = None) -> list[str]:
+    """Every reason this combination cannot be served (empty when it can). ``trtllm_line``: the recorded TensorRT-LLM
+    line of ``runtime.trtllm_version`` (pipeline.upstream.line_for), for formats only some lines load."""
     out: list[str] = []
     if runtime != "reference" and device != "cuda":
         out.append(f"runtime {runtime} needs a GPU target; target {target} has none (use runtime=reference, or a GPU "
@@ -61,8 +63,20 @@ def problems(quant: str, kv: str, target: str, sm: int, device: str, runtime: st
         others = [r for r in RUNTIME_QUANT if r != "reference" and quant in RUNTIME_QUANT[r]]
         out.append(f"{quant} is not served by runtime {runtime}; use runtime={others[0] if others else 'reference'}"
                    f"{' or quant=' + alt[0] if alt else ''}")
+    lines = FORMATS[quant].trtllm_lines
+    if runtime != "reference" and trtllm_line is not None and trtllm_line not in lines:
+        out.append(f"{quant} ({FORMATS[quant].quant_algo}) is loaded by TensorRT-LLM {' and '.join(lines)} only, not "
+                   f"by the {trtllm_line} line that runtime.trtllm_version names; no final release after 1.2.1 is "
+                   f"recorded (docs/formats.md), so use quant=nvfp4 or runtime=reference")
     if sm not in KV_SM[kv].sms:
         out.append(f"quant.kv_cache={kv} needs {KV_SM[kv].needs}; for {target} use quant.kv_cache=fp8")
     elif kv not in RUNTIME_KV[runtime]:
-        out.append(f"quant.kv_cache={kv} is not accepted by runtime {runtime}; use quant.kv_cache=fp8")
+        why = KV_FORMATS[kv].unserved_why
+        base = KV_FORMATS[kv].variant_of
+        fix = f"quant.kv_cache={base}" if base and runtime in KV_FORMATS[base].runtimes else "quant.kv_cache=fp8"
+        others = [r for r in RUNTIMES if r != "reference" and r != runtime and kv in RUNTIME_KV[r]]
+        if others:
+            fix += f", or runtime={others[0]}"
+        out.append(f"quant.kv_cache={kv} is not accepted by runtime {runtime}{f' ({why})' if why else ''}; use {fix}")
     return out
+

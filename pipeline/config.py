@@ -78,6 +78,11 @@ def explain(exc: BaseException) -> str:
             hint = f"; valid keys: {', '.join(valid)}" if valid else ""
             return f"unknown config key '{key}'{hint}"
         if msg.startswith("Invalid value") and key:
+            if key == "quant.kv_cache":
+                value = msg.split("'")[1] if msg.count("'") >= 2 else ""
+                refused = schema.unserved_kv_preset(value)
+                if refused:
+                    return refused
             return f"{key}: {msg[0].lower()}{msg[1:]}"
         if key:
             return f"{key}: {msg}"

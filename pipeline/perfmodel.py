@@ -43,7 +43,7 @@ SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": 
 # W4A16: int4_wo. INT8 SmoothQuant is sq. W4A8 AWQ has no mode.
 GEMM_MODES = {"none": "bfloat16", "fp8": "fp8_static", "nvfp4": "nvfp4", "int4_awq": "int4_wo", "int8_sq": "sq"}
 # quant.kv_cache -> KVCacheQuantMode (bfloat16, int8, fp8); an NVFP4 KV cache has none.
-KV_MODES = {"none": "bfloat16", "bf16": "bfloat16", "fp8": "fp8"}
+KV_MODES = {"none": "bfloat16", "bf16": "bfloat16", "fp8": "fp8", "fp8_cast": "fp8"}  # fp8_cast: FP8, scale 1.0
 
 ENV_HINT = "make perfmodel-env"
 

@@ -7,13 +7,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline import compat, hardware, serving_plan
+from pipeline import compat, hardware, serving_plan, upstream
 
 
 def compat_problems(cfg: DictConfig) -> list[str]:
     t = cfg.target
     return compat.problems(cfg.quant.format.value, cfg.quant.kv_cache.value, t.name, int(t.sm), t.device.value,
-                           cfg.runtime.name.value)
+                           cfg.runtime.name.value, upstream.line_for(cfg.runtime.get("trtllm_version")))
 
 
 def model_type(cfg: DictConfig) -> str | None:

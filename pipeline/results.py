@@ -120,8 +120,23 @@ class PackageResult(StageResult):
 
 
 # --------------------------------------------------------------------------------------------------------- bench
+class BenchNoise(StageResult):
+    """How much a level's headline figures move by chance (``pipeline.stages.bench.noise``): each figure's bootstrap
+    interval ``[low, high]`` over the level's requests, ``None`` with fewer than two."""
+
+    method: str
+    confidence: Number
+    resamples: int
+    seed: int
+    requests: int
+    ttft_p50_ms: Optional[list[Number]]
+    latency_p95_ms: Optional[list[Number]]
+    output_tokens_per_s: Optional[list[Number]]
+
+
 class BenchRow(StageResult):
-    """One measured concurrency level of a workload (ms; tokens and requests per second)."""
+    """One measured concurrency level of a workload (ms; tokens and requests per second); ``noise``: its figures'
+    intervals (absent from bundles benched before it was recorded)."""
 
     concurrency: int
     request_count: int
@@ -134,6 +149,7 @@ class BenchRow(StageResult):
     latency_p99_ms: Optional[Number]
     output_tokens_per_s: Number
     requests_per_s: Number
+    noise: Optional[BenchNoise] = None
 
 
 class Baseline(StageResult):

@@ -35,6 +35,29 @@ class DType(str, Enum):
 # quant.format / quant.kv_cache values: one member per format module (pipeline/formats/<name>.py), registry order
 QuantFormat = Enum("QuantFormat", [(n, n) for n in formats.FORMATS], type=str, module=__name__)
 KVFormat = Enum("KVFormat", [(n, n) for n in formats.KV_FORMATS], type=str, module=__name__)
+# ModelOpt 0.47's KV presets (modelopt.recipe.presets.KV_QUANT_CFG_CHOICES) that no TensorRT-LLM release serves as
+# calibrated, so they are no quant.kv_cache value; the config's error for one says why.
+UNSERVED_KV_PRESETS = {
+    "fp8_affine": "ModelOpt exports its per-channel shift as k_proj.k_bias / v_proj.v_bias beside kv_cache_quant_algo "
+                  "FP8 (modelopt/torch/export/quant_utils.py _KV_CACHE_REPLACEMENTS), and TensorRT-LLM's checkpoint "
+                  "loaders read k_scale / v_scale only (tensorrt_llm/_torch/modules/linear.py @ 00bbf71 "
+                  "load_kv_scales), so the served cache would drop the shift calibration relied on",
+    "nvfp4_affine": "its export records kv_cache_quant_algo NVFP4_AFFINE, which TensorRT-LLM's QuantAlgo lacks (KV "
+                    "algos: FP8, INT8, NVFP4)",
+    "nvfp4_rotate": "it rotates keys before NVFP4 quantization, and ModelOpt's export records no rotation "
+                    "(kv_cache_quant_algo NVFP4), so TensorRT-LLM would quantize unrotated keys: not the calibrated "
+                    "model",
+}
+
+
+def unserved_kv_preset(value: str) -> str | None:
+    """The reason a ModelOpt KV preset is no ``quant.kv_cache`` value, with what to use instead (None: not one)."""
+    why = UNSERVED_KV_PRESETS.get(str(value))
+    if why is None:
+        return None
+    base = "nvfp4_cast or nvfp4" if str(value).startswith("nvfp4") else "fp8_cast or fp8"
+    return (f"quant.kv_cache={value} is a ModelOpt KV preset no TensorRT-LLM release serves: {why}; use "
+            f"quant.kv_cache={base}")
 
 FORMAT_RESOLVER = "pipeline.format"
 

@@ -99,14 +99,50 @@ def serving_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, A
     return rows
 
 
+BENCH_FIGURES = ("ttft_p50_ms", "latency_p95_ms", "output_tokens_per_s")  # the bench rows diff compares
+
+
+def within_noise(a: Any, b: Any) -> bool | None:
+    """Whether two recorded intervals ``[low, high]`` overlap (the change between the figures may be chance);
+    ``None`` when either side recorded none."""
+    def ok(x: Any) -> bool:
+        return (isinstance(x, (list, tuple)) and len(x) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x))
+
+    if not (ok(a) and ok(b)):
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _noise_notes(compared: bool, confidences: set[Any], methods: set[str], unrecorded: dict[str, int]) -> list[str]:
+    """The lines under the table that say what the bench rows' mark means, and which side recorded no noise."""
+    out = []
+    if compared:
+        conf = "/".join(f"{100 * c:g}%" for c in sorted(confidences))
+        how = " ".join(x for x in (" and ".join(sorted(methods)) or "bootstrap", conf) if x)
+        out.append(f"(within noise): the two bundles' {how} intervals of the figure, each over the level's "
+                   "recorded requests, overlap, so the change may be chance; an unmarked bench change lies outside "
+                   "the noise (the intervals do not overlap).")
+    if unrecorded:
+        sides = " and the ".join(side for side in ("old", "new") if side in unrecorded)
+        n = unrecorded["rows"]
+        out.append(f"{n} bench change{'s' if n > 1 else ''} left unmarked: no noise recorded for "
+                   f"{'them' if n > 1 else 'it'} in the {sides} bundle (benched before intervals were recorded, or a "
+                   "level of one request); such a change may be chance.")
+    return out
+
+
 def diff(old: str, new: str) -> str:
     """A Markdown table of what changed between two bundles: the config first (the recipe of every stage), then
-    the server benched on, size, accuracy, bench, versions."""
+    the server benched on, size, accuracy, bench, versions. A bench change whose two recorded intervals overlap
+    (each row's ``noise``, pipeline/stages/bench/noise.py) is marked ``(within noise)``; lines under the table say
+    what the mark means and which bundle recorded no noise."""
     with store_errors(old, "reading the bundle"):
         _, _, a = open_manifest(old)
     with store_errors(new, "reading the bundle"):
         _, _, b = open_manifest(new)
     rows: list[tuple[str, Any, Any]] = [("version", a.get("version"), b.get("version"))]
+    noise: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {}  # bench row -> each side's recorded noise
     ca, cb = effective_settings(a), effective_settings(b)
     for key in sorted(set(ca) | set(cb)):  # first: why two versions differ
         rows.append((f"config {key}", ca.get(key), cb.get(key)))
@@ -126,8 +162,10 @@ def diff(old: str, new: str) -> str:
         old_rows = {r["concurrency"]: r for r in _get(a, "bench", "workloads", w) or []}
         new_rows = {r["concurrency"]: r for r in _get(b, "bench", "workloads", w) or []}
         for c in sorted(set(old_rows) | set(new_rows)):
-            for key in ("ttft_p50_ms", "latency_p95_ms", "output_tokens_per_s"):
-                rows.append((f"{w} c={c} {key}", (old_rows.get(c) or {}).get(key), (new_rows.get(c) or {}).get(key)))
+            ro, rn = old_rows.get(c) or {}, new_rows.get(c) or {}
+            for key in BENCH_FIGURES:
+                rows.append((f"{w} c={c} {key}", ro.get(key), rn.get(key)))
+                noise[f"{w} c={c} {key}"] = (ro.get("noise") or {}, rn.get("noise") or {}, key)
     for task in sorted(set(_get(a, "eval", "tasks") or {}) | set(_get(b, "eval", "tasks") or {})):
         for key in ("baseline", "quantized", "difference", "ci_low", "items", "verdict"):
             rows.append((f"task {task} {key}", _get(a, "eval", "tasks", task, key), _get(b, "eval", "tasks", task, key)))
@@ -136,6 +174,8 @@ def diff(old: str, new: str) -> str:
         rows.append((f"{key} version", _get(a, "runtime_versions", key), _get(b, "runtime_versions", key)))
     rows.append(("pipeline", _get(a, "provenance", "pipeline"), _get(b, "provenance", "pipeline")))
     lines = ["| field | old | new | change |", "|---|---|---|---|"]
+    compared, confidences, methods = False, set(), set()  # bench changes held against the noise, and its kind
+    unrecorded: dict[str, int] = {}  # rows: bench changes left unmarked; old/new: a side lacking noise
     for name, o, n in rows:
         if _plain(o) == _plain(n):
             continue
@@ -145,8 +185,23 @@ def diff(old: str, new: str) -> str:
             change = f"{n - o:+.4g}"  # a score, a difference or an interval bound: the change is absolute
         elif numbers and o and not name.startswith("config "):
             change = f"{100 * (n / o - 1):+.1f}%"
+            if name in noise:  # a bench figure: within or outside the noise the two benches measured
+                no, nn, key = noise[name]
+                within = within_noise(no.get(key), nn.get(key))
+                if within is None:
+                    unrecorded["rows"] = unrecorded.get("rows", 0) + 1
+                    for side, rec in (("old", no), ("new", nn)):
+                        if within_noise(rec.get(key), rec.get(key)) is None:
+                            unrecorded[side] = 1
+                else:
+                    compared = True
+                    confidences |= {x["confidence"] for x in (no, nn) if isinstance(x.get("confidence"), (int, float))}
+                    methods |= {x["method"] for x in (no, nn) if isinstance(x.get("method"), str)}
+                    if within:
+                        change += " (within noise)"
         fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         lines.append(f"| {name} | {fmt(o)} | {fmt(n)} | {change} |")
     if len(lines) == 2:
         lines.append("| (no differences) | | | |")
-    return "\n".join(lines) + "\n"
+    notes = _noise_notes(compared, confidences, methods, unrecorded)
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

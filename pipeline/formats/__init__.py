@@ -5,7 +5,9 @@ name order (``pkgutil.iter_modules(__path__)``, so the same files give the same 
 declares ``FORMAT`` (a :class:`QuantFormat`: a ``quant.format`` value), ``KV_FORMAT`` (a :class:`KVFormat`: a
 ``quant.kv_cache`` value) or both, each named after the module; ``_base.py`` holds the record types and the kernels
 several formats share. A module that cannot be imported, declares neither record, names a record after another module
-or repeats another format's ``quant_algo`` stops the registry with a :class:`FormatError` naming the file.
+or repeats another format's ``quant_algo`` (a KV format may, as a ``variant_of`` the one it shares it with: ModelOpt's
+``fp8_cast`` exports what ``fp8`` does, without calibration) stops the registry with a :class:`FormatError` naming
+the file.
 
 :data:`FORMATS` and :data:`KV_FORMATS` list the unquantized format first, then the others by ``preference``, then by
 name: the order the schema's enums (``pipeline.schema.QuantFormat`` / ``KVFormat``) and their messages use.
@@ -30,10 +32,11 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from ._base import (ALL_GPUS, ALL_RUNTIMES, AWQ_GROUP, BLACKWELL, FLOAT_DTYPES, RUNTIMES, ExportLayout, FormatError,
-                    KVFormat, QuantFormat, Tolerances)
+from ._base import (ALL_GPUS, ALL_RUNTIMES, AWQ_GROUP, BLACKWELL, FLOAT_DTYPES, RUNTIMES, TRTLLM_LINES, ExportLayout,
+                    FormatError, KVFormat, QuantFormat, Tolerances)
 
-__all__ = ["ALL_GPUS", "ALL_RUNTIMES", "AWQ_GROUP", "BLACKWELL", "FLOAT_DTYPES", "RUNTIMES", "ExportLayout",
+__all__ = ["ALL_GPUS", "ALL_RUNTIMES", "AWQ_GROUP", "BLACKWELL", "FLOAT_DTYPES", "RUNTIMES", "TRTLLM_LINES",
+           "ExportLayout",
            "FormatError", "KVFormat", "QuantFormat", "Tolerances", "FORMATS", "KV_FORMATS", "MODULES", "AWQ_FORMATS",
            "BY_ALGO", "KV_BY_ALGO", "PREFERENCE", "dequantize", "discover"]
 
@@ -71,7 +74,8 @@ def discover(package: str, path) -> tuple[dict[str, QuantFormat], dict[str, KVFo
                 raise FormatError(f"{where}: {attr}.name is {rec.name!r}; a format is named after its module "
                                   f"({info.name!r}), which names its conf/quant preset too")
             other = next((o for o in into.values() if rec.quant_algo and o.quant_algo == rec.quant_algo), None)
-            if other is not None:
+            if other is not None and getattr(rec, "variant_of", None) is None \
+                    and getattr(other, "variant_of", None) is None:
                 raise FormatError(f"{where}: {attr}.quant_algo {rec.quant_algo!r} is {other.name}'s already; an "
                                   f"export's quant_algo must name one format")
             into[rec.name] = rec
@@ -82,6 +86,12 @@ def discover(package: str, path) -> tuple[dict[str, QuantFormat], dict[str, KVFo
     if "none" not in formats or "none" not in kvs:
         raise FormatError(f"{package.replace('.', '/')}/none.py must declare the unquantized FORMAT and KV_FORMAT "
                           f"(quant.format=none, quant.kv_cache=none)")
+    for rec in kvs.values():
+        base = kvs.get(rec.variant_of) if rec.variant_of else None
+        if rec.variant_of and (base is None or base.quant_algo != rec.quant_algo or base.variant_of):
+            raise FormatError(f"{package.replace('.', '/')}/{rec.name}.py: KV_FORMAT.variant_of={rec.variant_of!r} "
+                              f"must name a KV format module exporting the same kv_cache_quant_algo "
+                              f"({rec.quant_algo!r}) that is no variant itself")
     return (dict(sorted(formats.items(), key=lambda kv: _order(kv[1]))),
             dict(sorted(kvs.items(), key=lambda kv: _order(kv[1]))), modules)
 
@@ -91,7 +101,7 @@ FORMATS, KV_FORMATS, MODULES = discover(__name__, __path__)
 # Derived views, for the modules that look a format up by one fact.
 AWQ_FORMATS = tuple(n for n, f in FORMATS.items() if f.awq)
 BY_ALGO: dict[str, QuantFormat] = {f.quant_algo: f for f in FORMATS.values() if f.quant_algo}
-KV_BY_ALGO: dict[str, KVFormat] = {k.quant_algo: k for k in KV_FORMATS.values() if k.quant_algo}
+KV_BY_ALGO: dict[str, KVFormat] = {k.quant_algo: k for k in KV_FORMATS.values() if k.quant_algo and not k.variant_of}
 PREFERENCE = tuple(sorted((n for n, f in FORMATS.items() if f.preference is not None),
                           key=lambda n: FORMATS[n].preference))
 

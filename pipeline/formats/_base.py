@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional
 ALL_GPUS = (80, 86, 89, 90, 100, 103, 120)
 BLACKWELL = (100, 103, 120)
 RUNTIMES = ("reference", "trtllm_engine", "trtllm_llmapi")
+# The TensorRT-LLM lines this project records (pipeline/upstream RECORD_FILES): the 1.2.x releases and main
+TRTLLM_LINES = ("1.2.1", "main")
 ALL_RUNTIMES = frozenset(RUNTIMES)
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 FP8_MAX = 448.0  # largest e4m3 magnitude: a static FP8 scale is amax / 448
@@ -131,6 +133,11 @@ class QuantFormat:
     # behaviour: the quantize stage's, on ModelOpt's calibrated model (import modelopt inside)
     cpu_fallback: ModelHook | None = None  # route fake-quant kernels that exist on CUDA only through torch on CPU
     round_as_exported: Callable[[Any], int] | None = None  # (quantized linears) -> layers rounded as the export rounds
+    # TensorRT-LLM lines whose QuantAlgo and checkpoint loaders take this quant_algo (a format only main loads is
+    # refused in plan for a 1.2.x runtime.trtllm_version); the citations are in the format's module docstring
+    trtllm_lines: tuple[str, ...] = TRTLLM_LINES
+    calibrates_on_cpu: bool = True  # False: ModelOpt's calibration itself runs a CUDA-only kernel (no CPU fallback)
+    precision: str = ""  # weights / activations in a few words (the generated formats table, docs/formats.md)
 
     def __post_init__(self) -> None:
         if not ((self.quant_algo is None) == (self.layout is None) == (self.preset is None)):
@@ -142,6 +149,9 @@ class QuantFormat:
         if not self.runtimes <= ALL_RUNTIMES:
             raise FormatError(f"format {self.name}: unknown runtimes {sorted(self.runtimes - ALL_RUNTIMES)}; use "
                               f"{', '.join(RUNTIMES)}")
+        if not set(self.trtllm_lines) <= set(TRTLLM_LINES):
+            raise FormatError(f"format {self.name}: unknown TensorRT-LLM lines "
+                              f"{sorted(set(self.trtllm_lines) - set(TRTLLM_LINES))}; use {', '.join(TRTLLM_LINES)}")
         if self.awq and self.group_size is None:
             raise FormatError(f"format {self.name}: an AWQ format needs its default group_size")
 
@@ -170,6 +180,15 @@ class KVFormat:
     idempotent: bool = False  # a fixed per-tensor scale: quantizing twice is quantizing once, so the runtime
     #                           quantizes only the new positions of its cache, in place
     cpu_fallback: ModelHook | None = None  # as QuantFormat.cpu_fallback
+    # ModelOpt KV presets that export the same kv_cache_quant_algo (fp8 and fp8_cast: calibrated or constant amax)
+    # differ in how the scale is found, not in the export's algo: a variant names the format whose algo it shares,
+    # and the registry's one-format-per-algo rule (KV_BY_ALGO, read by the reference runtime) keeps that one.
+    variant_of: str | None = None
+    constant_amax: bool = False  # ModelOpt's use_constant_amax: no calibration, and no k_scale/v_scale exported
+    unserved_why: str = ""  # why a runtime missing from ``runtimes`` cannot serve it (plan's refusal says it)
+    # The per-tensor K and V scales a deployment applies, from the exported ones (None where the export has none)
+    # and the runtime serving it -> (k, v) as floats; None: the exported scales, 1.0 where absent.
+    served_scales: Callable[[Optional[float], Optional[float], str], tuple[float, float]] | None = None
 
     def __post_init__(self) -> None:
         if (self.quant_algo is None) != (self.preset is None):

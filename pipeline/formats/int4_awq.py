@@ -17,6 +17,7 @@ FORMAT = QuantFormat(
     awq=True, group_size=AWQ_GROUP, preference=1,
     trtllm_refusals=frozenset({"no_int_quant_on_sm100"}),
     calib_factor=AWQ_CALIB_FACTOR, calib_factor_reason="the AWQ search",
+    precision="INT4 AWQ, group 128 / bf16",
     tolerances=Tolerances(kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08),
     dequantize=dequantize_int4_groups,
 )

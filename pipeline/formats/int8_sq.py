@@ -31,6 +31,7 @@ FORMAT = QuantFormat(
                                                "pre_quant_scale": (FLOAT_DTYPES, "in")}),
     preference=4,
     trtllm_refusals=frozenset({"no_int_quant_on_sm100"}),
+    precision="INT8 per-channel / INT8 per-tensor (SmoothQuant)",
     tolerances=Tolerances(kl_max=0.15, top1_min=0.8, ppl_ratio_max=1.1, max_drop=0.05),
     dequantize=dequantize, quantize_input=fake_int8,
 )

@@ -91,12 +91,16 @@ def use_cpu_fallback(model) -> int:
 
     Uses ModelOpt's public quant-backend hook. Returns how many quantizers were switched.
     """
+    import torch
     from modelopt.torch.quantization.nn import TensorQuantizer
     from modelopt.torch.quantization.nn.modules.tensor_quantizer import (is_registered_quant_backend,
                                                                           register_quant_backend)
 
     def entry(inputs, quantizer):
-        amax = quantizer.amax if quantizer.amax is not None else inputs.abs().amax()
+        if getattr(quantizer, "_use_constant_amax", False):  # the _cast KV presets: the FP8 range, as ModelOpt's
+            amax = torch.tensor(FP8_MAX)                          # TensorQuantizer._get_amax pins it
+        else:
+            amax = quantizer.amax if quantizer.amax is not None else inputs.abs().amax()
         return fake_nvfp4(inputs, amax.float().amax(), quantizer.block_sizes.get(-1) or 16)
 
     if not is_registered_quant_backend(CPU_BACKEND):
@@ -117,6 +121,7 @@ FORMAT = QuantFormat(
                                                           "weight_scale_2": SCALAR_F32, "input_scale": SCALAR_F32},
                         weight_bits=4, bf16_fraction_max=0.4),
     group_size=NVFP4_BLOCK, fp8_context_fmha=True, preference=2, calibrates_from_sm=89,
+    precision="NVFP4 (e2m1, block 16) / NVFP4",
     tolerances=Tolerances(
         kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08,
         # Export proof bounds (benchmarks/export_proof_bounds.py): the reloaded export's KL from the fake-quant model

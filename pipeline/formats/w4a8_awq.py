@@ -20,6 +20,7 @@ FORMAT = QuantFormat(
     layout=awq_layout(weight_scale_2=SCALAR_F32, input_scale=SCALAR_F32),
     awq=True, group_size=AWQ_GROUP, fp8_context_fmha=True, preference=3,
     calib_factor=AWQ_CALIB_FACTOR, calib_factor_reason="the AWQ search",
+    precision="INT4 AWQ, group 128 / FP8 per-tensor",
     tolerances=Tolerances(kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08),
     dequantize=dequantize, quantize_input=fake_fp8,
 )

@@ -5,6 +5,7 @@ The presets and the KV merge follow ModelOpt's ``examples/llm_ptq/hf_ptq.py``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from pathlib import Path
@@ -37,8 +38,24 @@ def quant_config(fmt: str, kv: str, block_size: int | None = None) -> dict[str, 
                 sub = entry["cfg"][0] if isinstance(entry["cfg"], list) else entry["cfg"]
                 sub["block_sizes"] = {**sub["block_sizes"], -1: block_size}
     if kv != "none":
-        cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, getattr(mtq, KV_PRESETS[kv])["quant_cfg"])
+        cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, kv_preset(kv)["quant_cfg"])
     return cfg
+
+
+def kv_preset(kv: str) -> dict[str, Any]:
+    """ModelOpt's KV preset for ``quant.kv_cache=kv``, as hf_ptq.py takes it for ``--kv_cache_qformat kv``:
+    ``modelopt.recipe.presets.KV_QUANT_CFG_CHOICES[kv]`` (the YAML presets of ``configs/ptq/presets/kv/``; the KV
+    formats are named as ModelOpt names them). A format whose name ModelOpt lacks falls back to its ``mtq``
+    constant."""
+    import modelopt.torch.quantization as mtq
+
+    try:
+        from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
+    except ImportError:  # before ModelOpt's preset table (0.45)
+        KV_QUANT_CFG_CHOICES = {}
+    if kv in KV_QUANT_CFG_CHOICES:
+        return copy.deepcopy(KV_QUANT_CFG_CHOICES[kv])
+    return copy.deepcopy(getattr(mtq, KV_PRESETS[kv]))
 
 
 def linear_in_sizes(shape: dict[str, int]) -> dict[str, int]:
@@ -220,13 +237,114 @@ def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size
         state["loops"] += 1
 
     t_all = time.perf_counter()
-    mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+    counter = ExpertTokens(model)
+    try:
+        mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+    finally:
+        counter.remove()
     sync()
+    if parts is not None and counter.counts:
+        parts["expert_tokens"] = {name: c.tolist() for name, c in counter.counts.items()}
+    uncovered = moe_coverage_problem(counter, model, len(rows), rows.shape[1])
+    if uncovered and fmt != "none":
+        raise StageFailed(uncovered)
     if parts is not None:
         parts.update(forward_loop_s=round(state["loop_s"], 3), forward_loops=state["loops"],
                      batches_s=state["batches"],
                      insert_and_finish_s=round(time.perf_counter() - t_all - state["loop_s"], 3))
     return state["bs"]
+
+
+# ------------------------------------------------------------------------------------------ MoE expert coverage
+class ExpertTokens:
+    """Counts the calibration tokens each MoE expert is routed, from forward hooks on the routers (a module named
+    ``gate`` beside an ``experts`` one, as transformers' Mixtral/Qwen-MoE blocks are built): transformers 5 routers
+    return (logits, scores, indices); older ones are linear layers whose logits' top-k the block routes by.
+
+    An expert no calibration token reaches has activation quantizers that never saw its inputs: ModelOpt leaves a
+    per-expert input quantizer without an amax (its export then falls back to other experts' scales, the "token
+    salad" of NVIDIA/Model-Optimizer PRs #1340, #1354, #1411), and transformers 5's fused experts share one input
+    quantizer that was calibrated on the other experts' inputs only."""
+
+    def __init__(self, model):
+        import torch
+
+        self.counts: dict[str, Any] = {}
+        self._hooks = []
+        for name, block in model.named_modules():
+            gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+            if gate is None or experts is None or not isinstance(gate, torch.nn.Module):
+                continue
+            n = next((int(getattr(o, a)) for o in (gate, block, experts) for a in ("num_experts", "n_routed_experts")
+                      if isinstance(getattr(o, a, None), int)), 0)
+            top_k = next((int(getattr(o, a)) for o in (gate, block) for a in ("top_k", "num_experts_per_tok")
+                          if isinstance(getattr(o, a, None), int)), 0)
+            if n <= 0 or top_k <= 0:
+                continue
+            self.counts[name] = torch.zeros(n, dtype=torch.long)
+            self._hooks.append(gate.register_forward_hook(self._hook(name, top_k)))
+
+    def _hook(self, name: str, top_k: int):
+        import torch
+
+        def count(module, inputs, output) -> None:
+            with torch.no_grad():
+                if isinstance(output, tuple) and len(output) >= 3:
+                    indices = output[2]
+                else:
+                    logits = output[0] if isinstance(output, tuple) else output
+                    indices = torch.topk(logits.float(), top_k, dim=-1).indices
+                counts = self.counts[name]
+                if counts.device != indices.device:  # counted where the router runs: no host sync per batch
+                    counts = self.counts[name] = counts.to(indices.device)
+                counts += torch.bincount(indices.reshape(-1), minlength=counts.numel())[: counts.numel()]
+
+        return count
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def uncalibrated_experts(counter: ExpertTokens, model) -> list[tuple[str, int]]:
+    """(MoE block, expert index) of every expert that no calibration token reached, or whose own enabled
+    quantizers were left without an amax (per-expert modules: ``<block>.experts.<index>.*``)."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    out = {(name, int(i)) for name, c in counter.counts.items() for i in (c == 0).nonzero().flatten().tolist()}
+    for qname, q in model.named_modules():
+        if not isinstance(q, TensorQuantizer) or not q.is_enabled or ".experts." not in qname:
+            continue
+        if getattr(q, "_use_constant_amax", False) or getattr(q, "_dynamic", False) or q.block_sizes:
+            continue
+        if getattr(q, "amax", None) is None and not getattr(q, "_disabled", False):
+            block, _, rest = qname.partition(".experts.")
+            idx = rest.split(".", 1)[0]
+            if idx.isdigit():
+                out.add((block, int(idx)))
+    return sorted(out)
+
+
+def moe_coverage_problem(counter: ExpertTokens, model, rows: int, seq_len: int) -> str | None:
+    """The quantize stage's failure when calibration left MoE experts uncalibrated: which (layer, expert), and
+    the fix."""
+    missing = uncalibrated_experts(counter, model)
+    if not missing:
+        return None
+    import re
+
+    def layer(block: str) -> str:
+        m = re.search(r"layers\.(\d+)", block)
+        return f"layer {m.group(1)}" if m else block
+
+    named = ", ".join(f"{layer(b)} expert {i}" for b, i in missing[:12])
+    more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
+    return (f"MoE calibration coverage: {len(missing)} expert(s) received no calibration token in {rows} rows x "
+            f"{seq_len} tokens ({named}{more}), so their activation scales were never calibrated; calibrate with "
+            f"more or longer rows (quant.calib.num_samples, quant.calib.seq_len, or a broader quant.calib.dataset), "
+            f"or with ModelOpt's moe_calib_experts_ratio (the calibration algorithm's option, hf_ptq.py "
+            f"--moe_calib_experts_ratio), which routes calibration tokens to more experts")
 
 
 def use_cpu_fallbacks(model, fmt: str, kv: str) -> int:
@@ -259,6 +377,36 @@ def prepare_reference(model, fmt: str, kv: str):
     if rounded:
         proof.resketch(model, ref)
     return ref, rounded
+
+
+@contextlib.contextmanager
+def kv_as_served(model, kv: str, runtime: str = "reference"):
+    """Within: every calibrated K/V quantizer's amax is the one the deployment applies (the KV format's
+    ``served_scales`` × 448: TensorRT-LLM's LLM API quantizes an FP8 KV cache at scale 1.0 whatever was calibrated),
+    so the fake-quant model evaluated is the served one, as the export proof requires; restored on exit, so the
+    export still writes the calibrated scales (what ModelOpt exports, and what an engine's checkpoint holds)."""
+    import torch
+
+    served = getattr(KV_FORMATS.get(kv), "served_scales", None)
+    saved = []
+    if served is not None:
+        for mod in model.modules():
+            qs = [getattr(mod, f"{w}_bmm_quantizer", None) for w in ("k", "v")]
+            if not all(q is not None and q.is_enabled and getattr(q, "_amax", None) is not None
+                       and not getattr(q, "_use_constant_amax", False) for q in qs):
+                continue
+            bound = float(qs[0].maxbound)
+            scales = served(*(float(q._amax.float().max()) / bound for q in qs), runtime)
+            for q, s in zip(qs, scales):
+                saved.append((q, q._amax.detach().clone()))
+                with torch.no_grad():
+                    q._amax.fill_(s * bound)
+    try:
+        yield len(saved)
+    finally:
+        with torch.no_grad():
+            for q, amax in saved:
+                q._amax.copy_(amax)
 
 
 def nothing_quantized_problem(model, fmt: str, kv: str) -> str | None:

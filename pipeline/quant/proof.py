@@ -233,9 +233,16 @@ def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None
                    f"excluded or unquantized)")
 
     n_kv = 0
+    # ModelOpt's _cast KV presets (use_constant_amax) export the KV algo and no scales: TensorRT-LLM applies 1.0
+    constant = kv in KV_FORMATS and KV_FORMATS[kv].constant_amax
     for attn in attention:
         for which in ("k", "v"):
             key = f"{attn}.{which}_proj.{which}_scale"
+            if constant:
+                if key in t:
+                    bad.append(f"{attn}: {which}_proj.{which}_scale present, but quant.kv_cache={kv} pins the KV "
+                               f"amax (ModelOpt's use_constant_amax exports no KV scale)")
+                continue
             if key not in t:
                 if want_kv:
                     bad.append(f"{attn}: {which}_proj.{which}_scale missing, but the KV cache is quantized "
@@ -251,7 +258,7 @@ def check_structure(ckpt: Path, fmt: str, kv: str, block_size: int | None = None
                 v = float(t.get(key).reshape(()))
                 if not (math.isfinite(v) and v > 0):
                     bad.append(f"{attn}: {which}_scale is {v}, not a positive finite scale")
-    if want_kv and attention and n_kv == 0:
+    if want_kv and attention and n_kv == 0 and not constant:
         bad.append(f"nothing was quantized in the KV cache: no k_scale/v_scale in the export ({want_kv} requested)")
 
     fraction = (q_bytes / q_params) / 2.0 if q_params else None

@@ -135,11 +135,15 @@ def compute_dtype(name: str | None, device: str) -> torch.dtype:
     return getattr(torch, str(name))
 
 
-def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", formats=None) -> nn.Module:
+def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", formats=None,
+         runtime: str = "reference") -> nn.Module:
     """Build the model described by ``ckpt/config.json`` and fill it from the (quantized) safetensors.
 
     ``formats``: the format registry (a module or object with ``BY_ALGO`` and ``KV_BY_ALGO``: ``quant_algo`` ->
-    record); None: :func:`default_formats`."""
+    record); None: :func:`default_formats`. ``runtime``: the runtime whose KV-cache scales to apply (the KV
+    format's ``served_scales``: TensorRT-LLM's LLM API applies 1.0 to an FP8 KV cache whatever the checkpoint
+    holds, its engines max(k, v, 1)); an export that quantizes the KV cache without scales (ModelOpt's ``_cast``
+    presets) gets TensorRT-LLM's default of 1.0."""
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -184,6 +188,7 @@ def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "c
             del parts
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, new)
+        exported = {}
         for kind in ("k", "v"):
             key = f"{name}.{kind}_proj.{kind}_scale"
             if key in where:
@@ -191,9 +196,15 @@ def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "c
                     raise ValueError(f"{ckpt}: {key} is a KV-cache scale, but hf_quant_config.json records no "
                                      f"kv_cache_quant_algo; export it with ModelOpt (which records the KV format) or "
                                      f"drop the scales")
-                setattr(mod, f"kv_{kind}_scale", take(key).float())
-                mod.kv_format = kv_fmt
-                kv_scaled = True
+                exported[kind] = float(take(key).float().reshape(()))
+        if kv_fmt is not None and (exported or _is_attention(mod)):
+            k, v = exported.get("k"), exported.get("v")
+            served = kv_fmt.served_scales(k, v, runtime) if getattr(kv_fmt, "served_scales", None) else (
+                k if k is not None else 1.0, v if v is not None else 1.0)
+            for kind, value in zip(("k", "v"), served):
+                setattr(mod, f"kv_{kind}_scale", torch.tensor(float(value), dtype=torch.float32, device=device))
+            mod.kv_format = kv_fmt
+            kv_scaled = True
 
     # the unquantized tensors in the compute dtype (a bfloat16 checkpoint computed in float32 on a CPU without native
     # bfloat16); integer tensors as they are
@@ -220,6 +231,12 @@ def load(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "c
         model.set_attn_implementation(ATTN_IMPL)
     model.config.pipeline_quant = {"quant_algo": algo, "kv_cache_quant_algo": kv_algo}
     return model.to(device).eval()
+
+
+def _is_attention(mod: nn.Module) -> bool:
+    """A transformers attention module: the one whose ``k_proj`` / ``v_proj`` ModelOpt's export names the KV scales
+    after (``<attention>.k_proj.k_scale``)."""
+    return isinstance(getattr(mod, "k_proj", None), nn.Module) and isinstance(getattr(mod, "v_proj", None), nn.Module)
 
 
 def _is_quantized_param(model: nn.Module, name: str) -> bool:

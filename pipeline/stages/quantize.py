@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from pipeline import calib, capacity, hf_config, quality, store
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
-from pipeline.formats import KV_FORMATS
+from pipeline.formats import FORMATS, KV_FORMATS
 from pipeline.identity import ArtifactKey
 from pipeline.quant import modelopt
 from pipeline.results import QuantizeResult
@@ -64,6 +64,9 @@ def check(cfg: DictConfig) -> list[str]:
         problems.append(f"quant.kv_cache={kv} with {fmt} calibrates on a CUDA GPU only (ModelOpt's AWQ search "
                         f"runs {KV_FORMATS[kv].quant_algo} KV kernels that have no CPU version); use "
                         f"quant.kv_cache=fp8 on target cpu")
+    if not FORMATS[fmt].calibrates_on_cpu and cfg.target.device.value != "cuda":
+        problems.append(f"quant={fmt} calibrates on a CUDA GPU only (ModelOpt's {FORMATS[fmt].preset} runs a CUDA-only "
+                        f"kernel during calibration); use a GPU target, or quant=nvfp4 on target cpu")
     if not (fmt == "none" and kv == "none"):
         t = cfg.target
         problems.append(capacity.calibration_fit_problem(
@@ -297,7 +300,7 @@ def run(ctx: Context) -> QuantizeResult:
                                               pp=ctx.capacity.pp)
     with _timed(timings, "reference_s", peaks):  # the proof's record of the fake-quant weights
         ref, rounded = modelopt.prepare_reference(model, fmt, kv)
-    with _timed(timings, "quant_eval_s", peaks):
+    with _timed(timings, "quant_eval_s", peaks), modelopt.kv_as_served(model, kv):  # KV scales as served
         fq = _logits("fake-quant logits (held-out)", model, rows.heldout, ebs, oom)
     with _timed(timings, "export_s", peaks), status("exporting unified HF checkpoint"):
         modelopt.export_hf_checkpoint(model, ckpt)

@@ -4,6 +4,7 @@ quantized nothing. Each planted fault must fail with a message that names it; th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -219,3 +220,36 @@ def test_an_export_whose_layers_are_all_excluded_carries_no_quantized_weights(fp
     problems = proof.check_structure(_tampered(fp8, tmp_path, exclude_all), "fp8", "fp8").problems
     assert "nothing was quantized: the export carries no FP8 weights (every linear layer is excluded or unquantized)" \
         in problems
+
+
+# ------------------------------------------------------------------------ the weight presets that calibrate on CPU
+# nvfp4_awq calibrates on CUDA only: tests/gpu/test_gpu.py
+CPU_FORMATS = ["fp8_per_channel_per_token", "mxfp8", "w4a16_nvfp4", "w4a8_nvfp4_fp8"]
+
+
+@pytest.fixture(scope="module", params=CPU_FORMATS)
+def preset(request, tiny, tmp_path_factory):
+    return _calibrate_and_export(tiny, tmp_path_factory.mktemp(request.param) / "ckpt", request.param, "fp8")
+
+
+def test_each_weight_preset_exports_its_algo_and_its_dequantizer_reproduces_modelopts_fake_quant(preset, tiny,
+                                                                                                  tmp_path):
+    """ModelOpt's real export of the preset: the recorded quant_algo is the module's, and the format's reference
+    dequantizer reproduces the fake-quant weights (the layer check) and the fake-quant model (the numbers check).
+    Negative control: the same export with one layer's per-tensor (NVFP4: ``weight_scale_2``, as its e4m3 block
+    scales saturate at 448), per-channel or per-block (MXFP8's E8M0 exponent + 1) weight scale doubled fails naming
+    that layer."""
+    from pipeline.formats import FORMATS
+
+    q = json.loads((preset["dir"] / "hf_quant_config.json").read_text())["quantization"]
+    assert q["quant_algo"] == FORMATS[preset["fmt"]].quant_algo
+    assert q.get("group_size") == FORMATS[preset["fmt"]].group_size
+    assert _prove(preset, preset["dir"], tiny) == []
+
+    def double(t, q):
+        key = f"{LAYER}.weight_scale_2" if f"{LAYER}.weight_scale_2" in t else f"{LAYER}.weight_scale"
+        t[key] = t[key] + 1 if t[key].dtype == torch.uint8 else t[key] * 2  # MXFP8: one more in the exponent
+
+    problems = _prove(preset, _tampered(preset, tmp_path, double), tiny, reload=False)
+    assert [p.split(":")[0] for p in problems] == [LAYER], problems
+    assert re.search(r"it is 2(\.0\d)?× the fake-quant weight \(a wrong weight scale\)", problems[0]), problems

@@ -12,10 +12,17 @@ TARGETS = {"a100": 80, "a10g": 86, "l40s": 89, "h100": 90, "h200": 90, "b200": 1
 
 @pytest.mark.parametrize("override, expected", [
     ("model=nope", "unknown model 'nope'; choose one of: qwen32b, smollm2-135m, tiny-qwen3"),
-    ("quant=fp4", "unknown quant 'fp4'; choose one of: fp8, int4_awq, int8_sq, none, nvfp4, w4a8_awq"),
+    ("quant=fp4", "unknown quant 'fp4'; choose one of: fp8, fp8_per_channel_per_token, int4_awq, int8_sq, mxfp8, "
+                  "none, nvfp4, nvfp4_awq, w4a16_nvfp4, w4a8_awq, w4a8_nvfp4_fp8"),
     ("build.max_batch_size=-1", "build.max_batch_size=-1 is out of range: must be [1, 4096], or 0 to derive it"),
     ("build.max_batchsize=8", "unknown config key 'build.max_batchsize'; valid keys: max_batch_size"),
-    ("quant.kv_cache=int8", "quant.kv_cache: invalid value 'int8', expected one of [none, fp8, nvfp4]"),
+    ("quant.kv_cache=int8", "quant.kv_cache: invalid value 'int8', expected one of [none, fp8, fp8_cast, nvfp4, "
+                            "nvfp4_cast]"),
+    # ModelOpt KV presets no TensorRT-LLM release serves: refused with the reason, not as unknown values
+    ("quant.kv_cache=fp8_affine", "quant.kv_cache=fp8_affine is a ModelOpt KV preset no TensorRT-LLM release serves: "
+                                  "ModelOpt exports its per-channel shift as k_proj.k_bias"),
+    ("quant.kv_cache=nvfp4_affine", "kv_cache_quant_algo NVFP4_AFFINE, which TensorRT-LLM's QuantAlgo lacks"),
+    ("quant.kv_cache=nvfp4_rotate", "ModelOpt's export records no rotation"),
     ("bench.concurrency=[0]", "bench.concurrency=[0] is out of range"),
     ("until=deploy", "until: unknown stage 'deploy'; choose one of: fetch, quantize, build, package, bench, eval_baseline, evaluate, publish"),
     ("force=[quantise]", "force: unknown stage 'quantise'"),

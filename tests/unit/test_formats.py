@@ -54,8 +54,10 @@ def coverage_problems(registry: dict, kv_registry: dict, conf: Path = ROOT / "co
 
 def test_registry_covers_schema_conf_and_reference_runtime():
     assert coverage_problems(formats.FORMATS, formats.KV_FORMATS) == []
-    assert list(formats.FORMATS) == ["none", "fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq"]  # none, preference
-    assert list(formats.KV_FORMATS) == ["none", "fp8", "nvfp4"]
+    assert list(formats.FORMATS) == ["none", "fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq",  # none, preference,
+                                     "fp8_per_channel_per_token", "mxfp8", "nvfp4_awq", "w4a16_nvfp4",
+                                     "w4a8_nvfp4_fp8"]  # then unranked by name
+    assert list(formats.KV_FORMATS) == ["none", "fp8", "fp8_cast", "nvfp4", "nvfp4_cast"]
     assert set(formats.MODULES) == {p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("_")}
 
 
@@ -108,12 +110,30 @@ def test_the_resolver_names_an_unknown_format_or_fact():
 def test_derived_tables_read_the_registry():
     assert compat.QUANT_SM["nvfp4"].sms == formats.BLACKWELL
     assert compat.RUNTIME_QUANT["trtllm_llmapi"] == set(formats.FORMATS) - {"int8_sq"}
+    assert compat.RUNTIME_QUANT["trtllm_engine"] == {"none", "fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq"}
     assert formats.FORMATS["int4_awq"].export_group(None) == formats.AWQ_GROUP
     assert formats.FORMATS["int4_awq"].export_group(64) == 64
     assert formats.FORMATS["nvfp4"].export_group(64) == formats.nvfp4.NVFP4_BLOCK  # the NVFP4 block is fixed
     assert formats.AWQ_FORMATS == ("int4_awq", "w4a8_awq")
     assert formats.PREFERENCE == ("fp8", "int4_awq", "nvfp4", "w4a8_awq", "int8_sq")
-    assert set(formats.BY_ALGO) == {"FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4", "W8A8_SQ_PER_CHANNEL"}
+    assert set(formats.BY_ALGO) == {"FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4", "W8A8_SQ_PER_CHANNEL",
+                                    "FP8_PER_CHANNEL_PER_TOKEN", "MXFP8", "NVFP4_AWQ", "W4A16_NVFP4",
+                                    "W4A8_NVFP4_FP8"}
+    assert {n for n, f in formats.FORMATS.items() if f.trtllm_lines == ("main",)} == {"mxfp8", "nvfp4_awq",
+                                                                                       "w4a16_nvfp4"}
+
+
+def test_a_format_only_main_loads_is_refused_for_a_1_2_runtime_and_allowed_on_main():
+    refused = compat.problems("nvfp4_awq", "fp8", "b200", 100, "cuda", "trtllm_llmapi", "1.2.1")
+    assert refused == ["nvfp4_awq (NVFP4_AWQ) is loaded by TensorRT-LLM main only, not by the 1.2.1 line that "
+                       "runtime.trtllm_version names; no final release after 1.2.1 is recorded (docs/formats.md), "
+                       "so use quant=nvfp4 or runtime=reference"]
+    assert compat.problems("nvfp4_awq", "fp8", "b200", 100, "cuda", "trtllm_llmapi", "main") == []
+    assert compat.problems("nvfp4_awq", "fp8", "cpu", 0, "cpu", "reference", "1.2.1") == []  # dequantized on CPU
+    assert compat.problems("w4a8_nvfp4_fp8", "fp8", "b200", 100, "cuda", "trtllm_llmapi", "1.2.1") == []
+    with pytest.raises(FormatError, match=r"unknown TensorRT-LLM lines \['1.3'\]"):
+        QuantFormat(name="x", preset=None, quant_algo=None, weight_bytes=2.0, sms=(90,), sm_needs="",
+                    runtimes=frozenset(), tolerances=formats.FORMATS["fp8"].tolerances, trtllm_lines=("1.3",))
 
 
 def refusal_problems(registry: dict) -> list[str]:
@@ -174,7 +194,9 @@ def test_a_planted_module_is_discovered_and_helpers_are_skipped(tmp_path):
         "toy.py": TOY.format(name="toy", algo="TOY_W8", deq="dequantize", kind="out"),
         "_helper.py": "X = 1\n"})
     reg = _import(pkg)
-    assert list(reg.FORMATS) == [*formats.FORMATS, "toy"]  # no preference: after the ranked ones
+    ranked = [n for n, f in formats.FORMATS.items() if f.preference is not None or f.quant_algo is None]
+    unranked = sorted([n for n, f in formats.FORMATS.items() if n not in ranked] + ["toy"])
+    assert list(reg.FORMATS) == ranked + unranked  # no preference: after the ranked ones, by name
     assert reg.BY_ALGO["TOY_W8"].name == "toy" and "_helper" not in reg.MODULES
 
 
@@ -260,7 +282,8 @@ def test_the_reference_runtime_loads_with_the_packaged_copy_of_the_registry(tmp_
         BY_ALGO = {a: f for a, f in formats.BY_ALGO.items() if a != "FP8"}
         KV_BY_ALGO = formats.KV_BY_ALGO
 
-    with pytest.raises(ValueError, match=r"cannot load quant_algo='FP8' \(supported: NVFP4, W4A16_AWQ, W4A8_AWQ, "
+    with pytest.raises(ValueError, match=r"cannot load quant_algo='FP8' \(supported: FP8_PER_CHANNEL_PER_TOKEN, "
+                                         r"MXFP8, NVFP4, NVFP4_AWQ, W4A16_AWQ, W4A16_NVFP4, W4A8_AWQ, W4A8_NVFP4_FP8, "
                                          r"W8A8_SQ_PER_CHANNEL, none\)"):
         reference.load(e.dir, torch.bfloat16, formats=WithoutFP8)
 
@@ -308,3 +331,16 @@ def test_stage_code_digests_cover_the_discovered_format_modules():
     name = "pipeline.stages.quantize"
     mods = fingerprint.code_modules(name, Path(importlib.util.find_spec(name).origin))
     assert {f"pipeline.formats.{m}" for m in formats.MODULES} | {"pipeline.formats._base"} <= set(mods)
+
+
+def test_a_format_whose_calibration_needs_cuda_is_refused_on_a_cpu_target_only():
+    from pipeline.stages import quantize
+
+    cpu = quantize.check(hardware.compose(["model=tiny-qwen3", "quant=nvfp4_awq", "target=cpu"]))
+    assert [p for p in cpu if p.startswith("quant=nvfp4_awq")] == [
+        "quant=nvfp4_awq calibrates on a CUDA GPU only (ModelOpt's NVFP4_AWQ_LITE_CFG runs a CUDA-only kernel during "
+        "calibration); use a GPU target, or quant=nvfp4 on target cpu"]
+    gpu = quantize.check(hardware.compose(["model=tiny-qwen3", "quant=nvfp4_awq", "target=b200"]))
+    assert not [p for p in gpu if p.startswith("quant=nvfp4_awq")]  # control: the same format on a GPU target
+    assert not [p for p in quantize.check(hardware.compose(["model=tiny-qwen3", "quant=w4a16_nvfp4", "target=cpu"]))
+                if "CUDA GPU only" in p]  # control: an NVFP4 format with the CPU fallback

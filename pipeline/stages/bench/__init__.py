@@ -21,6 +21,9 @@ TTFT) / (output tokens - 1) per request, aiperf's definition.
   front end, with the level's prompts (``profile_export_aiperf.json``/``.csv``, ``profile_export.jsonl``,
   ``inputs.json``), which ``aiperf plot`` reads.
 - ``requests.jsonl`` holds one line per request sent (answer checks, warm-up and every measured level).
+- each level's ``noise`` (``bench.json``, and the bundle's bench rows): the bootstrap 95% interval of its TTFT p50,
+  request latency p95 and output tokens/s over its own requests (``pipeline.stages.bench.noise``), which ``bench.md``
+  shows and ``pipeline diff`` holds two bundles' changes against.
 
 Gates (``bench.json["gates"]``): absolute limits (``bench.gates``) and the regression against the previous bundle of
 the same model/quant/target/runtime (output tokens/s, and the p95 of TTFT, inter-token and request latency, each

@@ -6,6 +6,7 @@ from typing import Any
 
 from pipeline.stages.bench.gates import baseline_line
 from pipeline.stages.bench.load import COUNTING
+from pipeline.stages.bench.noise import CONFIDENCE
 
 
 # Said beside every table and plot of a bench on the reference runtime (PyTorch behind Triton, an emulator of the
@@ -60,6 +61,23 @@ def against_prediction(r: dict[str, Any], predictions: dict[str, Any] | None, gp
             "rows": rows, "warnings": warnings}
 
 
+NOISE_LEGEND = (f"{CONFIDENCE:.0%} interval: the bootstrap interval of each figure over the level's own requests "
+                "(pipeline.stages.bench.noise); `pipeline diff` marks a change whose two intervals overlap as within "
+                "noise. `-`: fewer than two requests, no interval")
+
+
+def noise_cell(n: dict[str, Any] | None) -> str:
+    """A level's intervals for the table: ``[low, high]`` of TTFT p50, latency p95 and output tokens/s."""
+    if not n:
+        return "not recorded"
+
+    def one(key: str, spec: str) -> str:
+        v = n.get(key)
+        return "-" if not v else f"[{v[0]:{spec}}, {v[1]:{spec}}]"
+
+    return " / ".join((one("ttft_p50_ms", ".1f"), one("latency_p95_ms", ".1f"), one("output_tokens_per_s", ".1f")))
+
+
 def markdown(model: str, r: dict[str, Any]) -> str:
     g = r["gates"]
     lines = [f"# bench: {model}", "", f"Entry point `{r['model']}` ({r.get('layout')} layout), launcher "
@@ -91,13 +109,18 @@ def markdown(model: str, r: dict[str, Any]) -> str:
         lines += ["", f"## {wname}: ~{w['prompt_words']} prompt words, {w['max_tokens']} output tokens", "",
                   *([f"_{note(r)}._", ""] if note(r) else []),
                   "| concurrency | requests | errors | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | "
-                  "latency p50/p95/p99 ms | output tok/s | req/s |", "|---|---|---|---|---|---|---|---|"]
+                  f"latency p50/p95/p99 ms | output tok/s | req/s | {CONFIDENCE:.0%} interval: TTFT p50 / latency p95 / "
+                  "tok/s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for lv in w["levels"]:
             def f(key):
                 return "/".join("-" if lv[key][p] is None else f"{lv[key][p]:.1f}" for p in ("p50", "p95", "p99"))
             lines.append(f"| {lv['concurrency']} | {lv['request_count']} | {lv['error_count']} | "
                          f"{f('time_to_first_token')} | {f('inter_token_latency')} | {f('request_latency')} | "
-                         f"{lv['output_token_throughput']['avg']:.1f} | {lv['request_throughput']['avg']:.2f} |")
+                         f"{lv['output_token_throughput']['avg']:.1f} | {lv['request_throughput']['avg']:.2f} | "
+                         f"{noise_cell(lv.get('noise'))} |")
+        if any(lv.get("noise") for lv in w["levels"]):
+            lines += ["", NOISE_LEGEND]
         if w.get("openai_levels"):
             ep = (r.get("openai") or {}).get("endpoint", "the OpenAI endpoint")
             lines += ["", f"Through the OpenAI front end ({ep}, streamed), the same prompts:", "",

@@ -13,12 +13,15 @@ GATE_FIELDS = tuple(BenchVerdict.model_fields)
 
 
 def summary_row(lv: dict[str, Any]) -> dict[str, Any]:
-    return {"concurrency": lv["concurrency"], "request_count": lv["request_count"], "error_count": lv["error_count"],
+    row = {"concurrency": lv["concurrency"], "request_count": lv["request_count"], "error_count": lv["error_count"],
             "ttft_p50_ms": lv["time_to_first_token"]["p50"], "ttft_p95_ms": lv["time_to_first_token"]["p95"],
             "itl_p50_ms": lv["inter_token_latency"]["p50"], "itl_p95_ms": lv["inter_token_latency"]["p95"],
             "latency_p95_ms": lv["request_latency"]["p95"], "latency_p99_ms": lv["request_latency"]["p99"],
             "output_tokens_per_s": lv["output_token_throughput"]["avg"],
             "requests_per_s": lv["request_throughput"]["avg"]}
+    if lv.get("noise") is not None:  # the figures' intervals (pipeline.stages.bench.noise); absent in older results
+        row["noise"] = lv["noise"]
+    return row
 
 
 def _bench_rows_ok(bench: Any) -> bool:

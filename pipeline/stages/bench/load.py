@@ -8,7 +8,7 @@ from typing import Any
 
 from pipeline import calib
 from pipeline.runner.contract import Context
-from pipeline.stages.bench import aiperf
+from pipeline.stages.bench import aiperf, noise
 from pipeline.triton import server as srv
 from pipeline.triton.layouts import ENGINE_REL
 from pipeline.ui import progress, status
@@ -103,7 +103,8 @@ def run_workloads(ctx: Context, lease, entry, tok, result: dict[str, Any], reque
                                           f"(hung: its process is alive, its readiness probe times out):\n"
                                           f"{server.log_tail()}")
                 summary = triton_client.summarize(records, wall)
-                out.append({"concurrency": conc, **summary})
+                # how much the level's figures move by chance: bootstrap intervals over its requests
+                out.append({"concurrency": conc, **summary, "noise": noise.of_records(records, wall, seed=b.seed)})
                 if front is not None:  # the same requests as apps send them, right after the gRPC level
                     with progress(f"bench {wname}: concurrency {conc} (OpenAI)", n) as bar:
                         oa_records, oa_wall = front.level(raw, order, conc, spec.max_tokens, chat, bar.advance)
