@@ -41,7 +41,8 @@ def tiny_fp8(tmp_path_factory):
     mtq.quantize(model, modelopt.quant_config("fp8", "fp8"), lambda m: [m(input_ids=cal[i:i + 4]) for i in
                                                                       range(0, len(cal), 4)])
     modelopt.prepare_reference(model, "fp8", "fp8")
-    fq = quality.logits(model, ev)
+    with modelopt.kv_as_served(model, "fp8"):  # the KV scales the deployment applies, as the quantize stage evaluates
+        fq = quality.logits(model, ev)
     out = d / "fp8"
     export_hf_checkpoint(model, export_dir=str(out))
     return {"dir": out, "src": src, "base": base, "fq": fq, "rows": ev}
