@@ -54,7 +54,8 @@ def _calibrate_and_export(tiny, out: Path, fmt: str, kv: str, block: int | None 
                  lambda m: modelopt.calibration_forward(m, tiny["cal"], 4))
     modelopt.use_cpu_fallbacks(model, fmt, kv)
     ref, _ = modelopt.prepare_reference(model, fmt, kv)
-    fq = quality.logits(model, tiny["ev"])
+    with modelopt.kv_as_served(model, kv):  # the KV scales the deployment applies, as the quantize stage evaluates
+        fq = quality.logits(model, tiny["ev"])
     export_hf_checkpoint(model, export_dir=str(out))
     return {"dir": out, "ref": ref, "base": base, "fq": fq, "fmt": fmt, "kv": kv, "block": block}
 
