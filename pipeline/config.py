@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from pathlib import Path
 from typing import Any, Iterable
@@ -47,10 +48,18 @@ def _schema_keys(full_key: str) -> list[str] | None:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(owner: type) -> dict[str, Any]:
+    """The schema dataclass's resolved field types (static: ``validate`` reads them for every composed config)."""
+    import typing
+
+    return typing.get_type_hints(owner)
+
+
 def _field_type(owner: type, name: str) -> Any:
     import typing
 
-    hint = typing.get_type_hints(owner)[name]
+    hint = _hints(owner)[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 
@@ -290,7 +299,7 @@ def _dict_value_type(owner: type, name: str) -> type | None:
     """The dataclass of a ``Dict[str, X]`` field's values, else None."""
     import typing
 
-    hint = typing.get_type_hints(owner)[name]
+    hint = _hints(owner)[name]
     args = typing.get_args(hint)
     if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
         return args[1]
