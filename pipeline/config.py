@@ -123,6 +123,7 @@ def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            _share_config_files(GlobalHydra.instance())
             for job in jobs:
                 try:
                     cfg = hydra_compose(config_name="config", overrides=list(job))
@@ -148,6 +149,55 @@ def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
         if saved is not None:
             Singleton.set_state(saved)
     return out
+
+
+def _share_config_files(global_hydra: Any) -> None:
+    """Let the composes of one ``compose_many`` read each config file once.
+
+    Hydra gives every compose a fresh ``CachingConfigRepository`` (a deep copy of the file repository, an empty cache),
+    so each of ``validate``'s hundreds of composes re-reads and re-parses the same YAML files. Here the files' loaded
+    results are kept across composes, and each compose gets deep copies of them (Hydra merges the loaded nodes into its
+    result without copying them), so every compose is exactly Hydra's own (tests/unit/test_config.py compares them).
+    A Hydra whose loader lacks the hook composes as it always does."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_repository import CachingConfigRepository
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    loader = getattr(getattr(global_hydra, "hydra", None), "config_loader", None)
+    if not isinstance(loader, ConfigLoaderImpl) or not hasattr(loader, "_process_config_searchpath"):
+        return
+    shared: dict[str, Any] = {"files": {}, "search_path": None}
+    delegate = copy.deepcopy(loader.repository)
+
+    class SharedFiles(CachingConfigRepository):
+        def __init__(self) -> None:  # the one delegate; this compose's own cache, as Hydra's
+            self.delegate = delegate
+            self.cache = {}
+
+        def initialize_sources(self, config_search_path: Any) -> None:
+            key = repr([(p.provider, p.path) for p in config_search_path.get_path()])
+            if key != shared["search_path"]:  # another search path: other files
+                shared["files"].clear()
+                shared["search_path"] = key
+            super().initialize_sources(config_search_path)
+
+        def load_config(self, config_path: str) -> Any:
+            if config_path not in self.cache:
+                files = shared["files"]
+                if config_path not in files:
+                    files[config_path] = self.delegate.load_config(config_path=config_path)
+                self.cache[config_path] = copy.deepcopy(files[config_path])
+            return self.cache[config_path]
+
+    def parse_overrides_and_create_caching_repo(config_name: Any, overrides: list[str]) -> Any:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+        repo = SharedFiles()
+        loader._process_config_searchpath(config_name, parsed, repo)
+        return parsed, repo
+
+    loader._parse_overrides_and_create_caching_repo = parse_overrides_and_create_caching_repo
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -201,17 +251,20 @@ def validate(cfg: DictConfig) -> list[str]:
     unset = _workload_problems(cfg, sizes_only=True)
     if unset:  # the rest of the checks would resolve them
         return unset
-    try:
-        OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
+    try:  # one plain, resolved copy: the checks below read it rather than walking OmegaConf nodes (many times faster)
+        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except Exception as exc:  # the checks below would read the unresolvable value: this problem alone
         key = _unresolvable_key(cfg)
-        return [f"cannot resolve config{f' key {key}' if key else ''}: {explain(exc)}; an interpolation "
+        why = explain(exc)
+        why = why[len(key) + 2:] if key and why.startswith(f"{key}: ") else why  # the key is named once
+        return [f"cannot resolve config{f' key {key}' if key else ''}: {why}; an interpolation "
                 f"${{...}} must name a config key that exists (e.g. ${{build.max_seq_len}})"]
-    for key in OmegaConf.missing_keys(cfg):
-        problems.append(f"{key} is required but not set")
     problems.extend(_unknown_keys(cfg, schema.PipelineConfig, ""))
+    missing = [f"{key} is required but not set" for key in _missing_keys(plain)]
+    if missing:  # the checks below would read the missing values
+        return missing + problems
     for group, node_type in schema.GROUPS.items():
-        problems.extend(_check_ranges(cfg.get(group), node_type, group))
+        problems.extend(_check_ranges(plain.get(group), node_type, group))
     if cfg.until is not None and cfg.until not in STAGE_NAMES:
         problems.append(f"until: unknown stage '{cfg.until}'; choose one of: {', '.join(STAGE_NAMES)}")
     for name in cfg.force:
@@ -265,15 +318,30 @@ def _workload_problems(cfg: DictConfig, *, sizes_only: bool = False) -> list[str
     return [p for p in problems if "is not set for" in p] if sizes_only else problems
 
 
-def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
+def _missing_keys(node: Any, prefix: str = "") -> list[str]:
+    """The keys whose value is missing (``???``) in a plain container, named as ``OmegaConf.missing_keys`` names
+    them (``a.b``, ``a.l[0]``)."""
     out: list[str] = []
-    if node is None or not dataclasses.is_dataclass(node_type):
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        full = f"{prefix}.{key}".lstrip(".") if isinstance(node, dict) else f"{prefix}[{key}]"
+        if isinstance(value, str) and value == "???":
+            out.append(full)
+        else:
+            out.extend(_missing_keys(value, full))
+    return out
+
+
+def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
+    """Range problems of a plain (resolved) container against the schema dataclass's ``min``/``max`` metadata."""
+    out: list[str] = []
+    if not isinstance(node, dict) or not dataclasses.is_dataclass(node_type):
         return out
     for f in dataclasses.fields(node_type):
         key = f"{prefix}.{f.name}"
-        if OmegaConf.is_missing(node, f.name):
-            continue
         value = node.get(f.name)
+        if isinstance(value, str) and value == "???":
+            continue
         lo, hi = f.metadata.get("min"), f.metadata.get("max")
         if (lo is not None or hi is not None) and isinstance(value, (int, float)) and not isinstance(value, bool):
             derived = f.metadata.get("zero_derives") and value == 0  # 0: the serving plan derives the value
@@ -283,15 +351,12 @@ def _check_ranges(node: Any, node_type: type, prefix: str) -> list[str]:
                     bounds += ", or 0 to derive it"
                 out.append(f"{key}={value} is out of range: must be {bounds}")
         sub = _field_type(node_type, f.name)
-        if dataclasses.is_dataclass(sub) and isinstance(value, DictConfig):
+        if dataclasses.is_dataclass(sub) and isinstance(value, dict):
             out.extend(_check_ranges(value, sub, key))
         entry = _dict_value_type(node_type, f.name)
-        if entry is not None and isinstance(value, DictConfig):
-            for name in value:
-                try:
-                    out.extend(_check_ranges(value[name], entry, f"{key}.{name}"))
-                except OmegaConfBaseException:
-                    continue  # an entry that does not resolve is reported by validate
+        if entry is not None and isinstance(value, dict):
+            for name, item in value.items():
+                out.extend(_check_ranges(item, entry, f"{key}.{name}"))
     return out
 
 

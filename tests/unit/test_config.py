@@ -78,3 +78,55 @@ def test_target_auto_maps_the_local_gpu(monkeypatch):
     monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "Tesla T4", "sm": 75, "memory_gb": 16.0})
     with pytest.raises(UserError, match="no shipped target has sm75"):
         hardware.detect_target(config.shipped_targets())
+
+
+def test_missing_keys_are_named_as_omegaconf_names_them():
+    """validate walks one plain resolved copy; its missing keys are OmegaConf's own, in dicts, lists and nesting."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create({"a": "???", "b": {"c": "???", "d": 1, "l": [1, "???", {"e": "???"}]}, "f": "x",
+                             "g": "${f}"})
+    plain = OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
+    assert sorted(config._missing_keys(plain)) == sorted(OmegaConf.missing_keys(node))
+    assert config._missing_keys({"a": 1, "b": [2, {"c": "set"}]}) == []  # negative control
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["model.name=???"], "model.name is required but not set"),
+    (["bench.concurrency=[1,???]"], "bench.concurrency[1] is required but not set"),
+    (["build.max_seq_len=???", "+build.foo=1"], "2 config problems: build.max_seq_len is required but not set; "
+                                                "unknown config key 'build.foo'"),
+])
+def test_a_missing_value_is_a_config_problem_naming_it(overrides, expected):
+    with pytest.raises(UserError) as err:
+        hardware.compose(overrides)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_compose_many_composes_exactly_as_hydra_does_alone():
+    """compose_many shares the loaded config files across its composes: each result equals Hydra's own compose of the
+    same overrides, and an override in one compose never reaches the next (the shared files are copied per compose)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from pipeline import schema
+
+    jobs = [["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", "build.max_batch_size=3",
+             "quant.calib.samples=7", "+bench.workloads.extra={prompt_words: 9, max_tokens: 5}"],
+            ["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi"],
+            ["model=tiny-qwen3", "quant=int4_awq", "target=h100", "runtime=reference"],
+            ["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi"]]
+
+    def plain(cfg):
+        return OmegaConf.to_container(cfg, resolve=False)
+
+    ours = config.compose_many(jobs[1:])
+    schema.register()
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
+        alone = [plain(hydra_compose(config_name="config", overrides=job)) for job in jobs[1:]]
+    assert [plain(c) for c in ours] == alone
+    # an override composed first does not leak into the next compose of the same files
+    with_override = config.compose_many(jobs)
+    assert isinstance(with_override[0], UserError)  # +bench.workloads.extra is refused ...
+    assert [plain(c) for c in with_override[1:]] == alone  # ... and the rest are as Hydra composes them
