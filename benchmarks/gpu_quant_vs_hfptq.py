@@ -1,7 +1,7 @@
 """The pipeline's quantize stage against ModelOpt's own example flow (``examples/hf_ptq/hf_ptq.py``), side by side.
 
-    python -m benchmarks gpu_quant_vs_hfptq --shape 14b --quant fp8 --rows 512 --seq 512 --calib-text FILE \
-        --root /data/q14 --hf-ptq DIR --step prepare   # checkpoint, rows, extensions, bf16 forward floor
+    python -m benchmarks gpu_quant_vs_hfptq --shape 14b --quant fp8 [--kv fp8_cast] --rows 512 --seq 512 \
+        --calib-text FILE --root /data/q14 --hf-ptq DIR --step prepare   # checkpoint, rows, extensions, floor
     ... --step ours      # the quantize stage
     ... --step hfptq     # hf_ptq.py, unchanged
     ... --step render --out DIR   # compose the raw record (under DIR on a GPU host; by default benchmarks/results/)
@@ -22,16 +22,19 @@ Same model, same calibration rows, same format, same GPU:
   earlier run (``TORCH_EXTENSIONS_DIR``) is reused when ninja finds it up to date.
   Last, the bf16 forward floor: the unquantized checkpoint's forward over the same rows (last position's logits
   only, as calibration computes), after a warm-up batch, at a few batch sizes; the fastest is the floor.
-- ``ours``: ``python -m pipeline build ... until=quantize force=[quantize]`` (``--quant`` weights, fp8 KV cache;
-  nvfp4 for target b200, calibrated here), one process; its steps from accuracy.json's ``timings_s``.
-- ``hfptq``: ``hf_ptq.py --pyt_ckpt_path CKPT --qformat QUANT --kv_cache_qformat fp8 --dataset ROWS.jsonl
+- ``ours``: ``python -m pipeline build ... until=quantize force=[quantize]`` (``--quant`` weights, ``--kv`` KV
+  preset as ``quant.kv_cache``; nvfp4 for target b200, calibrated here), one process; its steps from accuracy.json's
+  ``timings_s``.
+- ``hfptq``: ``hf_ptq.py --pyt_ckpt_path CKPT --qformat QUANT [--kv_cache_qformat KV] --dataset ROWS.jsonl
   --calib_size N --calib_seq L --export_path DIR`` run from ``--hf-ptq DIR`` unchanged: a wrapper imports it as a
   module, times its step functions (load_model, get_max_batch_size, make_calib_dataloader, pre_quantize,
   mono_quantize, post_quantize, export_quantized) by wrapping them in its namespace, then runs its ``__main__``
   block. Its flow is kept (batch size probed, preview generation before and after quantization: its
-  evaluation) except for the KV preset: ``--kv_cache_qformat fp8`` is explicit, calibrated as the stage's ``fp8``
-  is, while hf_ptq.py's own default since ModelOpt 0.43 is ``fp8_cast`` (hf_ptq.py @ a2fbac7 lines 1414-1418);
-  ``--hfptq-arg`` adds flags.
+  evaluation). The KV preset is the stage's: ``--kv fp8`` (the default) passes ``--kv_cache_qformat fp8``
+  explicitly, calibrated as the stage's ``fp8`` is; ``--kv fp8_cast`` passes no ``--kv_cache_qformat`` at all, so
+  hf_ptq.py runs its own default, ``fp8_cast`` since ModelOpt 0.43 (hf_ptq.py @ a2fbac7 lines 1414-1418; the
+  default is read from its argparse call and recorded, and the flag is given explicitly only where the preset asked
+  for is not that default); ``--hfptq-arg`` adds flags.
 - For both: wall time; torch ``max_memory_allocated`` at exit; nvidia-smi's peak (sampled every 250 ms, all
   processes); the process tree's peak RSS, and its peak anonymous RSS (without the memory-mapped checkpoint pages,
   which are the kernel's page cache).
@@ -40,7 +43,8 @@ Same model, same calibration rows, same format, same GPU:
   GPU memory (nvidia-smi) <= hf_ptq's and <= 0.9 x the device's. The commit is the tree's (``PIPELINE_COMMIT`` for a
   copy without git history), ``+dirty`` when it differs from it.
 
-Each step writes ``ROOT/<step>.json`` (``ours-QUANT.json``, ``hfptq-QUANT.json``); exports are deleted after they are measured (``--keep-exports`` keeps them),
+Each step writes ``ROOT/<step>.json`` (``ours-QUANT.json``, ``hfptq-QUANT.json``; ``ours-QUANT-kvKV.json`` for a KV
+preset other than fp8); exports are deleted after they are measured (``--keep-exports`` keeps them),
 so that the bf16 checkpoint and one export fit on disk at a time.
 """
 from __future__ import annotations
@@ -64,7 +68,8 @@ from benchmarks.gpu_e2e import SHAPES, WRAPPER, SmiSampler, calib_overrides, gpu
 TITLE = "The quantize stage vs ModelOpt's hf_ptq.py"
 GIB = 2**30
 STEPS = ("prepare", "ours", "hfptq", "render")
-KV = "fp8"
+KV = "fp8"  # the default --kv: both calibrate the KV cache (the records before 2026-12-06 all ran this)
+KVS = ("fp8", "fp8_cast")
 TARGETS = {"fp8": "h200", "nvfp4": "b200"}  # where each format serves; both calibrate on this machine's GPU
 # Targets, side by side in one run (see the module docstring)
 CALIBRATE_RATIO_MAX, STAGE_RATIO_MAX, FLOOR_RATIO_MAX, DEVICE_FRACTION_MAX = 1.1, 0.9, 1.6, 0.9
@@ -216,9 +221,27 @@ def _env(path_first: str | None = None, **extra: str) -> dict[str, str]:
 def pipeline_overrides(a) -> list[str]:
     cal = calib_overrides(a.rows, a.seq, a.calib_text)
     if a.shape == "tiny":
-        return ["model=tiny-qwen3", f"quant={a.quant}", f"quant.kv_cache={KV}", "quant.gate=warn",
+        return ["model=tiny-qwen3", f"quant={a.quant}", f"quant.kv_cache={a.kv}", "quant.gate=warn",
                 "runtime=reference", "target=cpu", *cal]
-    return overrides(a.shape, a.quant, TARGETS[a.quant]) + cal
+    return [*overrides(a.shape, a.quant, TARGETS[a.quant]), f"quant.kv_cache={a.kv}", *cal]
+
+
+def label(a) -> str:
+    """The weight format, and the KV preset where it is not fp8: names the ours/hfptq step files and logs."""
+    return a.quant if a.kv == KV else f"{a.quant}-kv{a.kv}"
+
+
+def hfptq_kv_default(hf_ptq: Path) -> str | None:
+    """hf_ptq.py's own ``--kv_cache_qformat`` default, read from its ``add_argument`` call (None: not found)."""
+    import ast
+
+    for node in ast.walk(ast.parse(hf_ptq.read_text())):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--kv_cache_qformat"):
+            for kw in node.keywords:
+                if kw.arg == "default" and isinstance(kw.value, ast.Constant):
+                    return kw.value.value
+    return None
 
 
 def fetch_dir(root: Path) -> Path:
@@ -353,7 +376,7 @@ def step_ours(a, root: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-c", WRAPPER, "build", "--json", *pipeline_overrides(a), "until=quantize",
            "force=[quantize]", f"paths.root={root}"]
     print("[quant_vs_hfptq] the pipeline's quantize stage ...", flush=True)
-    r = measure(cmd, _env(GPU_E2E_TORCH_PEAK=str(peak_file)), root, log_dir / f"ours-{a.quant}.stderr.log")
+    r = measure(cmd, _env(GPU_E2E_TORCH_PEAK=str(peak_file)), root, log_dir / f"ours-{label(a)}.stderr.log")
     out: dict[str, Any] = {"command": cmd[3:]}
     if peak_file.is_file():
         peak = json.loads(peak_file.read_text())
@@ -361,7 +384,7 @@ def step_ours(a, root: Path) -> dict[str, Any]:
         out["torch_reserved_gib"] = round(peak["max_memory_reserved"] / GIB, 2)
     if r["returncode"]:
         r.pop("stdout")
-        out.update(r, error=(log_dir / f"ours-{a.quant}.stderr.log").read_text()[-3000:])
+        out.update(r, error=(log_dir / f"ours-{label(a)}.stderr.log").read_text()[-3000:])
         return out
     summary = _summary(r)
     row = next(s for s in summary["stages"] if s["stage"] == "quantize")
@@ -427,18 +450,21 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
     events_file = root / ".hfptq-events.json"
     events_file.unlink(missing_ok=True)
     c = prep["calibration"]
-    args = ["--pyt_ckpt_path", prep["checkpoint"], "--qformat", a.quant, "--kv_cache_qformat", KV,
-            "--dataset", c["jsonl"], "--calib_size", str(c["rows"]), "--calib_seq", str(c["seq_len"]),
+    default = hfptq_kv_default(hf_dir / "hf_ptq.py")
+    explicit = a.kv != default  # hf_ptq's own default runs as it ships: no flag
+    args = ["--pyt_ckpt_path", prep["checkpoint"], "--qformat", a.quant,
+            *(["--kv_cache_qformat", a.kv] if explicit else []), "--dataset", c["jsonl"], "--calib_size", str(c["rows"]), "--calib_seq", str(c["seq_len"]),
             "--export_path", str(export), *a.hfptq_arg]
     cmd = [sys.executable, "-c", HFPTQ_WRAPPER, *args]
     print(f"[quant_vs_hfptq] hf_ptq.py {' '.join(args)} ...", flush=True)
     env = _env(path_first=str(hf_dir), HFPTQ_DIR=str(hf_dir), HFPTQ_EVENTS=str(events_file),
                HFPTQ_STEPS=",".join(HFPTQ_STEPS))
-    r = measure(cmd, env, root, root / "logs" / f"hfptq-{a.quant}.log")
+    r = measure(cmd, env, root, root / "logs" / f"hfptq-{label(a)}.log")
     stdout = r.pop("stdout")
-    (root / "logs" / f"hfptq-{a.quant}.stdout.log").write_text(stdout)
+    (root / "logs" / f"hfptq-{label(a)}.stdout.log").write_text(stdout)
     out: dict[str, Any] = {"args": args, "hf_ptq_dir": str(hf_dir), **r,
-                           "upstream_commit": _read(hf_dir / "UPSTREAM_COMMIT")}
+                           "upstream_commit": _read(hf_dir / "UPSTREAM_COMMIT"),
+                           "kv_cache_qformat": {"preset": a.kv, "explicit": explicit, "hf_ptq_default": default}}
     batch = [ln for ln in stdout.splitlines() if ln.startswith("Use calib batch_size")]
     out["batch_size"] = int(batch[-1].split()[-1]) if batch else None
     if events_file.is_file():
@@ -448,7 +474,7 @@ def step_hfptq(a, root: Path) -> dict[str, Any]:
         out["torch_peak_gib"] = round(ev["max_memory_allocated"] / GIB, 2)
         out["torch_reserved_gib"] = round(ev["max_memory_reserved"] / GIB, 2)
     if r["returncode"]:
-        out["error"] = (root / "logs" / f"hfptq-{a.quant}.log").read_text()[-3000:]
+        out["error"] = (root / "logs" / f"hfptq-{label(a)}.log").read_text()[-3000:]
         return out
     cfg = export / "hf_quant_config.json"
     if cfg.is_file():
@@ -528,11 +554,23 @@ def _cell(v: Any, fmt: str = "{:.1f}") -> str:
 
 
 def variant(record: dict[str, Any]) -> str:
-    return f"{record['prepare']['shape']} shape, {record.get('quant', 'fp8')}"
+    kv = record.get("kv_cache", KV)  # records before --kv: fp8 for both
+    return f"{record['prepare']['shape']} shape, {record.get('quant', 'fp8')}" + ("" if kv == KV else f", {kv} KV")
 
 
 def suffix(record: dict[str, Any]) -> str:
-    return f"{record['prepare']['shape']}-{record.get('quant', 'fp8')}"
+    kv = record.get("kv_cache", KV)
+    return f"{record['prepare']['shape']}-{record.get('quant', 'fp8')}" + ("" if kv == KV else f"-kv{kv}")
+
+
+def _kv_words(hf: dict[str, Any]) -> str:
+    """How hf_ptq.py was given its KV preset (records before --kv: an explicit fp8)."""
+    kq = hf.get("kv_cache_qformat") or {"preset": KV, "explicit": True, "hf_ptq_default": "fp8_cast"}
+    if kq.get("explicit"):
+        return (f"run unchanged but for an explicit `--kv_cache_qformat {kq['preset']}` (its default is "
+                f"{kq.get('hf_ptq_default') or '?'} since ModelOpt 0.43)")
+    return (f"run unchanged, with its own default KV preset (no `--kv_cache_qformat`: {kq.get('hf_ptq_default')}, "
+            f"read from its argparse call), as the stage's `quant.kv_cache={kq['preset']}`")
 
 
 def render(record: dict[str, Any]) -> list[str]:
@@ -546,13 +584,12 @@ def render(record: dict[str, Any]) -> list[str]:
     fl = prep.get("bf16_floor") or {}
     commit_note = commit_label(doc)
     lines = [f"{doc['date'][:16]} UTC, commit {commit_note}, {gpu}; synthetic weights "
-             f"({cmp['weights_gib']} GiB in bf16), {quant} weights + fp8 KV cache"
+             f"({cmp['weights_gib']} GiB in bf16), {quant} weights + {doc.get('kv_cache', KV)} KV cache"
              + (f" (for {TARGETS.get(quant)}, calibrated here)" if TARGETS.get(quant) != "h200" else "")
              + f", {c['rows']} calibration rows × {c['seq_len']} tokens of `{c.get('text', 'builtin')}`, the same "
              f"rows for both ({c['identical_after_retokenizing']} of {c['rows']} re-tokenize to the identical row "
              f"from the JSONL given to hf_ptq). hf_ptq.py at NVIDIA/Model-Optimizer "
-             f"{(hf.get('upstream_commit') or '?')[:9]}, run unchanged but for an "
-             f"explicit `--kv_cache_qformat fp8` (its default is fp8_cast since ModelOpt 0.43) "
+             f"{(hf.get('upstream_commit') or '?')[:9]}, {_kv_words(hf)} "
              f"(`hf_ptq.py {' '.join(_short(x) for x in hf.get('args', []))}`). ModelOpt's CUDA extensions "
              f"were built before both runs ({_cell(prep['extension_build'].get('process_s'))} s: compiled, or "
              f"loaded from a carried build directory), so neither time includes the build.", "",
@@ -657,11 +694,11 @@ def _render_first_form(doc: dict[str, Any]) -> list[str]:
 def step_render(a, root: Path) -> dict[str, Any]:
     """The raw record from the three steps' files under ``root``."""
     prep = json.loads((root / "prepare.json").read_text())
-    ours = json.loads((root / f"ours-{a.quant}.json").read_text())
-    hf = json.loads((root / f"hfptq-{a.quant}.json").read_text())
+    ours = json.loads((root / f"ours-{label(a)}.json").read_text())
+    hf = json.loads((root / f"hfptq-{label(a)}.json").read_text())
     gpu = gpu_info()
     return {"host": {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()},
-            "gpu": gpu, "quant": a.quant, "prepare": prep, "ours": ours, "hfptq": hf,
+            "gpu": gpu, "quant": a.quant, "kv_cache": a.kv, "prepare": prep, "ours": ours, "hfptq": hf,
             "compare": compare(prep, ours, hf, gpu)}
 
 
@@ -688,7 +725,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ap.add_argument("--step", choices=(*STEPS, "all"), default="all")
     ap.add_argument("--root", type=Path, help="working directory (kept between steps)")
     ap.add_argument("--shape", choices=(*sorted(SHAPES), "tiny"), default="32b")
-    ap.add_argument("--quant", choices=sorted(TARGETS), default="fp8", help="weight format (fp8 KV cache with both)")
+    ap.add_argument("--quant", choices=sorted(TARGETS), default="fp8", help="weight format")
+    ap.add_argument("--kv", choices=KVS, default=KV,
+                    help="KV preset for both: the stage's quant.kv_cache; hf_ptq.py gets --kv_cache_qformat KV unless "
+                         "KV is its own default (fp8_cast), which then runs as it ships, without the flag")
     ap.add_argument("--rows", type=int, default=512, help="calibration rows")
     ap.add_argument("--seq", type=int, default=512, help="calibration tokens per row")
     ap.add_argument("--calib-text", default=os.environ.get("CALIB_TEXT") or (
@@ -722,7 +762,7 @@ def run(args) -> dict[str, Any] | None:
     a.root.mkdir(parents=True, exist_ok=True)
     record = None
     for step in steps:
-        done = a.root / (f"{step}-{a.quant}.json" if step in ("ours", "hfptq") else f"{step}.json")
+        done = a.root / (f"{step}-{label(a)}.json" if step in ("ours", "hfptq") else f"{step}.json")
         if step != "render" and done.is_file() and not a.redo and not json.loads(done.read_text()).get("returncode"):
             print(f"[quant_vs_hfptq] {step}: done earlier ({done})", flush=True)
             continue
