@@ -3,18 +3,28 @@
 - text requests: the entry point (``ensemble`` or ``tensorrt_llm_bls``) with ``text_input``, ``max_tokens``,
   ``stream``, ``exclude_input_in_output``, ``temperature``/``top_k``/``top_p``, ``seed``, ``min_tokens``,
   ``presence_penalty``/``frequency_penalty``/``repetition_penalty``, ``stop_words``, ``end_id`` (-1 for
-  ``ignore_eos``, as the LLM API sets it) and ``return_num_output_tokens``; each streamed response holds the text of
-  its new tokens.
+  ``ignore_eos``, as the LLM API sets it) and ``return_num_output_tokens``; its answer is the whole text, decoded
+  once by ``postprocessing``.
+- streamed text requests to a decoupled entry point: the token path below, the prompt tokenized here as the layout's
+  ``preprocessing`` tokenizes it (its ``add_special_tokens``). Streamed, upstream's ``postprocessing`` decodes each
+  response's new tokens on their own (TensorRT-LLM ``triton_backend/all_models/inflight_batcher_llm/postprocessing``
+  ``execute``: ``batch_decode`` of ``tokens[:seq_len]``), so a character whose UTF-8 bytes span two responses (Qwen's
+  Chinese, emoji) arrives as two U+FFFD and is lost; upstream's remedy, ``tensorrt_llm_bls`` with
+  ``accumulate_tokens``, sends the text of every token so far in every response (each response decodes and carries
+  the whole text: quadratic in the length) and is off in upstream's quick start and here. The ensemble still serves
+  every unary text request and every Triton client.
 - token-level requests (token-id prompts, ``logprobs``, ``echo``): the ``tensorrt_llm`` model itself, as NVIDIA's
   ``inflight_batcher_llm_client.py`` drives it, with ``input_ids``/``input_lengths``, ``request_output_len``,
   ``streaming``, ``end_id``/``pad_id``, ``runtime_top_k``/``runtime_top_p``, ``stop_words_list`` (TensorRT-LLM's
   ``[1, 2, N]`` word list), ``return_log_probs`` (``output_log_probs``), ``return_context_logits`` (prompt log
-  probabilities) and ``return_generation_logits`` (top log probabilities); the front end detokenizes.
+  probabilities) and ``return_generation_logits`` (top log probabilities); the front end detokenizes incrementally
+  (:class:`TokenCall`).
 
 A generation left before its end is stopped with upstream's ``stop`` request to ``tensorrt_llm``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,10 +48,13 @@ class Codec(_Base):
         return {"input_ids": [self.served.eos_id or 0], "input_lengths": 1, "request_output_len": 1}
 
     def call(self, req: GenRequest, entry: Spec, side: dict[str, Spec]) -> Call:
-        if not req.token_level:
+        llm = side.get(LLM)
+        if not req.token_level and req.stream and entry.decoupled and llm is not None:
+            # each streamed response of the entry point holds its new tokens decoded alone (see the module's doc)
+            req = replace(req, prompt_ids=self.served.encode_prompt(req.prompt_text))
+        elif not req.token_level:
             outputs = ("text_output", "num_output_tokens") if "num_output_tokens" in entry.outputs else ("text_output",)
             return TextCall(entry, self.text_inputs(entry, req), outputs, self.layout.stream)
-        llm = side.get(LLM)
         if llm is None:
             raise APIError(400, f"{token_param(req)} needs the layout's tensorrt_llm model (token ids and log probs), "
                                 f"which this server does not serve", param=token_param(req))
@@ -105,16 +118,18 @@ class Codec(_Base):
 class TokenCall(Call):
     """A token-level request's responses: ``output_ids`` (TensorRT-LLM leaves a generated end id out) with their log
     probabilities (``output_log_probs``, or ``generation_logits`` for the top ones) and, on the first response,
-    ``context_logits`` (the prompt's log probabilities); the text is the ids detokenized here, a character still
-    incomplete held back until its next token."""
+    ``context_logits`` (the prompt's log probabilities); the text is the ids detokenized here, incrementally: each
+    response decodes a window of the last tokens (vLLM's and TGI's prefix and read offsets: the text of the tokens
+    from ``prefix`` on, less that of those before ``read``), not every token so far, and a character still
+    incomplete (a trailing U+FFFD) waits for its next token."""
 
-    __slots__ = ("req", "served", "ids", "sent_text", "prompt_done", "prompt_lps", "eos_first")
+    __slots__ = ("req", "served", "ids", "prefix", "read", "prompt_done", "prompt_lps", "eos_first")
 
     def __init__(self, spec, inputs, outputs, stream_input, req: GenRequest, served):
         super().__init__(spec, inputs, outputs, stream_input)
         self.req, self.served = req, served
         self.ids: list[int] = []
-        self.sent_text = ""
+        self.prefix = self.read = 0  # the window: ids[prefix:read] were sent, ids[read:] not yet
         self.prompt_done = False
         self.prompt_lps: list[TokenLogprob] | None = None
         self.eos_first: TokenLogprob | None = None
@@ -172,22 +187,26 @@ class TokenCall(Call):
                     raise APIError(500, "the served tensorrt_llm model returned fewer output_log_probs than tokens")
                 lps = [TokenLogprob(t, v) for t, v in zip(new_ids, vals)]
         self.ids += new_ids
-        text = self.served.decode(self.ids)
-        emit = ""
-        if not text.endswith("\ufffd"):  # a character still incomplete waits for its next token
-            emit = text[len(self.sent_text):] if text.startswith(self.sent_text) else \
-                text[len(common_prefix(self.sent_text, text)):]
-            self.sent_text = text
+        emit = self._advance(final=False) if new_ids else ""
         plps, self.prompt_lps = self.prompt_lps, None
         return Delta(text=emit, ids=new_ids, logprobs=lps, num_output_tokens=len(self.ids), prompt_logprobs=plps)
+
+    def _advance(self, final: bool) -> str:
+        """The text the tokens after ``read`` add; none while it ends in a character still incomplete, unless
+        ``final``."""
+        before = self.served.decode(self.ids[self.prefix:self.read])
+        now = self.served.decode(self.ids[self.prefix:])
+        if len(now) <= len(before) or (now.endswith("\ufffd") and not final):
+            return ""
+        new = now[len(before):] if now.startswith(before) else now[len(common_prefix(before, now)):]
+        self.prefix, self.read = self.read, len(self.ids)
+        return new
 
     def finish(self) -> tuple[Delta, ...]:
         """The text held back at the end (an incomplete character is final now); and where the generation ended at
         once, its one token the end id, that token's entry (a stop word stays in the output)."""
         out = []
-        text, sent = self.served.decode(self.ids), self.sent_text
-        rest = text[len(sent):] if text.startswith(sent) else text[len(common_prefix(sent, text)):]
-        self.sent_text = text
+        rest = self._advance(final=True) if self.read < len(self.ids) else ""
         if rest:
             out.append(Delta(text=rest))
         if not self.ids and self.eos_first is not None:
