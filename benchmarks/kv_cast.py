@@ -200,7 +200,12 @@ def variant(record: dict) -> str:
 
 
 def suffix(record: dict) -> str | None:
-    return f"{record['shape']}-{record.get('target', 'h200')}" if record.get("shape") else None
+    """The shape and the GPU that ran it (``4b-h100``); none for the CPU form."""
+    if not record.get("shape"):
+        return None
+    name = str((record.get("gpu") or {}).get("name") or "gpu")
+    gpu = next((g for g in ("H100", "H200", "B200", "A100", "L40S") if g in name), name.split()[-1])
+    return f"{record['shape']}-{gpu.lower()}"
 
 
 def _scales(s: dict) -> str:
