@@ -56,24 +56,59 @@ def statuses(root: Path, label: str = "tiny-qwen3.fp8-kvfp8.cpu.reference") -> d
     return {r["stage"]: r["status"] for r in report(root, label)["stages"]}
 
 
-@pytest.fixture(scope="session")
-def tiny_build_run(tmp_path_factory) -> tuple[Path, dict]:
-    """One full tiny-qwen3 build through every stage, run non-interactively (output captured), shared by the
-    end-to-end tests (read-only for them) and, under pytest-xdist, by every worker of the run (built once, under a
-    file lock). -> (output root, {"returncode", "stdout", "stderr"} of the CLI)."""
+def ensure_tiny_build(base: Path) -> tuple[Path, dict]:
+    """Build the shared tiny-qwen3 build under ``base`` once (under a file lock; whoever comes later waits and reads
+    the record). -> (output root, {"returncode", "stdout", "stderr"} of the CLI)."""
     from filelock import FileLock
 
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the directory every worker's base temp lies in
     root, done = base / "tiny-build", base / "tiny-build.json"
     with FileLock(str(base / "tiny-build.lock")):
         if not done.is_file():
             proc = run_cli("build", *TINY, root=root, raw=True)
             done.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}))
-    out = json.loads(done.read_text())
+    return root, json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_build_run(tmp_path_factory) -> tuple[Path, dict]:
+    """One full tiny-qwen3 build through every stage, run non-interactively (output captured), shared by the
+    end-to-end tests (read-only for them) and, under pytest-xdist, by every worker of the run (built once, under a
+    file lock; the controller starts it as soon as the collection shows a test that reads it). -> (output root,
+    {"returncode", "stdout", "stderr"} of the CLI)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the directory every worker's base temp lies in
+    root, out = ensure_tiny_build(base)
     assert out["returncode"] == 0, out["stderr"][-3000:]
     return root, out
+
+
+_PREBUILD: dict[str, subprocess.Popen] = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """On the xdist controller: start the shared tiny build in the background as soon as a collected test module
+    uses it, so that no worker sits idle waiting for it while the tests that do not need it run."""
+    if _PREBUILD:
+        return
+    files = {i.split("::")[0] for i in ids}
+    if not any("tiny_build" in (REPO / f).read_text() for f in files if (REPO / f).is_file() and f != "tests/conftest.py"):
+        _PREBUILD["none"] = None
+        return
+    base = node.config._tmp_path_factory.getbasetemp()
+    log = open(base / "tiny-build.prebuild.log", "w")
+    _PREBUILD["prebuild"] = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from tests.conftest import ensure_tiny_build; "
+                               "ensure_tiny_build(Path(sys.argv[1]))", str(base)],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def pytest_sessionfinish(session):
+    proc = _PREBUILD.get("prebuild")
+    if proc is not None and proc.poll() is None:  # the run ended first (a failure, -x, ^C): nothing left behind
+        os.killpg(proc.pid, 9)
+        proc.wait()
 
 
 @pytest.fixture(scope="session")
