@@ -292,5 +292,17 @@ def print_plan(doc: dict[str, Any], console=None) -> None:
         for note in (["short of the recipe: " + r for r in cal["short_reasons"]] + cal["notes"][len(
                 cal["short_reasons"]):]):
             console.print("[yellow]calibration:[/] " + escape(note))
+    rec = doc.get("recipe")
+    if rec:
+        group = f", group {rec['group_size']}" if rec["group_size"] else ""
+        kv = (f"{rec['kv_cache_quant_algo']}{' (constant amax)' if rec['kv_constant_amax'] else ' (calibrated)'}"
+              if rec["kv_cache_quant_algo"] else "none")
+        console.print(escape(f"recipe: ModelOpt {rec['recipe']} ({rec['algorithm']} calibration): the export carries "
+                             f"quant_algo {rec['quant_algo']}{group}, kv_cache_quant_algo {kv} (derived with "
+                             f"ModelOpt's export code on a {rec['probe']} stand-in) = quant={rec['format']} "
+                             f"quant.kv_cache={rec['kv_format']}"))
+        if rec["partial"]:
+            console.print("[yellow]recipe:[/] " + escape(f"leaves unquantized beyond quant={rec['format']}'s own "
+                                                         f"exclusions: {', '.join(rec['partial'])}"))
     for p in doc["not_buildable_here"]:
         console.print(f"[yellow]build here would be refused:[/] {escape(p)}")

@@ -244,6 +244,12 @@ class QuantConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     gate: GateMode = GateMode.fail
     thresholds: GateThresholds = field(default_factory=GateThresholds)
+    # One of the PTQ recipes ModelOpt ships, by name: general/ptq/<name> (modelopt_recipes/general/ptq/*.yaml; the
+    # .yaml suffix is optional). The quantize stage then calibrates with the recipe's config (ModelOpt's
+    # load_recipe) instead of the format's preset; plan derives the quant_algo and KV algo its export carries and
+    # refuses a recipe the target cannot serve, or one that disagrees with quant / quant.kv_cache
+    # (pipeline/quant/recipes.py, docs/formats.md). null: the format's preset.
+    recipe: Optional[str] = None
 
 
 # ---------------------------------------------------------------------------------------------------------- target

@@ -118,6 +118,12 @@ def cmd_plan(cfg: DictConfig, as_json: bool) -> dict[str, Any]:
         from pipeline import calib
 
         doc["calibration"] = calib.plan_summary(cfg)
+        if cfg.quant.get("recipe"):  # what the recipe's export carries (preflight derived it and refused what fails)
+            from pipeline import planning
+            from pipeline.quant import recipes
+
+            derived = recipes.derive(str(cfg.quant.recipe), planning.model_type(cfg))
+            doc["recipe"] = recipes.summary(derived, recipes.to_formats(derived))
     if as_json:
         print(json.dumps(doc, indent=2))
     else:

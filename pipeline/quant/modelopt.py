@@ -200,8 +200,10 @@ def calibration_forward(model, rows, batch_size: int, on_rows=None, events: list
 
 
 def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size: int,
-              events: list[dict[str, Any]] | None = None, parts: dict[str, Any] | None = None) -> int:
-    """ModelOpt PTQ in place: insert the quantizers of ``quant_config`` and calibrate them on ``rows`` -> the batch
+              events: list[dict[str, Any]] | None = None, parts: dict[str, Any] | None = None, *,
+              config: dict[str, Any] | None = None) -> int:
+    """ModelOpt PTQ in place: insert the quantizers of ``quant_config`` (or ``config``: a ModelOpt recipe's
+    ``quantize`` section, ``pipeline.quant.recipes``) and calibrate them on ``rows`` -> the batch
     size calibration ended with (smaller than ``batch_size`` after an out-of-memory retry, recorded in ``events``).
     Forward loops that ModelOpt runs more than once (AWQ's search) start from the last size that fitted.
 
@@ -239,7 +241,7 @@ def calibrate(model, fmt: str, kv: str, block_size: int | None, rows, batch_size
     t_all = time.perf_counter()
     counter = ExpertTokens(model)
     try:
-        mtq.quantize(model, quant_config(fmt, kv, block_size), forward_loop)
+        mtq.quantize(model, config if config is not None else quant_config(fmt, kv, block_size), forward_loop)
     finally:
         counter.remove()
     sync()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
-from pipeline import calib, capacity, hf_config, quality, store
+from pipeline import calib, capacity, catalog, hf_config, planning, quality, store, upstream
 from pipeline.config import to_plain
 from pipeline.errors import StageFailed, UserError
 from pipeline.formats import FORMATS, KV_FORMATS
@@ -67,12 +68,28 @@ def check(cfg: DictConfig) -> list[str]:
     if not FORMATS[fmt].calibrates_on_cpu and cfg.target.device.value != "cuda":
         problems.append(f"quant={fmt} calibrates on a CUDA GPU only (ModelOpt's {FORMATS[fmt].preset} runs a CUDA-only "
                         f"kernel during calibration); use a GPU target, or quant=nvfp4 on target cpu")
+    if cfg.quant.get("recipe"):
+        problems.extend(recipe_problems(cfg))
     if not (fmt == "none" and kv == "none"):
         t = cfg.target
         problems.append(capacity.calibration_fit_problem(
             cfg.model.name, float(cfg.model.shape.params_b or 0), device=t.device.value, target=t.name,
             memory_gb=t.memory_gb, gpus_per_node=t.gpus_per_node, row=_row_bytes(cfg)))
     return [p for p in problems if p]
+
+
+def recipe_problems(cfg: DictConfig) -> list[str]:
+    """``quant.recipe``: a shipped ModelOpt PTQ recipe whose export (derived with ModelOpt's own export code on a
+    stand-in of the model's architecture) a format module describes, the target serves, and ``quant`` /
+    ``quant.kv_cache`` name (``pipeline.quant.recipes``). When the build stage is selected its own compatibility
+    check covers the target for a consistent config, so it is not repeated here."""
+    from pipeline.quant import recipes
+
+    until = cfg.get("until")
+    build_checked = until is None or catalog.STAGE_NAMES.index(until) >= catalog.STAGE_NAMES.index("build")
+    found, _, _ = recipes.problems(cfg, planning.model_type(cfg), upstream.line_for(cfg.runtime.get("trtllm_version")),
+                                   compat_checked=build_checked)
+    return found
 
 
 def env_check(cfg: DictConfig) -> list[str]:
@@ -290,8 +307,18 @@ def run(ctx: Context) -> QuantizeResult:
     oom: list[dict[str, Any]] = []  # out-of-memory retries: each halved batch
     with _timed(timings, "baseline_eval_s", peaks):
         base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, ebs, oom)
-    with _timed(timings, "calibrate_s", peaks):
-        bs_used = modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs, oom, calibrate_parts)
+    recipe = None
+    with _timed(timings, "calibrate_s", peaks), tempfile.TemporaryDirectory(prefix="recipe-layerwise-") as scratch:
+        config = None
+        if q.get("recipe"):  # ModelOpt's recipe (its loader) in place of the format's preset; plan checked it maps
+            from pipeline.quant import recipes  # to quant.format / quant.kv_cache
+
+            config = recipes.quant_config(q.recipe, scratch=scratch)
+            recipe = {"name": recipes.normalize(q.recipe), "description": recipes.load(q.recipe).description,
+                      "algorithm": recipes.algorithm(q.recipe), "quant_cfg": len(config.get("quant_cfg") or [])}
+            console.print(f"[cyan]recipe:[/] ModelOpt {recipe['name']} ({recipe['algorithm']} calibration)")
+        bs_used = modelopt.calibrate(model, fmt, kv, q.block_size, rows.calib, bs, oom, calibrate_parts,
+                                     config=config)
     fallbacks = modelopt.use_cpu_fallbacks(model, fmt, kv) if device == "cpu" else 0
     if ctx.capacity is not None:  # trtllm_engine only (trtllm_mapping)
         # first: it adjusts the scales of the layers it fuses, which the HF export then writes
@@ -353,7 +380,8 @@ def run(ctx: Context) -> QuantizeResult:
     if peaks is not None:
         peaks[PROCESS_PEAK] = max(peaks.get(PROCESS_PEAK, 0), torch.cuda.max_memory_allocated())
     gpu = {"torch_peak_bytes_by_step": peaks, "torch_peak_bytes": peaks[PROCESS_PEAK]} if peaks is not None else {}
-    recorded = {"export_check_parts_s": {k: round(v, 3) for k, v in detail.items()},
+    recorded = {**({"recipe": recipe} if recipe else {}),  # quant.recipe: which ModelOpt recipe ran
+                "export_check_parts_s": {k: round(v, 3) for k, v in detail.items()},
                 "calibrate_parts_s": calibrate_parts,
                 "gpu_memory": {**batching, "calibration_batch_size_used": bs_used, "oom_retries": oom,
                                "calibrated_model_freed_before_proof": freed, **gpu}}
