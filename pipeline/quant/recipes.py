@@ -328,7 +328,9 @@ def to_formats(d: Derived) -> Mapped:
     partial: tuple[str, ...] = ()
     if fmt is not None and fmt != "none":
         own = preset_excludes(fmt, d.probe)
-        partial = tuple(p for p in d.exclude_modules if p not in own)
+        # the stand-in has one decoder layer: its layer 0 stands for every layer of the model
+        partial = tuple(dict.fromkeys(p.replace(".layers.0.", ".layers.*.") for p in d.exclude_modules
+                                      if p not in own))
     return Mapped(fmt, kv, tuple(problems), partial)
 
 

@@ -203,4 +203,4 @@ def test_a_partly_quantized_export_is_refused_on_the_engine_path_only():
     over = ["quant=nvfp4", "quant.recipe=general/ptq/nvfp4_mlp_only-kv_fp8", "target=b200"]
     assert _problems(*over, "runtime=trtllm_llmapi") == []
     found = _problems(*over, "runtime=trtllm_engine")
-    assert len(found) == 1 and "leaves model.layers.0.self_attn* unquantized" in found[0], found
+    assert len(found) == 1 and "leaves model.layers.*.self_attn* unquantized" in found[0], found
