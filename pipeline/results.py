@@ -75,9 +75,30 @@ class Accuracy(StageResult):
     breaches: list[str]
 
 
+class RecipeRecord(StageResult):
+    """``quant.recipe``: the ModelOpt recipe the quantize stage calibrated with, and what plan derived its export
+    carries (``pipeline.quant.recipes``: ModelOpt's ``get_quant_config`` on a stand-in of the model's architecture)
+    with the formats it maps to. The quantize result and ``bundle.json``'s ``quant.recipe`` hold it."""
+
+    name: str = Field(description="general/ptq/<name>: the recipe ModelOpt's load_recipe loaded")
+    description: str = Field(description="the recipe's own description")
+    algorithm: str = Field(description="its calibration method: max, mse, gptq, nvfp4_act_headroom, none")
+    probe: str = Field(description="the model_type of the stand-in the export was derived on")
+    quant_algo: Optional[str] = Field(description="the derived export's weight quant_algo")
+    kv_cache_quant_algo: Optional[str] = Field(description="the derived export's kv_cache_quant_algo")
+    group_size: Optional[int] = Field(description="the derived export's block size")
+    exclude_modules: list[str] = Field(description="the derived export's exclude_modules (on the stand-in)")
+    kv_constant_amax: bool = Field(description="the KV quantizers use a constant amax (no k_scale/v_scale exported)")
+    format: str = Field(description="the format module the export maps to (quant=...)")
+    kv_cache: str = Field(description="the KV format it maps to (quant.kv_cache=...)")
+    partial: list[str] = Field(description="layers it leaves unquantized beyond the format's own preset (layers.* "
+                                           "stands for every decoder layer)")
+
+
 class QuantizeResult(StageResult):
     format: str
     kv_cache: str
+    recipe: Optional[RecipeRecord] = None  # quant.recipe: the ModelOpt recipe that ran (None: the format's preset)
     quant_algo: Optional[str] = None
     kv_cache_quant_algo: Optional[str] = None
     note: Optional[str] = None  # unquantized: why there is nothing else

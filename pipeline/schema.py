@@ -247,8 +247,9 @@ class QuantConfig:
     # One of the PTQ recipes ModelOpt ships, by name: general/ptq/<name> (modelopt_recipes/general/ptq/*.yaml; the
     # .yaml suffix is optional). The quantize stage then calibrates with the recipe's config (ModelOpt's
     # load_recipe) instead of the format's preset; plan derives the quant_algo and KV algo its export carries and
-    # refuses a recipe the target cannot serve, or one that disagrees with quant / quant.kv_cache
-    # (pipeline/quant/recipes.py, docs/formats.md). null: the format's preset.
+    # refuses a recipe the target cannot serve, or one that disagrees with quant / quant.kv_cache; the artifact's
+    # label and bundle path name the recipe (pipeline/identity.py). pipeline/quant/recipes.py, docs/formats.md. null:
+    # the format's preset.
     recipe: Optional[str] = None
 
 

@@ -155,6 +155,12 @@ def diff(old: str, new: str) -> str:
         ("quant_algo", _get(a, "quant", "quant_algo"), _get(b, "quant", "quant_algo")),
         ("kv_cache_quant_algo", _get(a, "quant", "kv_cache_quant_algo"), _get(b, "quant", "kv_cache_quant_algo")),
     ]
+    # quant.recipe (bundle.json's quant.recipe; "-": the format's own preset): which ModelOpt recipe, its
+    # calibration and what it leaves unquantized beyond the format's preset
+    for key, field in (("name", "quant recipe"), ("algorithm", "quant recipe calibration"),
+                       ("partial", "quant recipe leaves unquantized")):
+        va, vb = (_get(d, "quant", "recipe", key) for d in (a, b))
+        rows.append((field, *((", ".join(v) or None) if isinstance(v, list) else v for v in (va, vb))))
     for key in ("kl_mean", "top1_agreement", "ppl_ratio"):
         rows.append((f"accuracy {key}", _get(a, "accuracy", "quantized_vs_unquantized", key),
                      _get(b, "accuracy", "quantized_vs_unquantized", key)))

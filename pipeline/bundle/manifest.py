@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.results import Gates
+from pipeline.results import Gates, RecipeRecord
 
 SCHEMA = "llm-pipeline/bundle/v2"
 
@@ -41,6 +41,10 @@ class QuantInfo(BaseModel):
     calibration_sha256: Optional[str]
     # dataset, rows, seq_len, tokens, short and short_reasons of the quantize stage's calibration
     calibration: Optional[dict[str, Any]] = None
+    recipe: Optional[RecipeRecord] = Field(
+        None, description="quant.recipe: the ModelOpt recipe the checkpoint was calibrated with, what its export was "
+                          "derived to carry and the formats it maps to (the quantize stage's record); null: the "
+                          "format's own preset")
 
 
 class RuntimeVersions(BaseModel):

@@ -389,3 +389,13 @@ def summary(d: Derived, m: Mapped) -> dict[str, Any]:
     """The plan's record of a recipe."""
     return {**d.to_json(), "format": m.format, "kv_format": m.kv_cache, "partial": list(m.partial),
             "problems": list(m.problems)}
+
+
+def record(d: Derived, m: Mapped) -> dict[str, Any]:
+    """What the quantize result and ``bundle.json`` record of the recipe that ran (``pipeline.results.RecipeRecord``):
+    its name, description and calibration, the derived export and the formats it maps to."""
+    return {"name": d.recipe, "description": d.description, "algorithm": d.algorithm, "probe": d.probe,
+            "quant_algo": d.quant_algo, "kv_cache_quant_algo": d.kv_cache_quant_algo, "group_size": d.group_size,
+            "exclude_modules": list(d.exclude_modules), "kv_constant_amax": d.kv_constant_amax, "format": m.format,
+            "kv_cache": m.kv_cache, "partial": list(m.partial)}
+

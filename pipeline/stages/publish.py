@@ -1,7 +1,8 @@
 """publish: an immutable, checksummed bundle for ops: checkpoint, Triton repository, every manifest and report.
 
 The bundle is assembled here (``paths.bundles``); after every build it is uploaded to ``publish.dest`` (any fsspec URL) under
-``<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/``; ``latest`` moves only when every gate passed
+``<model>/<quant>-kv<kv>/<target>/<runtime>/<version>/`` (``<quant>-kv<kv>.recipe-<name>`` for a ``quant.recipe`` build,
+``pipeline.identity``); ``latest`` moves only when every gate passed
 (accuracy, export check, bench). Republishing a version that exists uploads only its files found missing or
 damaged (checked against its ``bundle.json``).
 
@@ -17,6 +18,8 @@ Layout::
     manifests/<stage>.json the manifest of every stage that produced it
     bundle.sig             with publish.sign: an OpenSSF model_signing signature over bundle.json
 
+``quant.recipe`` records the ModelOpt recipe the checkpoint was calibrated with (the quantize stage's record: its
+name and calibration, the export plan derived and the formats it maps to); null for the format's own preset.
 ``eval`` holds the task gate per task (baseline and quantized scores, the difference and its interval, items, verdict,
 lm-eval's version and the task files' digests); ``gates.eval`` its verdict (``inconclusive`` moves ``latest`` unless
 ``eval.strict``, which fails the evaluate stage on it). ``gates.bench`` is the bench stage's own verdict (``pass``; ``no-baseline`` when the regression baseline could not
@@ -37,7 +40,7 @@ from pipeline.bundle import sign as sign_bundle
 from pipeline.bundle import sign_problems
 from pipeline.config import resolved_paths, to_plain
 from pipeline.identity import ArtifactKey
-from pipeline.results import BenchResult, PublishResult
+from pipeline.results import BenchResult, PublishResult, QuantizeResult
 from pipeline.runner.contract import Context, Stage, host_info
 from pipeline.ui import status
 
@@ -136,6 +139,19 @@ def gates_line(gates: dict[str, Any], quant: dict[str, Any] | None = None) -> st
 GATE_NAMES = ("accuracy", "export_check", "bench", "eval")  # bundle.json's gate verdicts that decide ``latest``
 
 
+def quant_info(fmt: str, kv: str, q: QuantizeResult) -> dict[str, Any]:
+    """bundle.json's ``quant`` (:class:`~pipeline.bundle.QuantInfo`): the config's format and KV preset, what the
+    quantize stage's export carries, its calibration, and the ModelOpt recipe it ran (``quant.recipe``; None: the
+    format's preset)."""
+    return {"format": fmt, "kv_cache": kv, "quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo,
+            "group_size": q.group_size, "exclude_modules": q.exclude_modules,
+            "calibration_sha256": q.calibration.sha256 if q.calibration else None,
+            "calibration": {k: v for k, v in q.calibration.model_dump(mode="json").items()
+                            if k in ("dataset", "rows", "seq_len", "tokens", "short", "short_reasons", "basis")}
+            if q.calibration else None,
+            "recipe": q.recipe.model_dump(mode="json") if q.recipe else None}
+
+
 def run(ctx: Context) -> PublishResult:
     cfg, out = ctx.cfg, ctx.out
     ctx.link_input("quantize", "checkpoint", "checkpoint", link=cfg.publish.link)
@@ -166,13 +182,7 @@ def run(ctx: Context) -> PublishResult:
     manifest = BundleManifest.model_validate({
         "schema": SCHEMA, "version": f"v{ctx.fingerprint[:12]}",
         "model": {"name": cfg.model.name, "source": cfg.model.source, "revision": fetched.resolved_sha},
-        "quant": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value,
-                  "quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo,
-                  "group_size": q.group_size, "exclude_modules": q.exclude_modules,
-                  "calibration_sha256": q.calibration.sha256 if q.calibration else None,
-                  "calibration": {k: v for k, v in q.calibration.model_dump(mode="json").items()
-                                  if k in ("dataset", "rows", "seq_len", "tokens", "short", "short_reasons", "basis")}
-                  if q.calibration else None},
+        "quant": quant_info(cfg.quant.format.value, cfg.quant.kv_cache.value, q),
         "target": to_plain(cfg.target), "runtime": to_plain(cfg.runtime),
         "runtime_versions": {**versions, "container": cfg.runtime.container if cfg.runtime.name.value != "reference"
                              else None},

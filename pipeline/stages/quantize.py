@@ -307,7 +307,15 @@ def run(ctx: Context) -> QuantizeResult:
     oom: list[dict[str, Any]] = []  # out-of-memory retries: each halved batch
     with _timed(timings, "baseline_eval_s", peaks):
         base = _logits("reference logits (unquantized, held-out)", model, rows.heldout, ebs, oom)
-    recipe = None
+    recipe, recipe_record = None, None
+    if q.get("recipe"):
+        from pipeline.quant import recipes
+
+        # the result's and bundle's record (results.RecipeRecord): what the export carries, derived as plan does, on
+        # a stand-in of the loaded model's architecture; building the stand-in seeds torch, so the RNG is restored
+        with torch.random.fork_rng(devices=[]):
+            derived = recipes.derive(str(q.recipe), str(model.config.model_type))
+        recipe_record = recipes.record(derived, recipes.to_formats(derived))
     with _timed(timings, "calibrate_s", peaks), tempfile.TemporaryDirectory(prefix="recipe-layerwise-") as scratch:
         config = None
         if q.get("recipe"):  # ModelOpt's recipe (its loader) in place of the format's preset; plan checked it maps
@@ -376,6 +384,8 @@ def run(ctx: Context) -> QuantizeResult:
               "calibration": rows.record(timings["calibrate_s"]),
               "heldout": {"rows": len(rows.heldout), "seq_len": q.eval.seq_len},
               "accuracy": accuracy, "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+    if recipe:
+        result["recipe"] = recipe_record  # absent for the format's preset
     # accuracy.json only (not in the stage's result record): the batch bound, per-step GPU peaks, the proof's parts
     if peaks is not None:
         peaks[PROCESS_PEAK] = max(peaks.get(PROCESS_PEAK, 0), torch.cuda.max_memory_allocated())

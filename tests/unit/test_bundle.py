@@ -325,3 +325,37 @@ def test_diff_shows_config_differences_first(tmp_path):
     rows = [line.split(" | ")[0].lstrip("| ") for line in bundle.diff(str(a), str(b)).splitlines()[2:]]
     assert rows[:4] == ["version", "config serve.torch_threads", "server version", "bytes"], rows
     assert not any("paths" in r for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------- quant.recipe
+RECIPE_RECORD = {"name": "general/ptq/fp8_default-kv_fp8_cast", "description": "FP8, cast KV", "algorithm": "max",
+                 "probe": "qwen3", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "group_size": None,
+                 "exclude_modules": ["lm_head"], "kv_constant_amax": True, "format": "fp8", "kv_cache": "fp8_cast",
+                 "partial": []}
+
+
+def test_the_recipe_reaches_bundle_json_names_its_published_entry_and_shows_in_diff(tmp_path):
+    """The quantize result's recipe record -> bundle.json's quant.recipe (publish.quant_info, schema-checked) -> the
+    published entry's prefix (``.recipe-<name>``) and ``pipeline diff``'s rows; a preset bundle records null."""
+    from pipeline.results import QuantizeResult
+    from tests.helpers.bundles import make_bundle, rewrite_manifest
+
+    q = QuantizeResult.model_validate({"format": "fp8", "kv_cache": "fp8_cast", "recipe": RECIPE_RECORD,
+                                       "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"})
+    info = bundle.QuantInfo.model_validate(publish.quant_info("fp8", "fp8_cast", q)).model_dump(mode="json")
+    assert info["recipe"] == RECIPE_RECORD
+    preset_q = QuantizeResult.model_validate({"format": "fp8", "kv_cache": "fp8"})
+    assert "recipe" not in preset_q.model_dump(mode="json")  # a preset build's manifest is as before
+    assert publish.quant_info("fp8", "fp8", preset_q)["recipe"] is None
+    with pytest.raises(ValueError):  # the record's keys are fixed
+        bundle.QuantInfo.model_validate({**info, "recipe": {**RECIPE_RECORD, "extra": 1}})
+    a = make_bundle(tmp_path / "a", kv="fp8_cast")
+    b = make_bundle(tmp_path / "b", kv="fp8_cast", version="v0000000000bb")
+    rewrite_manifest(b / "bundle.json", lambda d: d["quant"].update(recipe=info["recipe"]))
+    bundle.BundleManifest.model_validate(json.loads((b / "bundle.json").read_text()))
+    res = publish.upload(b, str(tmp_path / "published"), lock_dir=tmp_path / "locks")
+    assert "/tiny-qwen3/fp8-kvfp8_cast.recipe-fp8_default-kv_fp8_cast/cpu/reference/v0000000000bb" in res["url"]
+    table = bundle.diff(str(a), str(b))
+    assert "| quant recipe | - | general/ptq/fp8_default-kv_fp8_cast |" in table, table
+    assert "| quant recipe calibration | - | max |" in table, table
+    assert "quant recipe leaves unquantized" not in table  # none on either side: no row

@@ -70,3 +70,40 @@ def test_outputs_reports_and_published_entries_are_named_by_the_key(tmp_path):
                "runtime": KEY.runtime, "published": None, "total_s": 0.0, "stages": [], "log": "l", "finished": "f"}
     md = report.write(summary, tmp_path / "reports")
     assert md.name == f"{KEY.label}.md" and json.loads(md.with_suffix(".json").read_text()) == summary
+
+
+def test_a_recipe_names_the_artifact_apart_from_its_formats_preset_and_every_reader_agrees():
+    """quant.recipe adds ``.recipe-<name>`` after ``kv<kv>`` (the publish prefix keeps its four levels, which gc's
+    listing globs); the config, bundle.json and the build report all give the same key."""
+    from omegaconf import OmegaConf
+
+    key = dataclasses.replace(KEY, recipe="nvfp4_default-kv_fp8_cast")
+    assert key.label == "tiny-qwen3.int4_awq-kvfp8.recipe-nvfp4_default-kv_fp8_cast.h100.trtllm_llmapi"
+    assert key.checkpoint_label == "tiny-qwen3.int4_awq-kvfp8.recipe-nvfp4_default-kv_fp8_cast"
+    assert key.publish_prefix == "tiny-qwen3/int4_awq-kvfp8.recipe-nvfp4_default-kv_fp8_cast/h100/trtllm_llmapi"
+    assert key != KEY and key.label != KEY.label
+    plain = {"model": {"name": "tiny-qwen3"}, "quant": {"format": "int4_awq", "kv_cache": "fp8"},
+             "target": {"name": "h100"}, "runtime": {"name": "trtllm_llmapi"}}
+    given = OmegaConf.create(plain)
+    given.quant.recipe = "general/ptq/nvfp4_default-kv_fp8_cast.yaml"
+    assert ArtifactKey.of(given) == key
+    given.quant.recipe = None
+    assert ArtifactKey.of(given) == KEY
+    doc = {**plain, "quant": {**plain["quant"], "recipe": {"name": "general/ptq/nvfp4_default-kv_fp8_cast"}}}
+    assert ArtifactKey.of_manifest(doc) == key
+    assert ArtifactKey.of_manifest({**plain, "quant": {**plain["quant"], "recipe": None}}) == KEY
+    summary = {"model": "tiny-qwen3", "quant": "int4_awq", "kv_cache": "fp8", "target": "h100",
+               "runtime": "trtllm_llmapi",
+               "stages": [{"stage": "fetch", "result": {}},
+                          {"stage": "quantize", "result": {"recipe": {"name": "general/ptq/nvfp4_default-kv_fp8_cast"}}}]}
+    assert ArtifactKey.of_report(summary) == key
+    assert ArtifactKey.of_report({**summary, "stages": summary["stages"][:1]}) == KEY
+
+
+def test_the_recipe_in_a_label_is_filesystem_and_url_safe():
+    from pipeline.identity import recipe_tag
+
+    assert recipe_tag("general/ptq/fp8_default-kv_fp8_cast.yml") == "fp8_default-kv_fp8_cast"
+    assert recipe_tag("/general/ptq/fp8_default-kv_fp8_cast/") == "fp8_default-kv_fp8_cast"
+    assert recipe_tag("general/qad/x.y z") == "general_qad_x_y_z"  # refused by plan; still never a path or a dot
+    assert recipe_tag(None) is None and recipe_tag("") is None and recipe_tag("  ") is None

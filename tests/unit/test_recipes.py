@@ -204,3 +204,36 @@ def test_a_partly_quantized_export_is_refused_on_the_engine_path_only():
     assert _problems(*over, "runtime=trtllm_llmapi") == []
     found = _problems(*over, "runtime=trtllm_engine")
     assert len(found) == 1 and "leaves model.layers.*.self_attn* unquantized" in found[0], found
+
+
+# --------------------------------------------------------------------------------- the recipe names the artifact
+def test_a_recipe_build_is_named_apart_from_the_preset_build_of_its_format():
+    from pipeline.identity import ArtifactKey
+    from pipeline.stages import quantize
+
+    over = ["model=tiny-qwen3", "target=cpu", "runtime=reference", "quant.kv_cache=fp8_cast"]
+    key = ArtifactKey.of(hardware.compose([*over, "quant.recipe=general/ptq/fp8_default-kv_fp8_cast.yaml"],
+                                          say=False))
+    preset = ArtifactKey.of(hardware.compose(over, say=False))
+    assert preset.label == "tiny-qwen3.fp8-kvfp8_cast.cpu.reference" and preset.recipe is None
+    assert key.label == "tiny-qwen3.fp8-kvfp8_cast.recipe-fp8_default-kv_fp8_cast.cpu.reference"
+    assert key.publish_prefix == "tiny-qwen3/fp8-kvfp8_cast.recipe-fp8_default-kv_fp8_cast/cpu/reference"
+    assert quantize.STAGE.label(hardware.compose([*over, "quant.recipe=general/ptq/fp8_default-kv_fp8_cast"],
+                                                 say=False)) == "tiny-qwen3.fp8-kvfp8_cast.recipe-fp8_default-kv_fp8_cast"
+
+
+def test_the_record_of_the_recipe_is_the_derivation_and_reads_as_the_results_model():
+    from pipeline.identity import recipe_tag
+    from pipeline.results import RecipeRecord
+
+    d = recipes.derive(recipes.PREFIX + "nvfp4_mlp_only-kv_fp8_cast", "qwen3")
+    rec = RecipeRecord.model_validate(recipes.record(d, recipes.to_formats(d)))
+    assert (rec.name, rec.algorithm, rec.quant_algo, rec.kv_cache_quant_algo, rec.group_size) == \
+        ("general/ptq/nvfp4_mlp_only-kv_fp8_cast", "max", "NVFP4", "FP8", 16)
+    assert (rec.format, rec.kv_cache, rec.kv_constant_amax) == ("nvfp4", "fp8_cast", True)
+    assert "model.layers.*.self_attn*" in rec.partial and "lm_head" in rec.exclude_modules
+    with pytest.raises(ValueError):  # the record's keys are fixed (bundle.json's schema)
+        RecipeRecord.model_validate({**rec.model_dump(), "extra": 1})
+    # every shipped name spells itself in the label, filesystem- and URL-safe
+    assert [recipe_tag(recipes.PREFIX + n + ".yaml") for n in SHIPPED] == list(SHIPPED)
+    assert all(set(n) <= set("abcdefghijklmnopqrstuvwxyz0123456789_-") for n in SHIPPED)
