@@ -84,7 +84,8 @@ def create(find_links: str | None = None, with_cli: bool = False) -> Path:
         args = ([sys.executable, str(tool), "--python", py, "--uv", sys.executable, "--"] if tool.is_file() else
                 [sys.executable, "-m", "uv", "pip", "install", "--python", py])
         extra = ["--find-links", find_links] if find_links else []
-        subprocess.run([*args, *extra, PINNED, *([CLI] if with_cli else [])], check=True)
+        # compiled at install (uv does not by default): each estimate runs in a child that imports the model afresh
+        subprocess.run([*args, *extra, "--compile-bytecode", PINNED, *([CLI] if with_cli else [])], check=True)
     return root
 
 

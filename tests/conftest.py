@@ -83,6 +83,36 @@ def tiny_build_run(tmp_path_factory) -> tuple[Path, dict]:
     return root, out
 
 
+# Seconds each test module took in a recorded run of the fast tier on 2 cores (tests/durations.json; refreshed by
+# `python -m tests.helpers.durations JUNIT_XML` from a run with --junitxml). Only the order of the modules depends on
+# it, never what runs: a module missing from it counts as a short one.
+DURATIONS = REPO / "tests" / "durations.json"
+
+
+def _uses_tiny_build(path: Path) -> bool:
+    return path.is_file() and path.name != "conftest.py" and "tiny_build" in path.read_text()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Longest modules first, so that under xdist (``--dist loadfile --no-loadscope-reorder``: each module is one
+    unit, handed out in this order as workers free up) no long module starts last while the other worker idles;
+    except that the first unit of each worker is a long module that does not wait for the shared tiny build, which
+    the controller builds in the background meanwhile. Within a module the order is unchanged."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)  # set on xdist's workers, which collect
+    if workers < 2 or len(items) < 2:
+        return
+    weights = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    files: dict[str, float] = {}
+    for item in items:
+        rel = item.nodeid.split("::")[0]
+        files.setdefault(rel, float(weights.get(rel, 0.0)))
+    ranked = sorted(files, key=lambda f: -files[f])  # stable: ties keep the collection order
+    first = [f for f in ranked if not _uses_tiny_build(REPO / f)][:workers]
+    order = {f: i for i, f in enumerate(first + [f for f in ranked if f not in first])}
+    items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+
+
 _PREBUILD: dict[str, subprocess.Popen] = {}
 
 
@@ -92,8 +122,7 @@ def pytest_xdist_node_collection_finished(node, ids):
     uses it, so that no worker sits idle waiting for it while the tests that do not need it run."""
     if _PREBUILD:
         return
-    files = {i.split("::")[0] for i in ids}
-    if not any("tiny_build" in (REPO / f).read_text() for f in files if (REPO / f).is_file() and f != "tests/conftest.py"):
+    if not any(_uses_tiny_build(REPO / f) for f in {i.split("::")[0] for i in ids}):
         _PREBUILD["none"] = None
         return
     base = node.config._tmp_path_factory.getbasetemp()

@@ -63,7 +63,10 @@ def test_the_makefile_installs_through_uv_with_the_torch_check_and_the_constrain
     assert "$(PY) -m pip install -q uv" in recipe
     assert re.search(r"\$\(UV_PIP\) --torch-or-pip -- .*torch==\$\(TORCH_VERSION\)", recipe)
     assert "$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[cpu-server]'" in recipe
-    assert "$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'" in text
+    assert "$(UV_PIP) -- -c $(CONSTRAINTS) --compile-bytecode -e '.[test,cpu-server]'" in text
+    # each stamp's last install compiles the environment (pip's default, not uv's): the last $(UV_PIP) line of each
+    last = [line for line in recipe.splitlines() if "$(UV_PIP)" in line][-1]
+    assert "--compile-bytecode" in last, last
     assert "pytablewriter>=1.2" in (REPO / "tools" / "constraints.txt").read_text()
 
 
