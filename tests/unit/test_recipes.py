@@ -220,6 +220,12 @@ def test_a_recipe_build_is_named_apart_from_the_preset_build_of_its_format():
     assert key.publish_prefix == "tiny-qwen3/fp8-kvfp8_cast.recipe-fp8_default-kv_fp8_cast/cpu/reference"
     assert quantize.STAGE.label(hardware.compose([*over, "quant.recipe=general/ptq/fp8_default-kv_fp8_cast"],
                                                  say=False)) == "tiny-qwen3.fp8-kvfp8_cast.recipe-fp8_default-kv_fp8_cast"
+    # the bench looks its regression baseline up under the label its own config view gives: the recipe's
+    from pipeline.runner.contract import stage_config
+    from pipeline.stages.bench.stage import STAGE as BENCH
+
+    cfg = hardware.compose([*over, "quant.recipe=general/ptq/fp8_default-kv_fp8_cast"], say=False)
+    assert ArtifactKey.of(stage_config(cfg, BENCH)).label == key.label
 
 
 def test_the_record_of_the_recipe_is_the_derivation_and_reads_as_the_results_model():

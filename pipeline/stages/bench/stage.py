@@ -198,8 +198,9 @@ STAGE = Stage(
            "target.name", "target.device", "runtime.name", "serve.host", "serve.server_bin",
            "serve.startup_timeout_s", "serve.launcher", "serve.image", "serve.url", "serve.repo_mount",
            *OPENAI_READS),
-    # the regression baseline: the bundle published there (bench.json, volatile); where the front end listens
-    unhashed_reads=("publish.dest", *OPENAI_UNHASHED),
+    # the regression baseline: the bundle published there under this build's label (the recipe is part of it;
+    # bench.json, volatile); where the front end listens
+    unhashed_reads=("publish.dest", "quant.recipe", *OPENAI_UNHASHED),
     # the serving plan's predictions (a TensorRT-LLM bench is held against them at the same concurrency) and GPUs
     capacity=("summary",),
     inputs=("package",),
