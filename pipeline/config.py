@@ -1,11 +1,12 @@
 """Compose, validate and slice the Hydra config. Every config problem becomes a :class:`UserError` with one line."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -122,7 +123,7 @@ def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
     saved = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"), _lazy_interpolation_map():
             _share_config_files(GlobalHydra.instance())
             for job in jobs:
                 try:
@@ -149,6 +150,32 @@ def compose_many(jobs: list[list[str]]) -> list[DictConfig | UserError]:
         if saved is not None:
             Singleton.set_state(saved)
     return out
+
+
+@contextlib.contextmanager
+def _lazy_interpolation_map() -> Iterator[None]:
+    """Hydra builds the map that resolves interpolated defaults (``- db: ${group}``) for every node of the defaults
+    tree, a fresh OmegaConf object each time, and reads it only where a default of that node is an interpolation;
+    none of the project's are. While composing, it is built only where a node has one (about a sixth of
+    ``validate``'s time otherwise); Hydra's own function builds it, unchanged. A Hydra without the function composes
+    as it always does."""
+    from hydra._internal import defaults_list as dl
+
+    original = getattr(dl, "_create_interpolation_map", None)
+    if original is None:
+        yield
+        return
+
+    def only_where_read(overrides: Any, defaults: list[Any], self_added: bool) -> Any:
+        if any(not d.is_self() and d.is_interpolation() for d in defaults):
+            return original(overrides, defaults, self_added)
+        return None  # no interpolated child reads it
+
+    dl._create_interpolation_map = only_where_read
+    try:
+        yield
+    finally:
+        dl._create_interpolation_map = original
 
 
 def _share_config_files(global_hydra: Any) -> None:

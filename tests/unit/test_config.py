@@ -130,3 +130,38 @@ def test_compose_many_composes_exactly_as_hydra_does_alone():
     with_override = config.compose_many(jobs)
     assert isinstance(with_override[0], UserError)  # +bench.workloads.extra is refused ...
     assert [plain(c) for c in with_override[1:]] == alone  # ... and the rest are as Hydra composes them
+
+
+def test_the_lazy_interpolation_map_composes_interpolated_defaults_as_hydra_does(tmp_path, monkeypatch):
+    """compose_many builds Hydra's interpolation map only where a node has an interpolated default (the project's
+    configs have none): a tree with one (``- pair: ${data}_${net}``, Hydra's own documented form) composes to Hydra's
+    result, and skipping the map there (the planted fault) breaks it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra._internal import defaults_list as dl
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    for rel, text in {"config.yaml": "defaults:\n  - data: a\n  - net: x\n  - pair: ${data}_${net}\n  - _self_\n",
+                      "data/a.yaml": "d: 1\n", "data/b.yaml": "d: 2\n", "net/x.yaml": "n: 1\n",
+                      "pair/a_x.yaml": "p: ax\n", "pair/b_x.yaml": "p: bx\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+
+    def composed(overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+            return OmegaConf.to_container(hydra_compose(config_name="config", overrides=overrides))
+
+    alone = [composed([]), composed(["data=b"])]
+    assert alone == [{"data": {"d": 1}, "net": {"n": 1}, "pair": {"p": "ax"}},
+                     {"data": {"d": 2}, "net": {"n": 1}, "pair": {"p": "bx"}}]
+    original = dl._create_interpolation_map
+    with config._lazy_interpolation_map():
+        assert dl._create_interpolation_map is not original
+        assert [composed([]), composed(["data=b"])] == alone
+    assert dl._create_interpolation_map is original  # put back
+    monkeypatch.setattr(dl, "_create_interpolation_map", lambda *a: None)  # planted: never built
+    with pytest.raises(Exception):
+        composed([])
+    GlobalHydra.instance().clear()
