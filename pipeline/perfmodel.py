@@ -82,10 +82,9 @@ def create(find_links: str | None = None, with_cli: bool = False) -> Path:
         tool = Path(__file__).resolve().parents[1] / "tools" / "uv_pip.py"
         py = str(tmp / "bin" / "python")
         args = ([sys.executable, str(tool), "--python", py, "--uv", sys.executable, "--"] if tool.is_file() else
-                [sys.executable, "-m", "uv", "pip", "install", "--python", py])
+                [sys.executable, "-m", "uv", "pip", "install", "--python", py, "--compile-bytecode"])
         extra = ["--find-links", find_links] if find_links else []
-        # compiled at install (uv does not by default): each estimate runs in a child that imports the model afresh
-        subprocess.run([*args, *extra, "--compile-bytecode", PINNED, *([CLI] if with_cli else [])], check=True)
+        subprocess.run([*args, *extra, PINNED, *([CLI] if with_cli else [])], check=True)
     return root
 
 

@@ -17,6 +17,10 @@ With ``--torch-or-pip`` uv resolves first (``--dry-run``) and installs only when
 machine without an NVIDIA GPU (:func:`torch_problem`); otherwise the same arguments go to pip, which installs what it
 always did (a machine whose pip has no CPU build to offer gets PyPI's torch from pip, as before, never from uv).
 
+Each install compiles the bytecode of the packages it installs (``--compile-bytecode``), as pip does by default and
+uv does not: where ``PYTHONDONTWRITEBYTECODE`` is set no process writes it later, and every process (each CLI call,
+stage, server, test worker) would compile torch, transformers and ModelOpt from source again (~5 s each).
+
 uv's own output is kept short: its summary lines and the source distributions it built (``Built NAME==VERSION``),
 not one line per download or installed package (its last 40 lines when uv fails). uv runs from the environment
 (``python -m uv``: ``pip install uv`` put it there). Nothing but the standard library is imported: it runs before
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     flags, extra_env = uv_args(pip_config(a.python))
     env = {**os.environ, **extra_env}
-    cmd = [a.uv or a.python, "-m", "uv", "pip", "install", "--python", a.python, *flags, *args]
+    cmd = [a.uv or a.python, "-m", "uv", "pip", "install", "--python", a.python, "--compile-bytecode", *flags, *args]
     if a.torch_or_pip:
         dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, env=env)
         if dry.returncode:
