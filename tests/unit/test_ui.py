@@ -107,7 +107,13 @@ def test_transformers_records_go_to_the_run_log_not_stderr(tmp_path):
     handler = logging.FileHandler(log)
     root = logging.getLogger()
     saved = root.handlers[:]
+    # logging's state as a fresh process has it, whatever an earlier test in this worker left behind (a library
+    # that turned transformers' verbosity down, a level or a logging.disable): the record is held to reach the log
+    saved_levels = (root.level, tlog.get_verbosity(), logging.root.manager.disable)
     root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    tlog.set_verbosity_warning()
+    logging.disable(logging.NOTSET)
     deprecation = "`torch_dtype` is deprecated! Use `dtype` instead!"
     try:
         tlog.enable_default_handler()  # transformers' own state, as a fresh process has it
@@ -123,6 +129,9 @@ def test_transformers_records_go_to_the_run_log_not_stderr(tmp_path):
         root.handlers[:] = saved
         handler.close()
         tlog.enable_default_handler()
+        root.setLevel(saved_levels[0])
+        tlog.set_verbosity(saved_levels[1])
+        logging.disable(saved_levels[2])
         tlog.disable_propagation()
         tlog.enable_progress_bar()
 
