@@ -95,21 +95,19 @@ def _uses_tiny_build(path: Path) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Longest modules first, so that under xdist (``--dist loadfile --no-loadscope-reorder``: each module is one
-    unit, handed out in this order as workers free up) no long module starts last while the other worker idles;
-    except that the first unit of each worker is a long module that does not wait for the shared tiny build, which
-    the controller builds in the background meanwhile. Within a module the order is unchanged."""
+    """Under xdist (``--dist loadfile --no-loadscope-reorder``: each module is one unit, handed out in this order as
+    workers free up): first the modules that do not read the shared tiny build, then those that do, each group
+    longest first. The workers start on modules that need nothing while the controller builds the tiny build in the
+    background, and no long module starts last while the other worker idles. Within a module the order is
+    unchanged."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)  # set on xdist's workers, which collect
     if workers < 2 or len(items) < 2:
         return
     weights = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    files: dict[str, float] = {}
-    for item in items:
-        rel = item.nodeid.split("::")[0]
-        files.setdefault(rel, float(weights.get(rel, 0.0)))
-    ranked = sorted(files, key=lambda f: -files[f])  # stable: ties keep the collection order
-    first = [f for f in ranked if not _uses_tiny_build(REPO / f)][:workers]
-    order = {f: i for i, f in enumerate(first + [f for f in ranked if f not in first])}
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    # stable: ties keep the collection order
+    ranked = sorted(files, key=lambda f: (_uses_tiny_build(REPO / f), -float(weights.get(f, 0.0))))
+    order = {f: i for i, f in enumerate(ranked)}
     items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
 
 
