@@ -3,7 +3,6 @@ and library log records routed to the run log."""
 from __future__ import annotations
 
 import io
-import logging
 import os
 import subprocess
 import sys
@@ -98,42 +97,35 @@ def test_third_party_tqdm_bars_are_switched_off():
     assert any("carriage-return" in p for p in console_problems(loud.stderr))
 
 
+ROUTING = """
+import logging, sys
+from transformers.utils import logging as tlog
+from pipeline import ui
+handler = logging.FileHandler(sys.argv[1])
+logging.getLogger().handlers[:] = [handler]
+deprecation = "`torch_dtype` is deprecated! Use `dtype` instead!"
+tlog.get_logger("transformers.modeling_utils").warning(deprecation)  # before: transformers' own stderr handler
+handler.flush()
+before = open(sys.argv[1]).read().count(deprecation)
+ui.route_library_logs()
+tlog.get_logger("transformers.modeling_utils").warning(deprecation)
+handler.flush()
+print(before, open(sys.argv[1]).read().count(deprecation))
+"""
+
+
 def test_transformers_records_go_to_the_run_log_not_stderr(tmp_path):
     """After ``route_library_logs`` a transformers warning reaches the root logger (the run log) instead of
-    transformers' own stderr handler; before it, the record never reaches the run log (the control)."""
-    from transformers.utils import logging as tlog
-
+    transformers' own stderr handler; before it, the record never reaches the run log and goes to stderr (the
+    control). In a process of its own: logging's state is process-wide, and a test run leaves it as its earlier
+    tests did."""
     log = tmp_path / "run.log"
-    handler = logging.FileHandler(log)
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    # logging's state as a fresh process has it, whatever an earlier test in this worker left behind (a library
-    # that turned transformers' verbosity down, a level or a logging.disable): the record is held to reach the log
-    saved_levels = (root.level, tlog.get_verbosity(), logging.root.manager.disable)
-    root.handlers[:] = [handler]
-    root.setLevel(logging.WARNING)
-    tlog.set_verbosity_warning()
-    logging.disable(logging.NOTSET)
-    deprecation = "`torch_dtype` is deprecated! Use `dtype` instead!"
-    try:
-        tlog.enable_default_handler()  # transformers' own state, as a fresh process has it
-        tlog.disable_propagation()
-        tlog.get_logger("transformers.modeling_utils").warning(deprecation)
-        handler.flush()
-        assert deprecation not in log.read_text()
-        ui.route_library_logs()
-        tlog.get_logger("transformers.modeling_utils").warning(deprecation)
-        handler.flush()
-        assert log.read_text().count(deprecation) == 1
-    finally:
-        root.handlers[:] = saved
-        handler.close()
-        tlog.enable_default_handler()
-        root.setLevel(saved_levels[0])
-        tlog.set_verbosity(saved_levels[1])
-        logging.disable(saved_levels[2])
-        tlog.disable_propagation()
-        tlog.enable_progress_bar()
+    env = {k: v for k, v in os.environ.items() if k not in ui.PROGRESS_ENV}
+    proc = subprocess.run([sys.executable, "-c", ROUTING, str(log)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["0", "1"], proc.stdout  # not in the run log before, once after
+    assert proc.stderr.count("`torch_dtype` is deprecated!") == 1, proc.stderr[-2000:]  # only the one before
 
 
 def test_console_check_flags_planted_noise():
