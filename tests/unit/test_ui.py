@@ -118,9 +118,10 @@ def test_transformers_records_go_to_the_run_log_not_stderr(tmp_path):
     """After ``route_library_logs`` a transformers warning reaches the root logger (the run log) instead of
     transformers' own stderr handler; before it, the record never reaches the run log and goes to stderr (the
     control). In a process of its own: logging's state is process-wide, and a test run leaves it as its earlier
-    tests did."""
+    tests did. Without ``CI``: with ``CI=1`` transformers' own default is to propagate (``_configure_library_root_logger``
+    in ``transformers/utils/logging.py``), which would make the control pass for the wrong reason."""
     log = tmp_path / "run.log"
-    env = {k: v for k, v in os.environ.items() if k not in ui.PROGRESS_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in ui.PROGRESS_ENV and k != "CI"}
     proc = subprocess.run([sys.executable, "-c", ROUTING, str(log)], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
