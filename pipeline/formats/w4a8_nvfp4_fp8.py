@@ -55,7 +55,13 @@ FORMAT = QuantFormat(
     group_size=BLOCK, calibrates_from_sm=89,
     precision="NVFP4 (block 32) / FP8 per-tensor (static)",
     tolerances=Tolerances(kl_max=0.5, top1_min=0.7, ppl_ratio_max=1.35, max_drop=0.08,
-                          export_kl_abs=0.002, export_kl_frac=0.7, export_weight_ratio=0.4),
+                          # Layers: 0.5, not NVFP4's 0.4. The stored weight is the export's (round_as_exported),
+                          # but the fake-quant forward rounds it again on NVFP4's grid (global scale amax / (6 × 448)),
+                          # so the evaluated weight stays off the export by a fixed part of the quantization error:
+                          # worst layer 0.29 × on tiny-qwen3 (CPU), 0.42 × on tests/gpu's qwen3_small (H100, ModelOpt's
+                          # CUDA kernel; benchmarks/results/gpu_pytest-2026-12-06-h100-test_gpu-first-run.log). Unquantized
+                          # weights are 1 × and a wrong scale more: both still fail.
+                          export_kl_abs=0.002, export_kl_frac=0.7, export_weight_ratio=0.5),
     dequantize=nvfp4.dequantize, quantize_input=fake_fp8, cpu_fallback=nvfp4.use_cpu_fallback,
     round_as_exported=round_as_exported,
 )

@@ -105,14 +105,15 @@ def test_format_calibrates_on_gpu_and_the_export_passes_the_proof(qwen3_small, t
 
     from pipeline import hardware, quality
     from pipeline.quant import proof
-    from pipeline.quant.modelopt import prepare_reference, quant_config
+    from pipeline.quant.modelopt import kv_as_served, prepare_reference, quant_config
 
     src, cal, ev = qwen3_small
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
     base = quality.logits(model, ev)
     mtq.quantize(model, quant_config(fmt, kv), lambda m: [m(input_ids=cal[i:i + 4].cuda()) for i in range(0, 16, 4)])
     ref, _ = prepare_reference(model, fmt, kv)
-    fq = quality.logits(model, ev)
+    with kv_as_served(model, kv):  # the KV scales the deployment applies, as the quantize stage evaluates
+        fq = quality.logits(model, ev)
     export_hf_checkpoint(model, export_dir=str(tmp_path))
     del model
     assert sum(k == "kv" for k, _ in ref.scales.values()) == (0 if kv == "none" else 2 * 4)
