@@ -249,7 +249,8 @@ def test_a_build_with_publish_sign_publishes_a_signed_bundle(tiny_build, tmp_pat
                    env=cli_env(root))
     assert proc.returncode == 0, proc.stderr[-2000:]
     ran = {r["stage"]: r["status"] for r in report(root)["stages"]}
-    assert ran["publish"] == "ran" and ran["bench"] == "cached"
+    why = [ln.strip() for ln in proc.stderr.splitlines() if "▶" in ln]  # each stage that ran, with its reason
+    assert ran["publish"] == "ran" and ran["bench"] == "cached", (ran, why)
     (version,) = [p.parent for p in root.glob("published/*/*/*/*/v*/bundle.sig")]
     ok = run_cli("verify", str(version), "--public-key", str(pub), "--require-signature", root=tmp_path / "cwd")
     assert ok.returncode == 0 and "PASS signature" in ok.stdout, ok.stdout
