@@ -40,8 +40,13 @@ SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": 
 # with static (calibrated) activation scales: aiconfigurator reads such a checkpoint as fp8_static
 # (sdk/models/helpers.py _infer_quant_modes_from_raw_config: quant_algo fp8 without quant_dynamic). NVFP4 is nvfp4
 # (the model itself turns it into weight-only nvfp4_wo off Blackwell: helpers.resolve_nvfp4_for_system). INT4 AWQ is
-# W4A16: int4_wo. INT8 SmoothQuant is sq. W4A8 AWQ has no mode.
-GEMM_MODES = {"none": "bfloat16", "fp8": "fp8_static", "nvfp4": "nvfp4", "int4_awq": "int4_wo", "int8_sq": "sq"}
+# W4A16: int4_wo. INT8 SmoothQuant is sq. W4A16 NVFP4 is w4a16_nvfp4 (NVFP4 weights dequantized into the bf16 MMA
+# lane, the mode's own description). FP8 per-channel per-token quantizes activations dynamically per token, which
+# aiconfigurator models as fp8 (the mode it gives an FP8 checkpoint marked quant_dynamic; per-channel weight scales
+# differ from per-tensor ones only in the GEMM's epilogue). No mode: W4A8 AWQ, NVFP4 AWQ (its pre-quant scale is an
+# extra op before each GEMM that no table times), W4A8 NVFP4-FP8 and MXFP8 (no such GEMMQuantMode).
+GEMM_MODES = {"none": "bfloat16", "fp8": "fp8_static", "nvfp4": "nvfp4", "int4_awq": "int4_wo", "int8_sq": "sq",
+              "w4a16_nvfp4": "w4a16_nvfp4", "fp8_per_channel_per_token": "fp8"}
 # quant.kv_cache -> KVCacheQuantMode (bfloat16, int8, fp8); an NVFP4 KV cache has none.
 KV_MODES = {"none": "bfloat16", "bf16": "bfloat16", "fp8": "fp8", "fp8_cast": "fp8"}  # fp8_cast: FP8, scale 1.0
 
@@ -135,7 +140,8 @@ def no_data(target: str, device: str, quant: str, kv: str) -> str | None:
         return (f"target {target} has no tables in {PINNED} (systems with data: "
                 f"{', '.join(sorted(SYSTEMS))})")
     if quant not in GEMM_MODES:
-        return f"quant {quant} has no GEMM mode in {PINNED}"
+        return (f"quant {quant} has no GEMM mode in {PINNED} (formats with one: "
+                f"{', '.join(sorted(k for k in GEMM_MODES if k != 'none'))})")
     if kv not in KV_MODES:
         return f"KV cache {kv} has no KV mode in {PINNED} (bfloat16, int8, fp8)"
     return None

@@ -120,3 +120,29 @@ def test_targets_without_tables_say_so_in_one_line_and_go_on():
     _, p = _plan("h200")
     assert any("no prediction" in n and "PIPELINE_PERFMODEL=off" in n for n in p.notes)
     assert p.sources["max_batch_size"]["source"] == "derived"
+
+
+def test_every_gemm_mode_is_one_aiconfigurator_defines_and_formats_without_one_say_so():
+    """The format -> GEMMQuantMode map holds names of aiconfigurator's own enum (read in the model's environment,
+    where it is installed); a format left out (NVFP4 AWQ, MXFP8, W4A8 ...) gets one line naming those that have one."""
+    import subprocess
+
+    from pipeline import perfmodel
+    from pipeline.formats import FORMATS
+
+    assert set(perfmodel.GEMM_MODES) <= set(FORMATS)
+    for fmt in ("nvfp4_awq", "mxfp8", "w4a8_awq", "w4a8_nvfp4_fp8"):
+        why = perfmodel.no_data("b200", "cuda", fmt, "fp8")
+        assert why and f"quant {fmt} has no GEMM mode" in why and "w4a16_nvfp4" in why and "\n" not in why
+    assert perfmodel.no_data("b200", "cuda", "w4a16_nvfp4", "fp8") is None
+    if not perfmodel.env_python().is_file():
+        pytest.skip(f"{perfmodel.PINNED} is not installed here (`{perfmodel.ENV_HINT}`): the enum is not readable")
+    names = subprocess.run([str(perfmodel.env_python()), "-c", "from aiconfigurator_core.sdk.common import "
+                            "GEMMQuantMode as G; print(' '.join(m.name for m in G))"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout.split()
+
+    def unknown(modes: dict[str, str]) -> set[str]:
+        return set(modes.values()) - set(names)
+
+    assert unknown(perfmodel.GEMM_MODES) == set()
+    assert unknown({**perfmodel.GEMM_MODES, "fp8": "fp8_per_tensor"}) == {"fp8_per_tensor"}  # a planted wrong name
