@@ -52,6 +52,14 @@ def bench_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     return [] if res is None else [(w, lv) for w, rows in res.workloads.items() for lv in rows]
 
 
+def bench_note(summary: dict[str, Any]) -> str | None:
+    """What a bench table of this build measures, where that is not the target's performance (the reference runtime:
+    the serving path on PyTorch); None otherwise."""
+    from pipeline.stages.bench.bench_md import note
+
+    return note({"runtime": summary.get("runtime")}) if bench_rows(summary) else None
+
+
 def bench_gate(summary: dict[str, Any]) -> str | None:
     """The bench stage's gate verdict and regression baseline, one line (None without a bench result)."""
     from pipeline.stages.bench.gates import baseline_line
@@ -96,6 +104,9 @@ def markdown(s: dict[str, Any]) -> str:
             lines.append(f"| {w} | {lv.concurrency} | {lv.request_count} | {lv.error_count} | {fmt(lv.ttft_p50_ms)} | "
                          f"{fmt(lv.itl_p50_ms)} | {fmt(lv.latency_p95_ms)} | {fmt(lv.output_tokens_per_s)} | "
                          f"{fmt(lv.requests_per_s, '.2f')} |")
+        note = bench_note(s)
+        if note:
+            lines += ["", f"_{note}._"]
     gate = bench_gate(s)
     if gate:
         lines += ["", gate]
@@ -143,6 +154,9 @@ def print_summary(s: dict[str, Any], report: Path, console=None) -> None:
             b.add_row(w, str(lv.concurrency), str(lv.error_count), fmt(lv.ttft_p50_ms), fmt(lv.itl_p50_ms),
                       fmt(lv.latency_p95_ms), fmt(lv.output_tokens_per_s), fmt(lv.requests_per_s, ".2f"))
         console.print(b)
+        note = bench_note(s)
+        if note:
+            console.print(note.replace("`", ""), markup=False, style="dim", soft_wrap=True)
     gate = bench_gate(s)
     if gate:
         console.print(gate.replace("**", ""), markup=False)

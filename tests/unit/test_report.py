@@ -138,3 +138,16 @@ def test_the_summary_prints_paths_whole(tmp_path, capsys):
     assert any(line.strip().endswith(LONG) for line in err.splitlines()), err
     assert f"published file://{LONG}/v1 (3 files uploaded; latest not moved: the config differs from its matrix " \
            f"entry ([x]: 1 -> 2))" in err
+
+
+def test_a_reference_bench_says_it_is_not_a_performance_measurement(tmp_path, capsys):
+    """The report and the console summary of a bench on the reference runtime carry the note beside the table; a
+    TensorRT-LLM runtime's (the control) does not."""
+    ref = _report(published=None).to_dict()
+    assert "they are not a performance measurement" in report.markdown(ref)
+    report.print_summary(ref, tmp_path / "r.md")
+    assert "they are not a performance measurement" in " ".join(capsys.readouterr().out.split())
+    trt = {**ref, "runtime": "trtllm_llmapi"}
+    assert "performance measurement" not in report.markdown(trt)
+    report.print_summary(trt, tmp_path / "r.md")
+    assert "performance measurement" not in capsys.readouterr().out
