@@ -25,7 +25,8 @@ class Stage:
     """One stage of the pipeline, and its lifecycle:
 
     1. ``check(cfg)``, at plan time, for every selected stage: incompatibilities of the config (quant x GPU, block
-       sizes); no work, no download. Any problem refuses the whole build before anything is written.
+       sizes); no work, no download. Any problem refuses the whole build before anything is written. Then
+       ``capacity_check(cfg, plan)``, once the capacity plan is resolved: problems of what ``run`` will render from it.
     2. ``env_check(cfg)``, at plan time too, for the stages that will run on this machine: what this machine lacks
        (memory, a GPU, a server binary). ``plan`` lists these without failing.
     3. ``run(ctx)``, when the stage is not cached: writes into ``ctx.out`` (a temp directory renamed into place) and
@@ -60,6 +61,10 @@ class Stage:
     # input stages whose output ``run`` serves through the run's shared resources (Context.shared: the bench and the
     # task evaluation serve the packaged repository on one Triton server): what the run keeps for the stages left
     serves: tuple[str, ...] = ()
+    # at plan time, once the capacity plan is resolved (with the performance model where it runs): problems of what
+    # ``run`` will render from it, (full config, the plan) -> one line each (the build: the upstream rules on the sizes
+    # the service profile chose; ``check`` holds them for the KV rule's sizes, the ones validate and sweeps see)
+    capacity_check: Callable[[DictConfig, Any], list[str]] | None = None
 
 
 @dataclass

@@ -278,6 +278,9 @@ def preflight(cfg: DictConfig, registry: tuple[Stage, ...] | list[Stage], *, env
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
     capacity = planning.resolve(cfg)
+    problems = [m for st in stages if st.capacity_check is not None for m in st.capacity_check(cfg, capacity)]
+    if problems:
+        raise UserError(problems[0] if len(problems) == 1 else "; ".join(problems), problems=problems)
     planned = BuildPlan(cfg, plan(cfg, stages, capacity), capacity)
     problems = env_problems(planned) if environment else []
     if problems:

@@ -202,6 +202,14 @@ def check(cfg) -> list[str]:
             or serving_plan.capacity_problems(cfg, plan))
 
 
+def capacity_check(cfg, plan) -> list[str]:
+    """The upstream rules on the sizes this build renders: the preflight's plan, whose batch and token budget the
+    service profile chose where the performance model ran (``check`` sees the KV rule's)."""
+    from pipeline.upstream import rules
+
+    return rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build), plan.settings))
+
+
 def env_check(cfg) -> list[str]:
     """This machine must have the target's GPU, and a TRT-LLM that can run the runtime."""
     from pipeline.runtime import trtllm
@@ -225,6 +233,7 @@ STAGE = Stage(
     inputs=("quantize",),
     libs=("torch", "transformers", "safetensors", "tensorrt_llm", "tensorrt"),
     check=check,
+    capacity_check=capacity_check,
     env_check=env_check,
     root="engines",
     label=lambda cfg: ArtifactKey.of(cfg).label,

@@ -3,6 +3,8 @@ what the renderers take. The performance model is off here (tests/conftest.py): 
 tests/e2e/test_perfmodel.py checks the model's figures against aiconfigurator's own CLI."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pipeline import hardware, serving_plan
@@ -146,3 +148,20 @@ def test_every_gemm_mode_is_one_aiconfigurator_defines_and_formats_without_one_s
 
     assert unknown(perfmodel.GEMM_MODES) == set()
     assert unknown({**perfmodel.GEMM_MODES, "fp8": "fp8_per_tensor"}) == {"fp8_per_tensor"}  # a planted wrong name
+
+
+def test_the_build_checks_the_upstream_rules_on_the_sizes_it_renders(monkeypatch):
+    """Preflight holds the resolved plan's settings (the ones the service profile chooses where the performance model
+    runs, and the build renders) to the upstream rules: a plan whose KV fraction the LLM API's KvCacheConfig rejects
+    is refused before anything runs; the same config with its own plan (the control) is not."""
+    from pipeline import planning
+    from pipeline.errors import UserError
+    from pipeline.runner import executor
+    from pipeline.stages import STAGES
+
+    cfg, p = _plan("h200")
+    assert executor.preflight(cfg, STAGES, environment=False).capacity.settings == p.settings
+    bad = dataclasses.replace(p, settings={**p.settings, "kv_cache_free_gpu_mem_fraction": 1.5})
+    monkeypatch.setattr(planning, "resolve", lambda cfg, **kw: bad)  # the planner's result, planted
+    with pytest.raises(UserError, match="free_gpu_memory_fraction"):
+        executor.preflight(cfg, STAGES, environment=False)
