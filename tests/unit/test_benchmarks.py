@@ -160,3 +160,31 @@ def test_a_benchmarks_own_option_replaces_a_shared_one_of_that_name(fake):
     args = instrument.parser("fake", fake).parse_args(["--out", "3"])
     assert args.out == 3 and not hasattr(args, "out_dir")  # the shared --out DIR gave way
     assert instrument.parser("fake", fake).parse_args(["--no-record"]).no_record  # the others stay
+
+
+def test_openai_overhead_compares_ttft_on_the_prompts_whose_first_token_is_whole():
+    """A prompt whose first token is part of a character: the OpenAI stream's first chunk comes a token later (held
+    back until the character is whole). The like-for-like figures leave that prompt's requests out on both paths;
+    a planted wrong probe (every prompt called whole) brings the held-back wait into the TTFT comparison again."""
+    from benchmarks import openai_overhead as oo
+    from pipeline.stages.bench.triton_client import RequestRecord
+
+    def rec(prompt, first_ms, tokens=8, itl_ms=2.0):
+        r = RequestRecord(prompt, sent=0.0)
+        r.first, r.output_tokens = first_ms / 1e3, tokens
+        r.done = r.first + (tokens - 1) * itl_ms / 1e3
+        return r
+
+    def rounds(held_back_ms):
+        return [[rec(0, 10.0), rec(1, 10.0 + held_back_ms), rec(0, 10.0), rec(1, 10.0 + held_back_ms)]
+                for _ in range(4)], [1.0] * 4
+
+    got = {"grpc": rounds(0.0), "openai": rounds(5.0)}  # 5 ms: the next token's arrival, not front-end overhead
+    like = oo._like_for_like(got, [0])
+    ttft = {p: like["summary"][p]["time_to_first_token"]["p50"] for p in got}
+    assert ttft["openai"] - ttft["grpc"] == pytest.approx(0.0, abs=1e-6)
+    assert like["summary"]["openai"]["requests"] == 8 and "ttft_p50_ms_added" in like["interval_95"]
+    planted = oo._like_for_like(got, [0, 1])
+    assert planted["summary"]["openai"]["time_to_first_token"]["p50"] \
+        - planted["summary"]["grpc"]["time_to_first_token"]["p50"] > 2.0
+    assert oo._like_for_like(got, []) == {"prompts": [], "summary": {}, "interval_95": {}}
