@@ -8,10 +8,16 @@ the newest TensorRT-LLM tables it holds for the system (``version`` in each resu
 Blackwell in 0.12.0). They are predictions from kernel timings measured by NVIDIA, not measurements of a bundle; no
 TensorRT-LLM run on this project's machines has checked them.
 
-Where it runs: aiconfigurator-core needs numpy >= 2.1 and this environment keeps numpy < 2 for the bundled CPU
-Triton's python stub, so the model runs in an environment of its own (``PERFMODEL_ENV`` beside this one,
-``make perfmodel-env``), as a child process reading and writing JSON (``pipeline/perfmodel_worker.py``). Results are
-cached on disk per query and core version (``cache_dir()``): a warm ``plan`` reads JSON and starts no child.
+Where it runs: aiconfigurator-core needs numpy >= 2.1, and this environment keeps numpy < 2 as NVIDIA's TensorRT-LLM
+container does (TensorRT-LLM pins it), so the model runs in an environment of its own beside this one
+(:func:`env_path`; ``make setup`` makes it, ``make wheelhouse`` carries it), as one child process per command reading
+and writing JSON lines (``pipeline/perfmodel_worker.py``). Results are cached on disk per query and installed version
+(:func:`cache_dir`): a warm ``plan`` reads JSON and starts no child.
+
+Where it is required: it chooses the serving settings of a TensorRT-LLM bundle on a GPU with tables
+(:mod:`pipeline.serving_plan`), so a host without it refuses such a config (one line naming ``make perfmodel-env``)
+rather than build another bundle than ``plan`` showed elsewhere. The installed version (:func:`installed_version`,
+read from its package metadata) is recorded with the plan and enters the build's fingerprint.
 
 Where the tables have no data (a CPU target, a GPU without tables such as the A10G, a head size they do not hold such
 as SmolLM2's 64, a format without a mode), a result is one line saying so, never a made-up figure.
@@ -31,7 +37,7 @@ PINNED = "aiconfigurator-core==0.12.0"
 # NVIDIA's CLI over the same core: only where tests run (tests/e2e/test_perfmodel.py holds plan's figures against it)
 CLI = "aiconfigurator==0.12.0"
 CORE_VERSION = PINNED.split("==")[1]
-CACHE_FORMAT = 2  # what perfmodel_worker.py writes per query; a cached result of another form is asked again
+CACHE_FORMAT = 3  # what perfmodel_worker.py writes per query; a cached result of another form is asked again
 
 # target (conf/target) -> aiconfigurator system (aiconfigurator_core/systems/*.yaml). None: no tables (a10g, cpu).
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200", "l40s": "l40s",
@@ -53,8 +59,25 @@ KV_MODES = {"none": "bfloat16", "bf16": "bfloat16", "fp8": "fp8", "fp8_cast": "f
 ENV_HINT = "make perfmodel-env"
 
 
+def fmha_mode(runtime: str, quant: str, kv: str, build: dict[str, Any]) -> str:
+    """The context attention (aiconfigurator's ``FMHAQuantMode``) the bundle serves with. Engine path: FP8 exactly
+    where ``trtllm-build`` enables FP8 context FMHA (:func:`pipeline.runtime.trtllm.fp8_context_fmha`, the flag the
+    build renders). LLM-API path: FP8 where aiconfigurator reads the exported checkpoint so, a quantized checkpoint
+    with an FP8 KV cache (aiconfigurator_core/sdk/models/helpers.py ``_infer_quant_modes_from_raw_config``: a
+    quant_algo with an FP8 KV cache -> FMHAQuantMode.fp8; its tables hold FP8 context attention only beside an FP8
+    KV cache, ``resolve_context_fmha_by_data``)."""
+    from pipeline.formats import FORMATS, KV_FORMATS
+    from pipeline.runtime import trtllm
+
+    algo, kv_algo = FORMATS[quant].quant_algo, KV_FORMATS[kv].quant_algo
+    if runtime == "trtllm_engine":
+        return "fp8" if trtllm.fp8_context_fmha(build, algo, kv_algo) else "bfloat16"
+    return "fp8" if algo is not None and kv_algo == "FP8" else "bfloat16"
+
+
 def env_path() -> Path:
-    """The performance model's own environment: beside this one (``sys.prefix``), like the evaluation overlay."""
+    """The performance model's own environment: beside this one (``sys.prefix``), like the evaluation overlay;
+    ``PIPELINE_PERFMODEL_ENV`` names another (a shared one, or one made from a wheelhouse)."""
     return Path(os.environ.get("PIPELINE_PERFMODEL_ENV") or Path(sys.prefix) / "perfmodel")
 
 
@@ -62,23 +85,35 @@ def env_python() -> Path:
     return env_path() / "bin" / "python"
 
 
+def installed_version() -> str | None:
+    """The aiconfigurator-core version installed in the model's environment, read from its package metadata without
+    starting it (None: not installed there)."""
+    for d in sorted(env_path().glob("lib/python*/site-packages/aiconfigurator_core-*.dist-info")):
+        return d.name[len("aiconfigurator_core-"):-len(".dist-info")]
+    return None
+
+
+def installed() -> str:
+    """``aiconfigurator-core==<installed version>``: what decided a plan's settings (the pin where none is installed)."""
+    return f"aiconfigurator-core=={installed_version() or CORE_VERSION}"
+
+
 def cache_dir() -> Path:
-    return env_path().with_name(env_path().name + "-cache") / CORE_VERSION
+    return env_path().with_name(env_path().name + "-cache") / (installed_version() or CORE_VERSION)
 
 
 def available() -> str | None:
     """None when the model can run here; else why not, with the fix (one line)."""
-    if os.environ.get("PIPELINE_PERFMODEL", "").lower() == "off":
-        return "the performance model is off here (PIPELINE_PERFMODEL=off)"
-    if env_python().is_file():
+    if env_python().is_file() and installed_version():
         return None
-    return (f"the performance model ({PINNED}) is not installed here: run `{ENV_HINT}` (an environment of its own "
-            f"at {env_path()}, since it needs numpy 2)")
+    return (f"NVIDIA's performance model ({PINNED}) is not installed here: run `{ENV_HINT}` (an environment of its "
+            f"own beside this one, since it needs numpy 2; offline: `make wheelhouse` carries it, `make "
+            f"install-offline` makes it)")
 
 
-def create(find_links: str | None = None, with_cli: bool = False) -> Path:
+def create(find_links: str | None = None, with_cli: bool = False, offline: bool = False) -> Path:
     """Make the environment: a venv (uv, from its cache where it can) holding the pinned aiconfigurator-core (and,
-    ``with_cli``, NVIDIA's CLI over it, for the tests)."""
+    ``with_cli``, NVIDIA's CLI over it, for the tests); ``find_links`` (``offline``: only) a wheelhouse."""
     from pipeline import overlays
 
     root = env_path()
@@ -88,7 +123,7 @@ def create(find_links: str | None = None, with_cli: bool = False) -> Path:
         py = str(tmp / "bin" / "python")
         args = ([sys.executable, str(tool), "--python", py, "--uv", sys.executable, "--"] if tool.is_file() else
                 [sys.executable, "-m", "uv", "pip", "install", "--python", py, "--compile-bytecode"])
-        extra = ["--find-links", find_links] if find_links else []
+        extra = (["--find-links", find_links] if find_links else []) + (["--no-index"] if offline else [])
         subprocess.run([*args, *extra, PINNED, *([CLI] if with_cli else [])], check=True)
     return root
 
@@ -96,8 +131,10 @@ def create(find_links: str | None = None, with_cli: bool = False) -> Path:
 @dataclass(frozen=True)
 class Query:
     """One aggregated estimate: ``hub_id`` (``org/name``, used where aiconfigurator bundles its config) or
-    ``config`` (a ``config.json``), the system, GEMM and KV modes, TP, batch, input and output lengths, and the
-    database mode (SILICON: the measured tables; SOL: speed of light)."""
+    ``config`` (a ``config.json``), the system, GEMM, KV and context-FMHA modes, TP, batch, input and output lengths,
+    the context-token budget of one step (``ctx_tokens``: the bundle's ``max_num_tokens``; 0: the input length, the
+    CLI's default), the served ``max_seq_len`` (0: input + output, the CLI's default) and the database mode
+    (SILICON: the measured tables; SOL: speed of light)."""
 
     hub_id: str
     config: str  # config.json as sorted JSON (hashable)
@@ -109,14 +146,18 @@ class Query:
     isl: int
     osl: int
     database_mode: str = "SILICON"
+    ctx_tokens: int = 0
+    max_seq_len: int = 0
+    fmha: str = ""  # "" : aiconfigurator infers it (the CLI without --fmha-quant-mode)
 
     def doc(self) -> dict[str, Any]:
         return {"hub_id": self.hub_id, "config": json.loads(self.config), "system": self.system, "gemm": self.gemm,
                 "kv": self.kv, "tp": self.tp, "batch": self.batch, "isl": self.isl, "osl": self.osl,
-                "database_mode": self.database_mode}
+                "database_mode": self.database_mode, "ctx_tokens": self.ctx_tokens, "max_seq_len": self.max_seq_len,
+                "fmha": self.fmha}
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps([CORE_VERSION, CACHE_FORMAT, self.doc()], sort_keys=True).encode()).hexdigest()[:24]
+        return hashlib.sha256(json.dumps([CACHE_FORMAT, self.doc()], sort_keys=True).encode()).hexdigest()[:24]
 
 
 def model_config(shape: dict[str, Any], model_type: str) -> dict[str, Any]:
@@ -164,18 +205,111 @@ def _store(q: Query, result: dict[str, Any]) -> None:
 
 
 class Unavailable(RuntimeError):
-    """The model cannot run here (not installed, or its child failed as a whole): one line."""
+    """The model cannot run here (not installed, or its process failed as a whole): one line."""
 
 
-def estimate(queries: list[Query], *, timeout_s: float = 600) -> list[dict[str, Any]]:
-    """Each query's result (cached ones from disk; the rest from one child process): the figures (``ttft_ms``,
-    ``tpot_ms``, ``tokens_per_s_per_gpu``, ``tokens_per_s_per_user``, ``request_latency_ms``, ``memory_gb``,
-    ``kv_cache_oom``, the modes used and the tables' TensorRT-LLM ``version``) or ``{"error": one line}``."""
+class _Worker:
+    """The model's process for this command (:mod:`pipeline.perfmodel_worker`), started once and kept: every
+    estimate of a ``plan`` or of a ``validate`` over hundreds of configurations goes to the same process, which loads
+    each GPU's tables once. Its stderr goes to a temporary file (read back when it fails)."""
+
+    def __init__(self, timeout_s: float):
+        import tempfile
+        import threading
+
+        self.timeout_s = timeout_s
+        self.lock = threading.Lock()
+        self.err = tempfile.TemporaryFile()
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        self.proc = subprocess.Popen([str(env_python()), str(Path(__file__).with_name("perfmodel_worker.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     env=env)
+        self.unread = 0  # answers to warm-ups not read yet
+        self.version: str | None = None
+
+    def send(self, doc: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(doc) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise Unavailable(self.failure()) from exc
+
+    def read(self) -> dict[str, Any]:
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
+        line = self.proc.stdout.readline() if ready else None
+        if line is None:
+            self.proc.kill()
+            raise Unavailable(f"the performance model took over {self.timeout_s:.0f} s")
+        if not line:
+            raise Unavailable(self.failure())
+        doc = json.loads(line)
+        self.version = doc.get("version") or self.version
+        return doc
+
+    def warm(self, queries: list[Query]) -> None:
+        with self.lock:
+            self.send({"warm": [q.doc() for q in queries]})
+            self.unread += 1
+
+    def ask(self, queries: list[Query]) -> list[dict[str, Any]]:
+        with self.lock:
+            self.send({"queries": [q.doc() for q in queries]})
+            while self.unread:
+                self.read()
+                self.unread -= 1
+            return self.read()["results"]
+
+    def failure(self) -> str:
+        code = self.proc.wait(timeout=10)
+        self.err.seek(0)
+        tail = (self.err.read().decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        return f"the performance model failed (exit {code}): {tail}"
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self.err.close()
+
+
+_WORKER: _Worker | None = None
+
+
+def _worker(timeout_s: float = 600) -> _Worker:
+    global _WORKER
+    if _WORKER is not None and _WORKER.proc.poll() is not None:
+        _WORKER = None
+    if _WORKER is None:
+        why = available()
+        if why:
+            raise Unavailable(why)
+        import atexit
+
+        _WORKER = _Worker(timeout_s)
+        atexit.register(_WORKER.close)
+    return _WORKER
+
+
+def prewarm(queries: list[Query]) -> None:
+    """Start the model's process now, estimating ``queries`` (the first a command will ask), unless the cache holds
+    them: the tables load while the caller goes on. Does nothing where the model is not installed (the caller that
+    needs it says so)."""
+    missing = [q for q in queries if _cached(q) is None]
+    if missing and available() is None:
+        _worker().warm(missing)
+
+
+def estimate(queries: list[Query]) -> list[dict[str, Any]]:
+    """Each query's result (cached ones from disk; the rest from the command's one model process): the figures
+    (``ttft_ms``, ``tpot_ms``, ``tokens_per_s_per_gpu``, ``tokens_per_s_per_user``, ``request_latency_ms``,
+    ``memory_gb`` at the query's ``max_seq_len``, ``memory_gb_at_request`` at its own length, ``oom``: that memory
+    exceeds the GPU, the modes used and the tables' TensorRT-LLM ``version``) or ``{"error": one line}``."""
     results: dict[Query, dict[str, Any]] = {}
     missing = []
-    off = os.environ.get("PIPELINE_PERFMODEL", "").lower() == "off"
-    if off:
-        raise Unavailable(available() or "off")
     for q in dict.fromkeys(queries):
         hit = _cached(q)
         if hit is None:
@@ -183,20 +317,7 @@ def estimate(queries: list[Query], *, timeout_s: float = 600) -> list[dict[str, 
         else:
             results[q] = hit
     if missing:
-        why = available()
-        if why:
-            raise Unavailable(why)
-        worker = Path(__file__).with_name("perfmodel_worker.py")
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        try:
-            proc = subprocess.run([str(env_python()), str(worker)], input=json.dumps(
-                {"queries": [q.doc() for q in missing]}), capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired as exc:
-            raise Unavailable(f"the performance model took over {timeout_s:.0f} s") from exc
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise Unavailable(f"the performance model failed (exit {proc.returncode}): {tail}")
-        for q, r in zip(missing, json.loads(proc.stdout)["results"]):
+        for q, r in zip(missing, _worker().ask(missing)):
             _store(q, r)
             results[q] = r
     return [results[q] for q in queries]
@@ -208,9 +329,10 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="make the performance model's environment (aiconfigurator-core)")
     ap.add_argument("--find-links", help="a wheelhouse to install from (offline)")
+    ap.add_argument("--offline", action="store_true", help="install from --find-links only (no index)")
     ap.add_argument("--with-cli", action="store_true", help=f"also {CLI} (the tests compare against its CLI)")
     a = ap.parse_args(argv)
-    print(f"performance model: {PINNED} in {create(a.find_links, a.with_cli)}")
+    print(f"performance model: {PINNED} in {create(a.find_links, a.with_cli, a.offline)}")
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ resolve = serving_plan.resolve
 
 
 def capacity_problems(cfg: DictConfig) -> list[str]:
-    """Whether the model fits the target at all (the KV rule; no performance model)."""
-    return serving_plan.capacity_problems(cfg, serving_plan.resolve(cfg, use_model=False))
+    """Whether the model fits the target at all, and the serving plan's own limits (no predictions)."""
+    return serving_plan.capacity_problems(cfg)
 
 
 class CapacityView:

@@ -231,35 +231,60 @@ def print_serving(doc: dict[str, Any], console=None) -> None:
         shown = ", ".join(map(str, value)) if isinstance(value, list) else f"{value:,}" if isinstance(value, int) \
             else str(value)
         console.print(escape(f"  {name} = {shown}  ({v.get('source', '')}: {v.get('why', '')})"))
+    cap = doc.get("capacity") or {}
+    if cap.get("table"):
+        row = next(r for r in cap["table"] if r["kv_dtype"] == cap["chosen_kv"])
+        seq = sv["settings"]["max_seq_len"]["value"]
+        typical = cap.get("typical_requests")
+        console.print(escape(
+            f"KV pool: {row['max_tokens']:,} tokens per GPU hold {cap.get('full_length_sequences', 0):,} sequences "
+            f"at the full max_seq_len of {seq:,} tokens" + (f", or {typical:,} typical requests" if typical else "")
+            + " at once; " + ("the reference runtime keeps its own KV cache and decodes up to max_batch_size "
+                              "sequences together, the rest wait" if doc.get("runtime") == "reference" else
+                              "when the pool is full, " + _QUEUE)))
     prof = sv.get("profile")
     if prof:
         c = prof["chosen"]
-        console.print(escape(f"profile ({prof['objective']}): TP={c['tp']} batch {c['batch']}, predicted TTFT "
-                             f"{c['ttft_ms']:.0f} ms, TPOT {c['tpot_ms']:.1f} ms, {c['tokens_per_s_per_gpu']:,.0f} "
-                             f"tokens/s/GPU; {prof['why']}"))
+        console.print(escape(f"profile ({prof['objective']}, {prof.get('concurrency', 1)} concurrent requests): "
+                             f"TP={c['tp']} batch {c['batch']}, predicted TTFT {c['ttft_ms']:.0f} ms, TPOT "
+                             f"{c['tpot_ms']:.1f} ms, {c['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU; {prof['why']}"))
         for r in prof["runners_up"]:
             console.print(escape(f"  runner-up: TP={r['tp']} batch {r['batch']}: TTFT {r['ttft_ms']:.0f} ms, TPOT "
                                  f"{r['tpot_ms']:.1f} ms, {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"))
     pred = sv.get("predictions")
     if pred:
+        attention = "FP8" if pred.get("fmha") == "fp8" else "bf16"
         t = Table(title=f"predicted on {pred['system']} by NVIDIA's performance model ({pred['model']}, measured "
                         f"TensorRT-LLM {pred['trtllm_tables']} kernel tables; not measured here; SOL: speed of "
-                        f"light)")
-        for col in ("workload", "in/out", "batch", "KV", "TTFT ms", "TPOT ms", "tok/s/GPU", "GB"):
+                        f"light) at the bundle's settings: TP={cap.get('tp', 1)}, batch {sv['settings']['max_batch_size']['value']}, "
+                        f"max_num_tokens {pred['ctx_tokens']:,}, max_seq_len {pred['max_seq_len']:,}, {attention} "
+                        f"context attention")
+        for col in ("workload", "in/out", "KV", "TTFT ms", "TPOT ms", "tok/s/GPU", "GB", "GB full"):
             t.add_column(col, justify="right", no_wrap=True)
+        over = False
         for name, w in pred["workloads"].items():
             for kv, label in [(k, k.removeprefix("kv_")) for k in w if k.startswith("kv_")] + [
                     ("speed_of_light", "SOL")]:
                 f = w[kv]
                 if "error" in f:
-                    t.add_row(name, f"{w['isl']}/{w['osl']}", str(w["batch"]), label, escape(f["error"][:60]), "", "",
-                              "")
+                    t.add_row(name, f"{w['isl']}/{w['osl']}", label, "no data", "", "", "", "")
                     continue
-                t.add_row(name, f"{w['isl']}/{w['osl']}", str(w["batch"]), label, f"{f['ttft_ms']:.1f}",
-                          f"{f['tpot_ms']:.2f}", f"{f['tokens_per_s_per_gpu']:,.0f}", f"{f['memory_gb']:.1f}")
+                over = over or f.get("oom", False)
+                t.add_row(name, f"{w['isl']}/{w['osl']}", label, f"{f['ttft_ms']:.1f}", f"{f['tpot_ms']:.2f}",
+                          f"{f['tokens_per_s_per_gpu']:,.0f}", f"{f.get('memory_gb_at_request', f['memory_gb']):.1f}",
+                          f"{f['memory_gb']:.1f}" + ("*" if f.get("oom") else ""))
         console.print(t)
+        console.print(escape(f"GB: GPU memory with every sequence of the batch at the workload's length; GB full: "
+                             f"at the full max_seq_len of {pred['max_seq_len']:,} tokens" + (
+                                 f" (* more than the {pred.get('gpu_gb', 0):g} GB GPU: aiconfigurator's worst case, "
+                                 f"where its CLI stops with \"OOM\"; the figures do not depend on it, and "
+                                 f"TensorRT-LLM's pool holds what fits while " + _QUEUE + ")" if over else "")))
     for n in sv.get("notes") or []:
         console.print(f"[yellow]serving plan:[/] {escape(n)}")
+
+
+_QUEUE = ("its capacity scheduler (GUARANTEED_NO_EVICT) queues new requests until the KV blocks for their prompt and "
+          "max_tokens are free; a started request is never evicted")
 
 
 def print_plan(doc: dict[str, Any], console=None) -> None:
@@ -284,10 +309,14 @@ def print_plan(doc: dict[str, Any], console=None) -> None:
     print_paths(console, [(r["stage"], r["output"]) for r in doc["stages"]])
     cap = doc["capacity"]
     if cap:
-        c = Table(title=f"KV-cache capacity per GPU on {doc['target']}: TP={cap['tp']}"
-                        f"{' (chosen by the planner)' if cap['tp_chosen_by_planner'] else ''}, PP={cap['pp']}, "
-                        f"weights {cap['weights_gb_per_gpu']} GB/GPU, free fraction "
-                        f"{cap['kv_cache_free_gpu_mem_fraction']}")
+        reference = doc.get("runtime") == "reference"
+        c = Table(title=f"KV-cache capacity per GPU on {doc['target']}: " + (
+                        "TP=1 (the reference runtime runs the model on one GPU), weights as TensorRT-LLM would hold "
+                        f"them {cap['weights_gb_per_gpu']} GB; the KV fraction is TensorRT-LLM's (the reference "
+                        "runtime keeps its own KV cache)" if reference else
+                        f"TP={cap['tp']}{' (chosen by the planner)' if cap['tp_chosen_by_planner'] else ''}, "
+                        f"PP={cap['pp']}, weights {cap['weights_gb_per_gpu']} GB/GPU, free fraction "
+                        f"{cap['kv_cache_free_gpu_mem_fraction']}"))
         for col in ("KV dtype", "KiB/token/GPU", "pool GB/GPU", "max tokens", "max sequences"):
             c.add_column(col, justify="right")
         for r in cap["table"]:

@@ -349,6 +349,9 @@ class ServiceLimits:
     ttft_ms: float = rng(2000.0, 1.0, 3_600_000.0)
     tpot_ms: float = rng(30.0, 0.1, 60_000.0)
     objective: Objective = Objective.throughput
+    # the concurrent requests the bundle must hold (the profile chooses among batches at least this large); 0: the
+    # bench's highest concurrency level
+    concurrency: int = rng(0, 1, 65536, zero_derives=True)
 
 
 @dataclass

@@ -10,11 +10,6 @@ from pathlib import Path
 
 import pytest
 
-# NVIDIA's performance model (pipeline/perfmodel.py) answers from a child process in its own environment, ~10-40 s
-# a GPU target when its disk cache is cold: off for every test but its own (tests/unit/test_perfmodel.py and
-# tests/e2e/test_perfmodel.py turn it back on), which sizes GPU targets by the KV rule alone.
-os.environ.setdefault("PIPELINE_PERFMODEL", "off")
-
 REPO = Path(__file__).resolve().parents[1]
 # quant.gate=warn: a random model's logits move more under quantization than the real-model gates allow.
 TINY = ["model=tiny-qwen3", "quant.gate=warn", "bench.concurrency=[1,2]", "bench.requests_per_level=3",

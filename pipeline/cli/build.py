@@ -61,8 +61,9 @@ def _build_or_plan(args: argparse.Namespace) -> None:
 def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
     """Run one composed job (also a Hydra multirun job's body). Anything unexpected becomes one line, with its
     traceback in the run log."""
-    from pipeline import errors
+    from pipeline import errors, serving_plan
 
+    serving_plan.prewarm(cfg)  # the performance model's tables load while the plan is made
     try:
         if verb == "plan":
             return cmd_plan(cfg, as_json)

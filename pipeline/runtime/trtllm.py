@@ -182,12 +182,15 @@ def trtllm_build_args(build: dict[str, Any], quant_algo: str | None, kv_algo: st
     return args
 
 
-def llmapi_options(build: dict[str, Any], kv_format: str, tp: int, pp: int) -> dict[str, Any]:
+def llmapi_options(build: dict[str, Any], kv_format: str, tp: int, pp: int, *, chunked_prefill: bool) -> dict[str, Any]:
     """``tensorrt_llm.LLM(**options)`` for the PyTorch backend; also the ``llmapi`` model.yaml (plus ``model``,
-    ``backend`` and ``triton_config``). KV dtype "auto" takes the checkpoint's KV quantization."""
+    ``backend`` and ``triton_config``). KV dtype "auto" takes the checkpoint's KV quantization.
+    ``enable_chunked_prefill`` (``serve.enable_chunked_context``) is always written: the LLM API's default is off, and
+    without it a prompt longer than ``max_num_tokens`` is refused ("should not exceed max_num_tokens",
+    ``tensorrt_llm/llmapi/llm.py`` ``_check_arguments``)."""
     return {"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
             "max_batch_size": build["max_batch_size"], "max_num_tokens": build["max_num_tokens"],
-            "max_seq_len": build["max_seq_len"],
+            "max_seq_len": build["max_seq_len"], "enable_chunked_prefill": bool(chunked_prefill),
             "kv_cache_config": {"free_gpu_memory_fraction": float(build["kv_cache_free_gpu_mem_fraction"]),
                                 "dtype": KV_FORMATS[kv_format].llmapi_dtype, "enable_block_reuse": True},
             "cuda_graph_config": {"batch_sizes": sorted(b for b in build["cuda_graph_batch_sizes"]

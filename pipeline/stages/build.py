@@ -101,7 +101,8 @@ def run_trtllm(ctx: Context) -> BuildRecord:
         spec.update(engine_build_spec(ctx, q.quant_algo, q.kv_cache_quant_algo, info.tensorrt))
     else:
         ctx.link_input("quantize", "checkpoint", "engine")
-        options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp)
+        options = trtllm.llmapi_options(build, cfg.quant.kv_cache.value, tp, pp,
+                                        chunked_prefill=cfg.serve.enable_chunked_context)
         (engine / "llmapi.json").write_text(json.dumps(options, indent=2) + "\n")
         spec.update(kind="llmapi", checkpoint_dir=str(engine), options=options)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -194,17 +195,18 @@ def check(cfg) -> list[str]:
         problem = trtllm.engine_export_problem(planning.model_type(cfg))
         if problem:
             return [problem]
-    # the KV rule's sizes (no performance model: validate and sweeps check hundreds of configs); every derived size
-    # keeps the same invariants (tests/unit/test_serving_plan.py), and the build renders the preflight's plan
-    plan = serving_plan.resolve(cfg, use_model=False)
-    return (planning.compat_problems(cfg) or rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build),
-                                                                                            plan.settings))
+    problems = planning.compat_problems(cfg)
+    if problems:
+        return problems
+    # the settings the build renders (validate and sweeps check hundreds of configs through one performance-model
+    # process; the predictions are left out here)
+    plan = serving_plan.resolve(cfg, predict=False)
+    return (rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build), plan.settings))
             or serving_plan.capacity_problems(cfg, plan))
 
 
 def capacity_check(cfg, plan) -> list[str]:
-    """The upstream rules on the sizes this build renders: the preflight's plan, whose batch and token budget the
-    service profile chose where the performance model ran (``check`` sees the KV rule's)."""
+    """The upstream rules on the sizes this build renders: the preflight's plan itself (the one the stages get)."""
     from pipeline.upstream import rules
 
     return rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build), plan.settings))
@@ -227,7 +229,7 @@ STAGE = Stage(
     volatile=("build.json", "build.log"),
     name="build",
     run=run,
-    reads=("runtime", "target", "build", "quant.format", "quant.kv_cache"),
+    reads=("runtime", "target", "build", "quant.format", "quant.kv_cache", "serve.enable_chunked_context"),
     # TP and PP (the planner picks TP from model.shape when build.tp_size is 0) and the plan build.json records
     capacity=("tp", "pp", "summary", "settings"),
     inputs=("quantize",),

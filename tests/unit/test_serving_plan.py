@@ -1,20 +1,25 @@
-"""The serving plan (pipeline/serving_plan.py): settings derived per target, the KV bound, the upstream rules, and
-what the renderers take. The performance model is off here (tests/conftest.py): GPU targets are sized by the KV rule;
-tests/e2e/test_perfmodel.py checks the model's figures against aiconfigurator's own CLI."""
+"""The serving plan (pipeline/serving_plan.py): settings derived per target, the model's context served, the KV pool,
+the upstream rules, the service profile's concurrency, the reference runtime's scope and what the renderers take.
+NVIDIA's performance model runs here (the test environment installs it: ``make .venv/.installed-test``);
+tests/e2e/test_perfmodel.py holds its figures to aiconfigurator's own CLI."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from pipeline import hardware, serving_plan
+from pipeline import hardware, perfmodel, serving_plan
 from pipeline.config import to_plain
+from pipeline.errors import UserError
 from pipeline.runtime import trtllm
 from pipeline.upstream import rules
 
 
 OTHERS = {
     "h200": ["model=qwen32b", "quant=fp8", "target=h200", "runtime=trtllm_llmapi"],
+    "h200_latency": ["model=qwen32b", "quant=fp8", "target=h200", "runtime=trtllm_llmapi",
+                     "serve.slo.objective=latency"],
+    "h200_reference": ["model=qwen32b", "quant=fp8", "target=h200", "runtime=reference"],
     "h100_bs16": ["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_llmapi", "build.max_batch_size=16"],
     "a10g": ["model=qwen32b", "quant=fp8", "target=a10g", "runtime=trtllm_llmapi"],
     "cpu": ["target=cpu", "runtime=reference"],
@@ -41,62 +46,84 @@ def flagship():
 
 
 @pytest.mark.parametrize("quant, target", FLAGSHIP)
-def test_flagship_sizes_are_derived_within_the_kv_pool_and_pass_the_upstream_rules(flagship, quant, target):
+def test_flagship_serves_the_models_context_and_passes_the_upstream_rules(flagship, quant, target):
     cfg = flagship[(quant, target)]
     p = serving_plan.resolve(cfg)
     s = p.settings
-    assert all(p.sources[k]["source"] == "derived" for k in serving_plan.DERIVED)
-    assert s["max_batch_size"] > serving_plan.CPU_SIZES["max_batch_size"]  # not the CPU smoke's 8
-    assert s["max_batch_size"] * s["max_seq_len"] <= p.kv_tokens and serving_plan.kv_problems(p) == []
-    assert s["max_input_len"] < s["max_seq_len"] <= int(cfg.model.shape.max_position_embeddings)
-    need = max(i + o for i, o in serving_plan.workloads(cfg).values())
-    assert s["max_seq_len"] >= need
+    if (quant, target) != ("nvfp4", "h100"):  # nvfp4 cannot serve on Hopper: the compatibility rules refuse it
+        assert all(p.sources[k]["source"] == "derived" for k in serving_plan.DERIVED)
+    assert s["max_batch_size"] >= serving_plan.concurrency(cfg) == 32  # the bench's highest level on a GPU
+    # the model's context (Qwen3-32B: 40,960), as TensorRT-LLM serves it when max_seq_len is not given; the pool holds
+    # one full-length sequence, and need not hold a full batch of them (the capacity scheduler queues)
+    assert s["max_seq_len"] == int(cfg.model.shape.max_position_embeddings) == 40960
+    assert s["max_seq_len"] <= p.kv_tokens and serving_plan.kv_problems(p) == []
+    assert p.summary["full_length_sequences"] == p.kv_tokens // 40960 >= 1
+    assert s["kv_cache_free_gpu_mem_fraction"] == serving_plan.DEFAULT_FRACTION == 0.9
+    assert s["max_input_len"] == s["max_seq_len"] - 1
     assert max(s["cuda_graph_batch_sizes"]) == s["max_batch_size"]
     built = serving_plan.build_settings(to_plain(cfg.build), s)
     for runtime in ("trtllm_llmapi", "trtllm_engine"):
         findings = rules.evaluate({**rules.settings_of(cfg, built), "runtime": runtime})
         assert [f.message for f in findings if f.action == "refuse"] == []
-    # every renderer takes the plan's values
-    opts = trtllm.llmapi_options(built, cfg.quant.kv_cache.value, p.tp, p.pp)
+    # every renderer takes the plan's values; the LLM API gets chunked prefill (its default is off, and a prompt
+    # longer than max_num_tokens would be refused)
+    opts = trtllm.llmapi_options(built, cfg.quant.kv_cache.value, p.tp, p.pp, chunked_prefill=True)
     assert (opts["max_batch_size"], opts["max_seq_len"], opts["max_num_tokens"]) == (
         s["max_batch_size"], s["max_seq_len"], s["max_num_tokens"])
+    assert opts["enable_chunked_prefill"] is True and s["max_num_tokens"] < s["max_seq_len"]
     assert opts["cuda_graph_config"]["batch_sizes"] == s["cuda_graph_batch_sizes"]
     args = trtllm.trtllm_build_args(built, "FP8", "FP8", "/c", "/o", None)
     assert args[args.index("--max_seq_len") + 1] == str(s["max_seq_len"])
     assert args[args.index("--max_input_len") + 1] == str(s["max_input_len"])
 
 
-def test_a_planted_oversize_breaks_the_kv_bound_and_the_rules_catch_a_planted_bad_length():
+def test_max_seq_len_is_cut_only_where_the_pool_cannot_hold_one_full_length_sequence():
     cfg, p = _plan("h200")
-    assert serving_plan.kv_problems(p) == []
-    # negative control: a batch and length set by hand beyond the pool
-    big = 2 * p.kv_tokens // 1000  # twice the pool: more than raising the KV fraction can hold
-    cfg2, p2 = _plan("h200", f"build.max_batch_size={big}", "build.max_seq_len=1000")
-    assert serving_plan.kv_problems(p2) and p2.sources["max_batch_size"]["source"] == "set"
-    assert any("exceeds the KV pool" in w for w in p2.summary["warnings"])
-    # negative control for the rules: an input length beyond the derived sequence length is refused
-    built = serving_plan.build_settings(to_plain(cfg.build), {**p.settings, "max_input_len": p.settings[
-        "max_seq_len"] + 1})
-    found = rules.evaluate({**rules.settings_of(cfg, built), "runtime": "trtllm_engine"})
-    assert any("max_input_len" in f.message for f in found)
+    assert p.settings["max_seq_len"] == 40960 and "the model's context" in p.sources["max_seq_len"]["why"]
+    # a context longer than the whole pool: cut to the pool, and the plan says why
+    long_ctx = p.kv_tokens * 3
+    _, p2 = _plan("h200", f"model.shape.max_position_embeddings={long_ctx}")
+    assert p2.settings["max_seq_len"] == p2.kv_tokens < long_ctx
+    assert "cut to the KV pool" in p2.sources["max_seq_len"]["why"] and serving_plan.kv_problems(p2) == []
+    # negative control: a length set by hand beyond the pool could never be admitted, and is refused
+    cfg3, p3 = _plan("h200", f"build.max_seq_len={p.kv_tokens + 1}", "build.max_batch_size=64")
+    assert p3.sources["max_seq_len"]["source"] == "set"
+    assert serving_plan.kv_problems(p3) and "could never be admitted" in serving_plan.capacity_problems(cfg3, p3)[0]
 
 
-def test_the_kv_fraction_is_raised_only_as_far_as_a_set_batch_needs():
-    cfg, p = _plan("h200")
-    assert p.settings["kv_cache_free_gpu_mem_fraction"] == serving_plan.DEFAULT_FRACTION == 0.9
-    # a batch set by hand 3% over the pool at 0.9: the fraction rises just enough, and every renderer takes it
-    batch = -(-int(p.kv_tokens * 1.03) // 1000)
-    cfg2, p2 = _plan("h200", f"build.max_batch_size={batch}", "build.max_seq_len=1000")
-    f = p2.settings["kv_cache_free_gpu_mem_fraction"]
-    assert 0.9 < f <= 0.95 and p2.sources["kv_cache_free_gpu_mem_fraction"]["source"] == "derived"
-    assert serving_plan.kv_problems(p2) == [] and p2.summary["kv_cache_free_gpu_mem_fraction"] == f
+def test_the_kv_fraction_stays_at_tensorrt_llms_default_whatever_the_batch():
+    # a full batch at full length is far beyond the pool: queued by the capacity scheduler, never a raised fraction
+    cfg2, p2 = _plan("h200")
+    assert p2.settings["kv_cache_free_gpu_mem_fraction"] == 0.9
+    assert p2.settings["max_batch_size"] * p2.settings["max_seq_len"] > 3 * p2.kv_tokens
+    assert not serving_plan.kv_problems(p2) and "GUARANTEED_NO_EVICT" == p2.summary["scheduler"]
     built = serving_plan.build_settings(to_plain(cfg2.build), p2.settings)
-    opts = trtllm.llmapi_options(built, cfg2.quant.kv_cache.value, p2.tp, p2.pp)
-    assert opts["kv_cache_config"]["free_gpu_memory_fraction"] == f
-    # negative control: the same batch with the fraction set by hand at 0.9 does not fit, and the plan says so
-    _, p3 = _plan("h200", f"build.max_batch_size={batch}", "build.max_seq_len=1000",
-                  "build.kv_cache_free_gpu_mem_fraction=0.9")
-    assert p3.sources["kv_cache_free_gpu_mem_fraction"]["source"] == "set" and serving_plan.kv_problems(p3)
+    opts = trtllm.llmapi_options(built, cfg2.quant.kv_cache.value, p2.tp, p2.pp, chunked_prefill=True)
+    assert opts["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
+    # a fraction set by hand wins
+    _, p3 = _plan("h200", "build.kv_cache_free_gpu_mem_fraction=0.8")
+    assert p3.settings["kv_cache_free_gpu_mem_fraction"] == 0.8 and p3.sources[
+        "kv_cache_free_gpu_mem_fraction"]["source"] == "set"
+
+
+def test_the_latency_profile_holds_the_expected_concurrency_or_is_refused():
+    _, thr = _plan("h200")
+    _, lat = _plan("h200_latency")
+    # the bench's highest level on a GPU is 32: the latency profile may not pick a batch that serves fewer
+    assert lat.profile["concurrency"] == thr.profile["concurrency"] == 32
+    assert lat.settings["max_batch_size"] >= 32 and all(r["batch"] >= 32 for r in [lat.profile["chosen"],
+                                                                                  *lat.profile["runners_up"]])
+    assert lat.profile["chosen"]["request_latency_ms"] <= thr.profile["chosen"]["request_latency_ms"]
+    # a lower expected concurrency lets it choose a smaller batch
+    _, lat4 = _plan("h200_latency", "serve.slo.concurrency=4")
+    assert 4 <= lat4.settings["max_batch_size"] <= lat.settings["max_batch_size"]
+    # negative control: a concurrency no TP x batch holds in the KV pool is refused, naming the setting
+    with pytest.raises(UserError, match=r"serve\.slo\.concurrency=60000 .* \(at most \d+\)"):
+        _plan("h200_latency", "serve.slo.concurrency=60000")
+    # a batch set by hand below the concurrency is kept, with a warning that the rest queue
+    _, small = _plan("h200", "build.max_batch_size=8")
+    assert small.settings["max_batch_size"] == 8 and any("below the expected concurrency of 32" in w
+                                                         for w in small.summary["warnings"])
 
 
 def test_a_value_set_by_hand_wins_and_the_cpu_smoke_keeps_its_sizes():
@@ -106,22 +133,73 @@ def test_a_value_set_by_hand_wins_and_the_cpu_smoke_keeps_its_sizes():
     assert p.sources["max_seq_len"]["source"] == "derived"
     _, cpu = _plan("cpu")
     assert cpu.settings == serving_plan.CPU_SIZES | {"max_input_len": 1024}
-    assert cpu.settings["kv_cache_free_gpu_mem_fraction"] == 0.9
     assert {v["source"] for v in cpu.sources.values()} == {"cpu"}
     assert cpu.kv_plan is None and serving_plan.kv_problems(cpu) == []
 
 
-def test_targets_without_tables_say_so_in_one_line_and_go_on():
+def test_targets_without_tables_say_so_and_size_by_trtllm_benchs_rule():
     cfg, p = _plan("a10g")
     preds, notes = serving_plan.predictions(cfg, p)
     assert preds is None and len(notes) == 1 and "a10g has no tables" in notes[0] and "\n" not in notes[0]
+    # trtllm-bench's max_batch_size: the typical requests the pool holds, rounded up as finetune_setting rounds
+    typical = sum(serving_plan.workloads(cfg)["typical"])
+    assert p.settings["max_batch_size"] == serving_plan.bench_batch(p.kv_tokens / typical, 1)
+    assert "trtllm-bench" in p.sources["max_batch_size"]["why"]
+    assert [serving_plan.bench_batch(r, 1) for r in (1, 33, 255.5, 300, 1500, 9000)] == [64, 64, 256, 384, 1536,
+                                                                                         4096]
     cfg, p = _plan("cpu")
     preds, notes = serving_plan.predictions(cfg, p)
     assert preds is None and "is a CPU" in notes[0]
-    # the model's environment missing or off: one line too, and the sizes still come from the KV rule
-    _, p = _plan("h200")
-    assert any("no prediction" in n and "PIPELINE_PERFMODEL=off" in n for n in p.notes)
-    assert p.sources["max_batch_size"]["source"] == "derived"
+
+
+def test_the_reference_runtime_gets_no_tensorrt_llm_prediction_and_names_what_applies():
+    cfg, p = _plan("h200_reference")
+    assert p.predictions is None and p.profile is None and p.model is None
+    lines = [n for n in p.notes if "prediction" in n]
+    assert len(lines) == 1 and "runtime=reference" in lines[0] and "PyTorch" in lines[0]
+    assert p.tp == 1 and p.world == 1  # it runs the model on one GPU: no planner's TP
+    assert "not used by the reference runtime" in p.sources["kv_cache_free_gpu_mem_fraction"]["why"]
+    # the control: the same model on TensorRT-LLM gets the planner's or the profile's TP and the predictions
+    _, trt = _plan("h200")
+    assert trt.predictions is not None and trt.model == perfmodel.installed()
+    with pytest.raises(UserError, match="runtime=reference runs the model on one GPU"):
+        from pipeline import planning
+
+        problems = planning.capacity_problems(hardware.compose(OTHERS["h200_reference"] + ["build.tp_size=2"]))
+        raise UserError(problems[0])
+
+
+def test_predictions_are_at_the_bundles_own_settings():
+    cfg, p = _plan("h200")
+    pred = p.predictions
+    s = p.settings
+    assert (pred["ctx_tokens"], pred["max_seq_len"]) == (s["max_num_tokens"], s["max_seq_len"])
+    assert pred["fmha"] == "fp8"  # FP8 weights with an FP8 KV cache: FP8 context attention (aiconfigurator's reading)
+    chat = pred["workloads"]["chat"]
+    assert chat["batch"] == s["max_batch_size"] and set(chat["by_concurrency"]) == {"1", "8", "32"}
+    # memory at the full max_seq_len is the batch's worst case, beyond the GPU at this batch; at the request's own
+    # length it fits
+    fp8 = chat["kv_fp8"]
+    assert fp8["memory_gb"] > 141 and fp8["oom"] and fp8["memory_gb_at_request"] < 141
+    assert "1.3.0rc20" == pred["trtllm_tables"] != pred["container_trtllm"] == "1.2.1"
+    assert any("the tables are TensorRT-LLM 1.3.0rc20's" in n for n in p.notes)
+
+
+def test_a_host_without_the_performance_model_refuses_what_it_would_choose(monkeypatch, tmp_path):
+    """Where the model chooses the settings (a TensorRT-LLM runtime on a GPU with tables), a host without it refuses
+    in one line naming the fix, never sizing the bundle another way; where it chooses nothing (the reference runtime,
+    a GPU without tables, a CPU) the plan is the same with or without it."""
+    with_model = {name: _plan(name)[1] for name in ("h200_reference", "a10g", "cpu")}
+    monkeypatch.setenv("PIPELINE_PERFMODEL_ENV", str(tmp_path / "no-such-env"))
+    monkeypatch.setattr(perfmodel, "_WORKER", None)
+    assert perfmodel.available() and "make perfmodel-env" in perfmodel.available()
+    with pytest.raises(UserError, match=r"serving settings are chosen with NVIDIA's performance model .* not "
+                                        r"installed here: run `make perfmodel-env`") as exc:
+        _plan("h200")
+    assert "\n" not in str(exc.value)
+    for name, plan in with_model.items():
+        again = _plan(name)[1]
+        assert again.settings == plan.settings and again.summary == plan.summary, name
 
 
 def test_every_gemm_mode_is_one_aiconfigurator_defines_and_formats_without_one_say_so():
@@ -129,7 +207,6 @@ def test_every_gemm_mode_is_one_aiconfigurator_defines_and_formats_without_one_s
     where it is installed); a format left out (NVFP4 AWQ, MXFP8, W4A8 ...) gets one line naming those that have one."""
     import subprocess
 
-    from pipeline import perfmodel
     from pipeline.formats import FORMATS
 
     assert set(perfmodel.GEMM_MODES) <= set(FORMATS)
@@ -150,12 +227,21 @@ def test_every_gemm_mode_is_one_aiconfigurator_defines_and_formats_without_one_s
     assert unknown({**perfmodel.GEMM_MODES, "fp8": "fp8_per_tensor"}) == {"fp8_per_tensor"}  # a planted wrong name
 
 
+def test_the_installed_version_is_read_from_the_package_not_the_pin(monkeypatch, tmp_path):
+    env = tmp_path / "perfmodel"
+    site = env / "lib" / "python3.12" / "site-packages"
+    (site / "aiconfigurator_core-0.13.1.dist-info").mkdir(parents=True)
+    monkeypatch.setenv("PIPELINE_PERFMODEL_ENV", str(env))
+    assert perfmodel.installed_version() == "0.13.1" != perfmodel.CORE_VERSION
+    assert perfmodel.installed() == "aiconfigurator-core==0.13.1"
+    assert perfmodel.cache_dir().name == "0.13.1"  # answers of another version are never reused
+
+
 def test_the_build_checks_the_upstream_rules_on_the_sizes_it_renders(monkeypatch):
-    """Preflight holds the resolved plan's settings (the ones the service profile chooses where the performance model
-    runs, and the build renders) to the upstream rules: a plan whose KV fraction the LLM API's KvCacheConfig rejects
-    is refused before anything runs; the same config with its own plan (the control) is not."""
+    """Preflight holds the resolved plan's settings (the ones the service profile chooses and the build renders) to
+    the upstream rules: a plan whose KV fraction the LLM API's KvCacheConfig rejects is refused before anything
+    runs; the same config with its own plan (the control) is not."""
     from pipeline import planning
-    from pipeline.errors import UserError
     from pipeline.runner import executor
     from pipeline.stages import STAGES
 

@@ -41,7 +41,8 @@ def model_yaml(cfg, repo: Path, capacity) -> dict[str, Any]:
         options = json.loads(options_file.read_text())
     else:
         options = trtllm.llmapi_options(common.build_values(cfg, capacity), cfg.quant.kv_cache.value,
-                                        max(1, capacity.tp), capacity.pp)
+                                        max(1, capacity.tp), capacity.pp,
+                                        chunked_prefill=cfg.serve.enable_chunked_context)
     return {"model": common.engine_in_container(cfg), "backend": "pytorch", **options,
             "triton_config": {"max_batch_size": MAX_BATCH_SIZE, "decoupled": bool(cfg.serve.decoupled)}}
 
