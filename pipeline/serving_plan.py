@@ -435,7 +435,7 @@ def container_trtllm(cfg: DictConfig) -> str | None:
         return str(cfg.runtime.trtllm_version)
     from pipeline import upstream
 
-    return upstream.container_pairs().get(str(cfg.runtime.get("container") or ""), {}).get("trtllm")
+    return upstream.trtllm_for(str(cfg.runtime.get("container") or ""))
 
 
 def predictions(cfg: DictConfig, plan: ServingPlan) -> tuple[dict[str, Any] | None, list[str]]:

@@ -81,8 +81,10 @@ def test_unhashed_reads_stay_out_of_the_fingerprint(tmp_path):
 def test_build_takes_tp_from_the_resolved_capacity_plan_and_its_fingerprint_follows_model_shape(tmp_path):
     """build writes TP into the LLM-API options; with build.tp_size=0 the planner picks it from model.shape. The
     preflight resolves the plan once, and the fields build declares (Stage.capacity) enter its fingerprint."""
-    small = _cfg(tmp_path, "target=h100", "runtime=reference", "quant=fp8", "model.shape.params_b=1", *BIG)
-    large = _cfg(tmp_path, "target=h100", "runtime=reference", "quant=fp8", "model.shape.params_b=200", *BIG)
+    # a TensorRT-LLM runtime on a GPU without performance-model tables: the capacity planner's TP (the reference
+    # runtime runs on one GPU, and the model would choose TP by its profile)
+    small = _cfg(tmp_path, "target=a10g", "runtime=trtllm_llmapi", "quant=int4_awq", "model.shape.params_b=1", *BIG)
+    large = _cfg(tmp_path, "target=a10g", "runtime=trtllm_llmapi", "quant=int4_awq", "model.shape.params_b=60", *BIG)
     caps = [planning.resolve(c) for c in (small, large)]
     assert caps[0].tp == 1 and caps[1].tp > 1 and caps[1].summary["tp"] == caps[1].tp
     lone = dataclasses.replace(build.STAGE, inputs=())
@@ -103,7 +105,7 @@ def test_build_takes_tp_from_the_resolved_capacity_plan_and_its_fingerprint_foll
 
 
 def test_a_stage_sees_only_the_capacity_fields_it_declares(tmp_path):
-    cfg = _cfg(tmp_path, "target=h100", "runtime=reference", "quant=fp8", "build.tp_size=2")
+    cfg = _cfg(tmp_path, "target=a10g", "runtime=trtllm_llmapi", "quant=int4_awq", "build.tp_size=2")
 
     def uses_tp(ctx):
         return {"tp": ctx.capacity.tp}

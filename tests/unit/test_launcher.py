@@ -6,8 +6,8 @@ def test_pipeline_slurm_launcher_asks_for_each_targets_resources():
     from hydra_plugins.pipeline_launcher.launcher import job_resources
 
     h100 = job_resources(["model=qwen32b", "quant=fp8", "target=h100"])
-    a10g = job_resources(["model=qwen32b", "quant=fp8", "target=a10g"])
-    assert (h100["partition"], h100["constraint"], h100["gpus_per_node"]) == ("gpu", "h100", 1)
+    a10g = job_resources(["model=qwen32b", "quant=fp8", "target=a10g", "runtime=trtllm_llmapi"])
+    assert (h100["partition"], h100["constraint"], h100["gpus_per_node"]) == ("gpu", "h100", 1)  # reference: 1 GPU
     assert a10g["constraint"] == "a10g" and a10g["gpus_per_node"] == 2  # 34 GB of FP8 weights on 24 GB GPUs
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from pipeline import config, hardware
 from pipeline.errors import UserError
+from pipeline import upstream
 from pipeline.runtime import trtllm
 
 
@@ -28,8 +29,9 @@ BUILD_CONFIG_FIELDS = {"max_input_len", "max_seq_len", "max_batch_size", "max_be
                        "opt_num_tokens", "kv_cache_type", "input_timing_cache", "output_timing_cache",
                        "plugin_config", "use_strip_plan"}
 PLUGIN_FIELDS = {"gemm_plugin", "use_fp8_context_fmha", "use_paged_context_fmha", "multiple_profiles"}
-LLM_ARGS = {"tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
-            "kv_cache_config", "cuda_graph_config"}
+# the LLM API's arguments as recorded per TensorRT-LLM line (pipeline/upstream/trtllm-*.yaml build.llm_args, which
+# `python -m pipeline.upstream.refresh` holds to TorchLlmArgs where TensorRT-LLM is installed)
+LLM_ARGS = set.intersection(*(set(upstream.record(line)["build"]["llm_args"]) for line in upstream.lines()))
 KV_CACHE_CONFIG = {"free_gpu_memory_fraction", "dtype", "enable_block_reuse", "max_tokens"}
 CUDA_GRAPH_CONFIG = {"batch_sizes", "max_batch_size", "enable_padding"}
 
@@ -58,8 +60,8 @@ def test_trtllm_build_args_use_upstream_flags():
 
 
 def test_llmapi_options_use_upstream_names():
-    opts = trtllm.llmapi_options(_build("build.max_batch_size=16"), "fp8", tp=2, pp=1)
-    assert set(opts) <= LLM_ARGS
+    opts = trtllm.llmapi_options(_build("build.max_batch_size=16"), "fp8", tp=2, pp=1, chunked_prefill=True)
+    assert set(opts) <= LLM_ARGS and opts["enable_chunked_prefill"] is True
     assert set(opts["kv_cache_config"]) <= KV_CACHE_CONFIG and set(opts["cuda_graph_config"]) <= CUDA_GRAPH_CONFIG
     assert opts["kv_cache_config"]["dtype"] == "fp8" and opts["tensor_parallel_size"] == 2
     assert max(opts["cuda_graph_config"]["batch_sizes"]) <= 16
