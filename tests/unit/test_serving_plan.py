@@ -251,3 +251,36 @@ def test_the_build_checks_the_upstream_rules_on_the_sizes_it_renders(monkeypatch
     monkeypatch.setattr(planning, "resolve", lambda cfg, **kw: bad)  # the planner's result, planted
     with pytest.raises(UserError, match="free_gpu_memory_fraction"):
         executor.preflight(cfg, STAGES, environment=False)
+
+
+def test_the_performance_models_dependencies_are_pinned_for_every_host():
+    """Every dependency aiconfigurator-core declares (its package metadata, read in the model's environment) has one
+    pinned version in pipeline/data/perfmodel-constraints.txt, the version installed here, so that every host computes
+    the plan with the same libraries; a planted missing pin is found."""
+    import subprocess
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    if perfmodel.available():
+        pytest.skip(perfmodel.available())
+    code = ("import importlib.metadata as m, json; r = m.requires('aiconfigurator-core') or []; "
+            "print(json.dumps({x: m.version(x.split(';')[0].split('<')[0].split('>')[0].split('=')[0].split('[')[0]"
+            ".strip()) for x in r if 'extra ==' not in x}))")
+    import json
+
+    declared = json.loads(subprocess.run([str(perfmodel.env_python()), "-c", code], capture_output=True, text=True,
+                                         check=True, timeout=60).stdout)
+    pins = {canonicalize_name(Requirement(line).name): str(Requirement(line).specifier)
+            for line in perfmodel.CONSTRAINTS.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+    def unpinned(pins: dict[str, str]) -> list[str]:
+        out = []
+        for req, have in declared.items():
+            name = canonicalize_name(Requirement(req).name)
+            if pins.get(name) != f"=={have}":
+                out.append(name)
+        return out
+
+    assert unpinned(pins) == []
+    assert unpinned({k: v for k, v in pins.items() if k != "numpy"}) == ["numpy"]  # planted: one pin removed
