@@ -34,6 +34,8 @@ def test_the_container_install_keeps_the_containers_tensorrt_llm_and_the_host_in
     assert "make setup" not in run and "torch==" not in run  # no CPU torch pin over the container's CUDA torch
     assert "cpu-server" not in run  # NVIDIA's tritonserver is on PATH there
     assert "'.[hub]'" in run  # hf:// models calibrate on a Hub dataset
+    # the performance model chooses the serving settings: its environment beside the container's (numpy<2) one
+    assert ".venv/bin/python -m pipeline.perfmodel --if-needed" in run
     outside = next(s for s in steps if str(s.get("run", "")).startswith("make setup"))
     assert "'.[hub]'" in outside["run"]
     assert outside["if"] == "${{ !startsWith(matrix.runtime, 'trtllm') }}"
