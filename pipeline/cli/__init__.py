@@ -1,6 +1,6 @@
 """``python -m pipeline VERB [options] [hydra overrides...]``: one argparse subcommand per verb.
 
-Each verb family lives in its own module (``build``: build/plan/validate, ``serve``, ``lint``, ``bundle``:
+Each verb family lives in its own module (``build``: build/plan/validate, ``render``, ``serve``, ``lint``, ``bundle``:
 verify/diff, ``fleet``: matrix/outdated/gc, ``sweep``: ``-m``/``--multirun``) and registers its subcommands here.
 Hydra overrides (``key=value``, ``+key=value``, ``~key``, ``hydra/launcher=X``) pass through untouched.
 
@@ -20,7 +20,7 @@ import sys
 # unchanged; a value set by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from pipeline.cli import build, bundle, fleet, lint, serve  # noqa: E402
+from pipeline.cli import build, bundle, fleet, lint, render, serve  # noqa: E402
 from pipeline.cli.common import PROG, Formatter, Parser, stdout_gone  # noqa: E402
 from pipeline import errors  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
@@ -45,7 +45,7 @@ def parser() -> tuple[Parser, dict[str, Parser]]:
     """The top-level parser and the subcommand parsers by verb (the one list of verbs)."""
     top = Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter, allow_abbrev=False)
     sub = top.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
-    for family in (build, lint, serve, bundle, fleet):
+    for family in (build, render, lint, serve, bundle, fleet):
         family.register(sub)
     return top, dict(sub.choices)
 

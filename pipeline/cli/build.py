@@ -194,10 +194,13 @@ def refusal_summary(refused: list[dict[str, Any]]) -> list[str]:
 def cmd_validate(as_json: bool) -> int:
     """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
     are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
+    from pipeline import perfmodel
     from pipeline.runner import executor
     from pipeline.config import combinations, compose_many
     from pipeline.stages import STAGES
 
+    if perfmodel.available():  # it chooses the settings of every TensorRT-LLM combination on a GPU with tables
+        raise UserError(f"validate plans every shipped combination: {perfmodel.available()}")
     combos = combinations()
     results = []
     for combo, cfg in zip(combos, compose_many([[f"{k}={v}" for k, v in c.items()] for c in combos])):

@@ -19,6 +19,9 @@ def register(sub) -> None:
                    help="check against the TensorRT-LLM version installed in this serving image")
     p.add_argument("--repo-mount", metavar="PATH",
                    help="where the serving container mounts the repository (default /models)")
+    p.add_argument("--no-engine", action="store_true",
+                   help="a repository rendered before its build (python -m pipeline render): the engine directory "
+                        "(tensorrt_llm/1/engine) is not looked for")
     p.set_defaults(func=cmd_lint)
 
 
@@ -27,7 +30,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from pipeline.triton import lint
 
     findings = lint.lint(Path(args.repo), trtllm_version=args.trtllm_version,
-                         repo_mount=args.repo_mount or lint.REPO_MOUNT, container=args.container)
+                         repo_mount=args.repo_mount or lint.REPO_MOUNT, container=args.container,
+                         engine=not args.no_engine)
     for f in findings:
         print(f"error: {f}", file=sys.stderr)
     if not findings:

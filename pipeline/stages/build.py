@@ -199,8 +199,11 @@ def check(cfg) -> list[str]:
     if problems:
         return problems
     # the settings the build renders (validate and sweeps check hundreds of configs through one performance-model
-    # process; the predictions are left out here)
-    plan = serving_plan.resolve(cfg, predict=False)
+    # process; the predictions are left out here); a profile that cannot meet serve.slo is this config's refusal
+    try:
+        plan = serving_plan.resolve(cfg, predict=False)
+    except UserError as exc:
+        return [str(exc)]
     return (rules.refusals(cfg, serving_plan.build_settings(to_plain(cfg.build), plan.settings))
             or serving_plan.capacity_problems(cfg, plan))
 

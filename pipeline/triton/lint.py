@@ -258,8 +258,16 @@ def check_ensemble(name: str, cfg, configs: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------------ models
 def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | None,
-                repo_mount: str = REPO_MOUNT) -> list[str]:
+                repo_mount: str = REPO_MOUNT, engine: bool = True) -> list[str]:
+    """One model's findings. ``engine`` False: a repository rendered without its build (``python -m pipeline
+    render``), whose engine directory (``tensorrt_llm/1/engine``: the engine or checkpoint, and the tokenizer) is not
+    there yet; a path into it is not looked for, every other check is made."""
     out = []
+    from pipeline.catalog import ENGINE_REL
+
+    def pending(p: Path | None) -> bool:  # a path into the build output, which a rendered repository has not yet
+        return not engine and p is not None and p.resolve().is_relative_to((repo / ENGINE_REL).resolve())
+
     rel = f"{name}/config.pbtxt"
     params = _params(cfg)
     decoupled = cfg.model_transaction_policy.decoupled
@@ -273,10 +281,11 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
             if paths[key] is None:
                 out.append(_outside(rel, key, params[key], repo, repo_mount))
     tok = paths.get("tokenizer_dir")
-    if tok is not None and not (tok / "tokenizer_config.json").is_file() and not (tok / "tokenizer.json").is_file():
+    if tok is not None and not pending(tok) and not (tok / "tokenizer_config.json").is_file() and not (
+            tok / "tokenizer.json").is_file():
         out.append(f"{rel}: tokenizer_dir {params['tokenizer_dir']} has no tokenizer")
     for key in ("gpt_model_path", "engine_dir"):
-        if paths.get(key) is not None and not paths[key].is_dir():
+        if paths.get(key) is not None and not pending(paths[key]) and not paths[key].is_dir():
             out.append(f"{rel}: {key} {params[key]} does not exist")
     if cfg.backend == "tensorrtllm":  # every value against what the C++ backend accepts (upstream/rules.yaml)
         from pipeline.upstream import rules
@@ -287,7 +296,7 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
     if cfg.backend == "python" and not (mdir / "1" / "model.py").is_file():
         out.append(f"{name}/1/model.py is missing (backend python)")
     if (mdir / "1" / "model.yaml").is_file():
-        out += _check_llmapi(repo, mdir, cfg, repo_mount)
+        out += _check_llmapi(repo, mdir, cfg, repo_mount, pending)
     return out
 
 
@@ -319,7 +328,7 @@ def _container_hint(version: str) -> str:
         return f"a container with TensorRT-LLM {version}"
 
 
-def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str) -> list[str]:
+def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str, pending=lambda p: False) -> list[str]:
     """``model`` is absolute under the repository or its container mount (upstream's model.py passes it to ``LLM``
     as it is); ``triton_config`` carries ``max_batch_size`` and ``decoupled``, config.pbtxt neither."""
     import yaml
@@ -341,7 +350,7 @@ def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str) -> list[str]:
         located = _resolve(repo, model, repo_mount)
         if located is None:
             out.append(_outside(where, "model", model, repo, repo_mount))
-        elif not located.exists():
+        elif not located.exists() and not pending(located):
             out.append(f"{where}: model {model!r} does not exist in the repository")
     tc = doc.get("triton_config")
     if not isinstance(tc, dict) or "max_batch_size" not in tc or "decoupled" not in tc:
@@ -461,12 +470,14 @@ def tree_of(root: Path) -> tuple[set[str], set[str]]:
 
 
 def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str = REPO_MOUNT,
-         container: str | None = None, line: str | None = None, layout: str | None = None) -> list[str]:
+         container: str | None = None, line: str | None = None, layout: str | None = None,
+         engine: bool = True) -> list[str]:
     """Every finding, one line each. ``trtllm_version``: the serving container's TensorRT-LLM (else the one upstream
     pairs with ``container``); it picks the recorded upstream interface (``line`` overrides). ``repo_mount``: the
     repository's path in the serving container, the one place besides the repository itself where an absolute path
     parameter may point. ``layout``: the repository's layout where the caller knows it (the package stage, which
-    rendered it); else each layout's ``detect`` tells."""
+    rendered it); else each layout's ``detect`` tells. ``engine`` False: a repository rendered without its build
+    (:func:`check_model`)."""
     repo = Path(repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: no such directory")
@@ -495,5 +506,5 @@ def lint(repo: Path | str, *, trtllm_version: str | None = None, repo_mount: str
         if cfg.platform == "ensemble":
             continue  # checked against its steps by repository_problems
         else:
-            findings += check_model(repo, name, cfg, dirs[name], trtllm_version, repo_mount)
+            findings += check_model(repo, name, cfg, dirs[name], trtllm_version, repo_mount, engine)
     return findings

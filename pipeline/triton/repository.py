@@ -82,15 +82,17 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
     return layouts.get(layout(cfg)).values(cfg, engine_cfg, capacity)
 
 
-def render_repository(cfg, repo: Path, capacity=None) -> list[str]:
+def render_repository(cfg, repo: Path, capacity=None, engine_cfg: dict[str, Any] | None = None) -> list[str]:
     """Write every model of the layout into ``repo``, whose ``tensorrt_llm/1/engine`` already holds the build
     output. Returns the model names. Nothing is written for a template that fails rendering or the schema.
     ``capacity``: the build's resolved capacity plan (``Context.capacity``); outside a build it is resolved from
-    the full ``cfg``."""
+    the full ``cfg``. ``engine_cfg``: the engine's ``config.json`` (read from the build output when None; ``{}``
+    for a repository rendered before its build, ``python -m pipeline render``)."""
     if capacity is None:
         capacity = planning.resolve(cfg)
     runtime, lay = cfg.runtime.name.value, layouts.get(layout(cfg))
-    engine_cfg = json.loads((repo / ENGINE_REL / "config.json").read_text()) if runtime == "trtllm_engine" else {}
+    if engine_cfg is None:
+        engine_cfg = json.loads((repo / ENGINE_REL / "config.json").read_text()) if runtime == "trtllm_engine" else {}
     vals = lay.values(cfg, engine_cfg, capacity)
     rendered = []
     for tmpl in MODELS[(runtime, lay.name)]:
