@@ -1,10 +1,12 @@
-"""What NVIDIA's performance model adds to a warm `plan`: the flagship's plan with the model off and on, alternating.
+"""What NVIDIA's performance model costs a `plan`: the flagship's plan cold (an empty answer cache: the model's process
+starts, loads the GPU's tables and sweeps the profile), warm (every answer cached: no process), and a plan the model
+has no part in (the same model on the reference runtime), alternating.
 
     python -m benchmarks plan_overhead [--repeat 3] [overrides ...]
 
-Each run is the real CLI (`python -m pipeline plan ...`, default: qwen32b fp8 on h200, runtime trtllm_llmapi), with
-``PIPELINE_PERFMODEL=off`` (the KV rule alone) and on (the service profile's sweep and the predictions, read from the
-model's disk cache after one warm-up run). The target: at most 3 s more, warm.
+Each run is the real CLI (`python -m pipeline plan ...`, default: qwen32b fp8 on h200, runtime trtllm_llmapi). A cold
+run reaches the installed model through a fresh directory (``PIPELINE_PERFMODEL_ENV``, a link to it), whose answer
+cache is empty. Targets: cold at most 3 s; warm within 1 s of the plan without the model.
 """
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks._instrument import REPO
 from benchmarks._provenance import commit_label
 
-TITLE = "The performance model's cost in a warm `plan`"
+TITLE = "The performance model's cost in a `plan`"
 DEFAULT = ["model=qwen32b", "quant=fp8", "target=h200", "runtime=trtllm_llmapi"]
 
 
@@ -27,35 +31,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help=f"plan's overrides (default: {' '.join(DEFAULT)})")
 
 
-def _plan(overrides: list[str], mode: str) -> float:
-    env = {**os.environ, "PIPELINE_PERFMODEL": mode}
+def _plan(overrides: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pipeline", "plan", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
     if proc.returncode:
-        raise SystemExit(f"plan failed ({mode}): {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise SystemExit(f"plan failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
     return elapsed
 
 
 def run(args) -> dict:
+    from pipeline import perfmodel
+
+    if perfmodel.available():
+        raise SystemExit(perfmodel.available())
     overrides = list(args.overrides) or DEFAULT
-    _plan(overrides, "on")  # warm-up: the model's cache and the OS page cache
-    times: dict[str, list[float]] = {"off": [], "on": []}
+    without = [o for o in overrides if not o.startswith("runtime=")] + ["runtime=reference"]
+    env = dict(os.environ)
+    _plan(overrides, env)  # warm-up: the default answer cache and the OS page cache
+    times: dict[str, list[float]] = {"cold": [], "warm": [], "without": []}
     for _ in range(args.repeat):
-        for mode in ("off", "on"):
-            times[mode].append(round(_plan(overrides, mode), 3))
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "perfmodel").symlink_to(perfmodel.env_path(), target_is_directory=True)
+            times["cold"].append(round(_plan(overrides, {**env, "PIPELINE_PERFMODEL_ENV": f"{d}/perfmodel"}), 3))
+        times["warm"].append(round(_plan(overrides, env), 3))
+        times["without"].append(round(_plan(without, env), 3))
     med = {m: statistics.median(t) for m, t in times.items()}
     return {"overrides": overrides, "repeat": args.repeat, "seconds": times, "median_s": med,
-            "added_s": round(med["on"] - med["off"], 3), "load_1min": os.getloadavg()[0]}
+            "model": perfmodel.installed(), "load_1min": os.getloadavg()[0]}
 
 
 def render(record: dict) -> list[str]:
     t, med = record["seconds"], record["median_s"]
     return [f"{record['date'][:16].replace('T', ' ')} UTC · commit {commit_label(record)} · {record['machine']} · "
-            f"`plan {' '.join(record['overrides'])}`, {record['repeat']} runs each, alternating, after a warm-up; "
-            f"load average {record['load_1min']:.1f} at the end (a shared machine).", "",
-            "| performance model | median (s) | runs (s) |", "|---|---|---|",
-            f"| off | {med['off']:.2f} | {', '.join(f'{x:.2f}' for x in t['off'])} |",
-            f"| on (warm cache) | {med['on']:.2f} | {', '.join(f'{x:.2f}' for x in t['on'])} |", "",
-            f"Added by the model, warm: {record['added_s']:+.2f} s (target: at most 3 s)."]
+            f"`plan {' '.join(record['overrides'])}` with {record['model']}, {record['repeat']} runs each, "
+            f"alternating, after a warm-up; load average {record['load_1min']:.1f} at the end.", "",
+            "| plan | median (s) | runs (s) |", "|---|---|---|",
+            f"| cold: empty answer cache | {med['cold']:.2f} | {', '.join(f'{x:.2f}' for x in t['cold'])} |",
+            f"| warm: every answer cached | {med['warm']:.2f} | {', '.join(f'{x:.2f}' for x in t['warm'])} |",
+            f"| the model has no part (runtime=reference) | {med['without']:.2f} | "
+            f"{', '.join(f'{x:.2f}' for x in t['without'])} |", "",
+            f"Cold: {med['cold']:.2f} s (target: at most 3 s); warm: {med['warm'] - med['without']:+.2f} s over a "
+            f"plan without the model."]
