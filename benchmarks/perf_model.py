@@ -13,7 +13,6 @@ the tables lack is recorded with the model's one line.
 from __future__ import annotations
 
 import argparse
-import os
 
 TITLE = "Serving settings per GPU vs the old fixed ones, with predicted figures (flagship)"
 OLD = {"max_batch_size": 8, "max_seq_len": 2048, "max_input_len": 1024, "max_num_tokens": 8192,
@@ -26,7 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict:
-    os.environ["PIPELINE_PERFMODEL"] = "on"
     from pipeline import capacity, hardware, perfmodel, serving_plan
     from pipeline.config import to_plain
 

@@ -91,8 +91,10 @@ def serving_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, A
         return next((v for k, v in w.items() if k.startswith("kv_")), {}) or {}
 
     ta, tb = typical(sa), typical(sb)
-    for key in ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb"):
-        rows.append((f"predicted {key}", ta.get(key), tb.get(key)))
+    for key, label in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu"),
+                       ("memory_gb_at_request", "memory_gb (at the request's length)"),
+                       ("memory_gb", "memory_gb (at the full max_seq_len)")):
+        rows.append((f"predicted {label}", ta.get(key), tb.get(key)))
     rows.append(("predicted from TensorRT-LLM tables", _get(sa, "predictions", "trtllm_tables"),
                  _get(sb, "predictions", "trtllm_tables")))
     rows.append(("performance model", sa.get("model"), sb.get("model")))

@@ -99,7 +99,8 @@ def llmapi_repo(tmp_path: Path, tiny_build: Path, *, extra: tuple[str, ...] = ()
     eng.mkdir(parents=True)
     cfg = hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200", "runtime=trtllm_llmapi", *extra])
     (eng / "llmapi.json").write_text(json.dumps(trtllm.llmapi_options(config.to_plain(cfg.build), "fp8",
-                                                                       planning.resolve(cfg).tp, 1)))
+                                                                       planning.resolve(cfg).tp, 1,
+                                                                       chunked_prefill=True)))
     _tokenizer_into(eng, tiny_build)
     assert render_repository(cfg, repo) == ["tensorrt_llm"]
     return repo
