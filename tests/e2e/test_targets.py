@@ -29,10 +29,12 @@ def test_plan_json_shows_chosen_tp_and_kv_capacity_table(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     cap = doc["capacity"]
-    assert doc["tp"] == cap["tp"] == 1 and cap["tp_chosen_by_planner"]
+    # TP chosen, not set: the service profile's choice among the TPs that fit (NVIDIA's performance model)
+    assert doc["tp"] == cap["tp"] == doc["serving"]["profile"]["chosen"]["tp"] and cap["tp_chosen_by_planner"]
     rows = {r["kv_dtype"]: r for r in cap["table"]}
-    assert rows["bf16"]["kv_kib_per_token_per_gpu"] == 256.0  # 64 layers × 8 KV heads × 128 × 2 × 2 B
-    assert rows["fp8"]["kv_kib_per_token_per_gpu"] == 128.0
+    tp = cap["tp"]
+    assert rows["bf16"]["kv_kib_per_token_per_gpu"] == 256.0 / tp  # 64 layers × 8 KV heads / TP × 128 × 2 × 2 B
+    assert rows["fp8"]["kv_kib_per_token_per_gpu"] == 128.0 / tp
     assert rows["fp8"]["max_tokens"] == 2 * rows["bf16"]["max_tokens"] or \
         abs(rows["fp8"]["max_tokens"] - 2 * rows["bf16"]["max_tokens"]) <= 1
     assert any("needs its GPU" in p for p in doc["not_buildable_here"])
