@@ -287,6 +287,14 @@ _QUEUE = ("its capacity scheduler (GUARANTEED_NO_EVICT) queues new requests unti
           "max_tokens are free; a started request is never evicted")
 
 
+def _tp_why(doc: dict[str, Any], cap: dict[str, Any]) -> str:
+    if not cap.get("tp_chosen_by_planner"):
+        return " (build.tp_size)"
+    if ((doc.get("serving") or {}).get("profile") or {}).get("chosen"):
+        return " (the service profile's choice)"
+    return " (the smallest whose KV pool holds the longest workload)"
+
+
 def print_plan(doc: dict[str, Any], console=None) -> None:
     """The plan (``plan`` verb): each stage's fingerprint and cached/run status, the KV-cache capacity table, and
     what this machine would refuse to build (``console``: stdout by default)."""
@@ -314,7 +322,7 @@ def print_plan(doc: dict[str, Any], console=None) -> None:
                         "TP=1 (the reference runtime runs the model on one GPU), weights as TensorRT-LLM would hold "
                         f"them {cap['weights_gb_per_gpu']} GB; the KV fraction is TensorRT-LLM's (the reference "
                         "runtime keeps its own KV cache)" if reference else
-                        f"TP={cap['tp']}{' (chosen by the planner)' if cap['tp_chosen_by_planner'] else ''}, "
+                        f"TP={cap['tp']}{_tp_why(doc, cap)}, "
                         f"PP={cap['pp']}, weights {cap['weights_gb_per_gpu']} GB/GPU, free fraction "
                         f"{cap['kv_cache_free_gpu_mem_fraction']}"))
         for col in ("KV dtype", "KiB/token/GPU", "pool GB/GPU", "max tokens", "max sequences"):
