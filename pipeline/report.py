@@ -256,7 +256,8 @@ def print_serving(doc: dict[str, Any], console=None) -> None:
         attention = "FP8" if pred.get("fmha") == "fp8" else "bf16"
         t = Table(title=f"predicted on {pred['system']} by NVIDIA's performance model ({pred['model']}, measured "
                         f"TensorRT-LLM {pred['trtllm_tables']} kernel tables; not measured here; SOL: speed of "
-                        f"light) at the bundle's settings: TP={cap.get('tp', 1)}, batch {sv['settings']['max_batch_size']['value']}, "
+                        f"light) at the bundle's settings: TP={cap.get('tp', 1)}, batch "
+                        f"{sv['settings']['max_batch_size']['value']}, "
                         f"max_num_tokens {pred['ctx_tokens']:,}, max_seq_len {pred['max_seq_len']:,}, {attention} "
                         f"context attention")
         for col in ("workload", "in/out", "KV", "TTFT ms", "TPOT ms", "tok/s/GPU", "GB", "GB full"):

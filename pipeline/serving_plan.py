@@ -374,7 +374,8 @@ def _derive(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]],
             tp, batch_why = prof["chosen"]["tp"], prof["why"]
             batch = batch or prof["chosen"]["batch"]
     elif not reference:
-        notes.append(f"no prediction: {perfmodel.no_data(t.name, t.device.value, cfg.quant.format.value, cfg.quant.kv_cache.value)}")
+        gap = perfmodel.no_data(t.name, t.device.value, cfg.quant.format.value, cfg.quant.kv_cache.value)
+        notes.append(f"no prediction: {gap}")
     if not batch:
         p0, _, _ = sizer.settle(tp, 64)
         pool0 = p0.row(_kv_name(cfg)).max_tokens
