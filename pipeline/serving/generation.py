@@ -155,10 +155,7 @@ class Endpoint:
             prompt_logprobs: bool) -> GenRequest:
         return GenRequest(
             prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens, stream=req.stream,
-            temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p, top_k=req.top_k,
-            seed=req.seed, stop=req.stops(), presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-            min_tokens=req.min_tokens or None, ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
+            sampling=req.sampling(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
             prompt_logprobs=prompt_logprobs, request_id=uuid.uuid4().hex[:16])
 
     # --- the prompt's token count, while Triton works on it --------------------------------------------------

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from pipeline.triton.layouts import sampling
 from pipeline.triton.layouts.contract import APIError, ErrorBody, ErrorDetail  # noqa: F401 - the layouts raise it too
 
 
@@ -44,20 +45,16 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
 
 
-class _Sampling(_Strict):
+# One optional field per row of the sampling table (pipeline/triton/layouts/sampling.py), with the row's check.
+_SamplingFields = create_model("_SamplingFields", __base__=_Strict,
+                               **{p.name: (sampling.annotation(p), Field(None, **p.check)) for p in sampling.PARAMS})
+
+
+class _Sampling(_SamplingFields):
     model: str
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     max_tokens: Optional[int] = Field(None, ge=0)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=-1)  # 0 and -1: no top-k (vLLM's -1, TensorRT-LLM's 0)
-    seed: Optional[int] = Field(None, ge=0, lt=2 ** 64)
-    stop: Optional[Union[str, list[str]]] = None
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: Optional[float] = Field(None, gt=0.0)
-    min_tokens: Optional[int] = Field(None, ge=0)
     ignore_eos: bool = False
     n: Optional[int] = Field(None, ge=1)
     logit_bias: Optional[dict[str, float]] = None
@@ -67,10 +64,9 @@ class _Sampling(_Strict):
     metadata: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
 
-    def stops(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
+    def sampling(self) -> dict[str, Any]:
+        """The sampling table's values of this request (``sampling.values``: normalised, the unset ones left out)."""
+        return sampling.values(self)
 
 
 class TextPart(_Strict):

@@ -268,11 +268,13 @@ def test_request_protobufs_are_what_tritonclient_builds_also_after_other_request
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
     spec = _upstream_spec("ensemble")
     outputs = ["text_output", "num_output_tokens"]
-    asks = [GenRequest("Hello there", None, 32, True, temperature=0.0),
-            GenRequest("Hello there", None, 32, True, temperature=0.0),  # the same parts again: a copy
-            GenRequest("Another prompt", None, 7, True, temperature=0.7, top_p=0.9, seed=3, stop=["\n", "END"]),
-            GenRequest("Hello there", None, 32, True, temperature=0.0, ignore_eos=True, min_tokens=4),
-            GenRequest("Ünïcode ✓", None, 32, False, temperature=0.0)]
+    greedy = {"temperature": 0.0}
+    asks = [GenRequest("Hello there", None, 32, True, greedy),
+            GenRequest("Hello there", None, 32, True, greedy),  # the same parts again: a copy
+            GenRequest("Another prompt", None, 7, True,
+                       {"temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n", "END"]}),
+            GenRequest("Hello there", None, 32, True, {**greedy, "min_tokens": 4}, ignore_eos=True),
+            GenRequest("Ünïcode ✓", None, 32, False, greedy)]
     seen = []
     for k, g in enumerate(asks):
         inputs = d.codec.text_inputs(spec, g)
@@ -296,7 +298,7 @@ def test_a_planted_wrong_part_in_a_kept_request_is_seen_by_the_comparison():
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
     spec = _upstream_spec("ensemble")
-    g = GenRequest("Hello there", None, 32, True, temperature=0.0)
+    g = GenRequest("Hello there", None, 32, True, {"temperature": 0.0})
     inputs = d.codec.text_inputs(spec, g)
     d._request(spec, inputs, ["text_output"], "r0")
     (template,) = d._templates.values()
