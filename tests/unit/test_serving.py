@@ -26,8 +26,8 @@ def test_unknown_fields_are_refused_by_name():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(n=3), "n=3"), (dict(logit_bias={"1": 2.0}), "logit_bias"),
-    (dict(tools=[{"type": "function"}]), "tools"), (dict(tool_choice="required"), "tool_choice"),
-    (dict(response_format={"type": "json_schema"}), "response_format"),
+    (dict(functions=[{"name": "f"}]), "functions (deprecated by OpenAI: send tools)"),
+    (dict(function_call={"name": "f"}), "function_call (deprecated by OpenAI: send tool_choice)"),
     (dict(reasoning_effort="low"), "reasoning_effort"), (dict(stream_options={"include_usage": True}), "stream_options"),
 ])
 def test_output_changing_fields_that_cannot_be_honoured_are_400(kw, words):
@@ -37,8 +37,12 @@ def test_output_changing_fields_that_cannot_be_honoured_are_400(kw, words):
 
 
 def test_harmless_and_default_values_pass():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for kw in (dict(n=1), dict(logit_bias={}), dict(tool_choice="none"), dict(response_format={"type": "text"}),
-               dict(user="u", store=False, metadata={"a": 1}), dict(stream=True, stream_options={"include_usage": True})):
+               dict(user="u", store=False, metadata={"a": 1}), dict(stream=True, stream_options={"include_usage": True}),
+               # served by guided decoding and the tool-call parsers (tests/unit/test_structured.py)
+               dict(tools=[tool], tool_choice="required"), dict(response_format={"type": "json_object"}),
+               dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})):
         P.unsupported(_chat(**kw))
 
 

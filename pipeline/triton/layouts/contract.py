@@ -147,6 +147,17 @@ class Spec:
                    tuple(t["name"] for t in cfg.get("input", []) if not t.get("optional", False)))
 
 
+@dataclass(frozen=True)
+class Guide:
+    """Guided decoding for one request, as TensorRT-LLM takes it: ``type`` is a ``guided_decoding_guide_type``
+    (``json``, ``json_schema``, ``regex``, ``ebnf_grammar``) and ``text`` its ``guided_decoding_guide`` (the schema's
+    JSON, the regex, the grammar; empty for ``json``). The front end makes it from ``response_format`` or the tools
+    (``pipeline.serving.guide``); each layout's codec sends it to the tensors its record names (``Layout.guide``)."""
+
+    type: str
+    text: str = ""
+
+
 @dataclass
 class GenRequest:
     """One generation, in OpenAI's terms (the layout's codec maps it onto the layout's tensors). ``sampling``: the
@@ -158,6 +169,8 @@ class GenRequest:
     max_tokens: int
     stream: bool
     sampling: dict[str, Any] = field(default_factory=dict)
+    guide: Guide | None = None  # guided decoding (response_format, tools); None: unconstrained
+    guide_param: str = "response_format"  # the request field the guide comes from (for a 400)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus the k most likely
     prompt_logprobs: bool = False  # echo with logprobs: the prompt tokens' log probabilities
@@ -345,6 +358,19 @@ class Codec:
         for name, value in values.items():
             if name not in own:
                 out[tensor(name)] = value
+
+    def guide_inputs(self, spec: Spec, req: GenRequest, names: tuple[str, ...], out: dict[str, Any]) -> None:
+        """The request's guide -> its two tensors (``names``: the guide type's and the guide's inputs of ``spec``); a
+        model without them is a 400 naming the request field that asked for it."""
+        if req.guide is None:
+            return
+        if len(names) != 2 or not set(names) <= set(spec.inputs):
+            raise APIError(400, f"{req.guide_param} needs guided decoding, which the {self.layout.name} layout's "
+                                f"'{spec.name}' model does not take (it has no guided_decoding_guide_type/"
+                                f"guided_decoding_guide inputs)", param=req.guide_param)
+        out[names[0]] = req.guide.type
+        if req.guide.text:
+            out[names[1]] = req.guide.text
 
     def check(self, spec: Spec, inputs: dict[str, Any], fields: dict[str, str]) -> None:
         """Every input must exist in the served model; name the request field that asked for a missing one."""

@@ -32,6 +32,9 @@ class Layout:
     exclude_input: str = ""  # optional BOOL: leave the prompt out of the returned text (sent as true when present)
     # a row of the sampling table (pipeline/triton/layouts/sampling.py) -> the entry point's tensor for it
     sampling: Mapping[str, str] = field(default_factory=dict)
+    # guided decoding's (guide type, guide) inputs of the entry point (TensorRT-LLM's guided_decoding_guide_type and
+    # guided_decoding_guide); () where the layout has none
+    guide: tuple[str, ...] = ()
     output: str = "text_output"  # BYTES answer
     cumulative: bool = False  # each streamed response holds the whole text so far (the LLM API's RequestOutput)
     detect: Callable[[Mapping[str, Path]], bool] = _nothing  # is a written repository's {model: dir} of this layout?
@@ -205,7 +208,7 @@ class Layout:
                 ins = {t["name"] for t in iface[entry].get("inputs", [])}
                 outs = {t["name"] for t in iface[entry].get("outputs", [])}
                 for name in (*self.text_tensors, *([self.exclude_input] if self.exclude_input else []),
-                             *self.sampling.values()):
+                             *self.sampling.values(), *self.guide):
                     if name not in ins:
                         out.append(f"{label} has no input {name} in model {entry}, which the record names")
                 if self.output not in outs:

@@ -29,6 +29,7 @@ LAYOUT = Layout(
     # the sampling table's rows (pipeline/triton/layouts/sampling.py) -> the entry point's inputs
     sampling={**{k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",
                                 "repetition_penalty", "min_tokens")}, "stop": "stop_words"},
+    guide=("guided_decoding_guide_type", "guided_decoding_guide"),
     output="text_output",
     detect=detect,
     auto_for=("reference", "trtllm_engine"),

@@ -26,6 +26,9 @@ LAYOUT = Layout(
     # SamplingParams under the row's name); upstream has none for repetition_penalty and min_tokens
     sampling={k: f"sampling_param_{k}" for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty",
                                                  "frequency_penalty", "stop")},
+    # this project's extension of upstream's model (pipeline/upstream/trtllm-<line>.yaml extensions): model.py builds
+    # GuidedDecodingParams from them
+    guide=("guided_decoding_guide_type", "guided_decoding_guide"),
     output="text_output",
     cumulative=True,
     detect=detect,
