@@ -116,6 +116,125 @@ def vocab_size(served) -> int | None:
         return None
 
 
+# The keywords XGrammar 0.1.25 enforces (mlc-ai/xgrammar cpp/json_schema_converter.cc @ v0.1.25: VisitSchema and the
+# visitors of each type), the annotations it skips because they constrain nothing (GetSchemaCacheIndex's kSkippedKeys,
+# plus $id and OpenAPI's discriminator, which only names the const a branch already carries), the keywords it warns
+# about and ignores (WarnUnsupportedKeywords), and the string formats it has a grammar for (ParseStringSchema).
+ENFORCED = ("type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+            "pattern", "minLength", "maxLength", "format",
+            "items", "prefixItems", "unevaluatedItems", "minItems", "maxItems",
+            "properties", "required", "additionalProperties", "unevaluatedProperties", "patternProperties",
+            "propertyNames", "minProperties", "maxProperties")
+ANNOTATIONS = ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
+               "$schema", "$id", "discriminator")
+IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "multipleOf", "uniqueItems",
+           "contains", "minContains", "maxContains")
+FORMATS = ("email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri",
+           "uri-reference", "uri-template", "json-pointer", "relative-json-pointer")
+TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
+# keyword -> how its value holds subschemas: one schema, a list of them, or a map of them
+SUBSCHEMAS = {"items": "one", "additionalProperties": "one", "unevaluatedProperties": "one", "propertyNames": "one",
+              "unevaluatedItems": "one", "prefixItems": "list", "anyOf": "list", "oneOf": "list", "allOf": "list",
+              "properties": "map", "patternProperties": "map", "$defs": "map", "definitions": "map"}
+
+
 def schema_problems(schema: Any) -> list[str]:
-    """What in a JSON schema XGrammar cannot enforce, each naming the keyword and its JSON path (empty: none)."""
-    return []
+    """What in a JSON schema XGrammar cannot compile or would not enforce, each naming the keyword and its JSON path
+    (``$`` is the schema's root); empty: none. First the schema as JSON Schema itself (``jsonschema``'s meta-schema
+    check: a wrong type of value), then every keyword against XGrammar's (:data:`ENFORCED`, :data:`ANNOTATIONS`): one
+    it ignores (:data:`IGNORED`) or does not know is refused, because the answer would not be held to it; a
+    ``format`` it has no grammar for, a ``type`` that is none, a ``$ref`` that points nowhere, a ``pattern`` it cannot
+    compile, and length or format beside a ``pattern`` (XGrammar then keeps only the pattern)."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = getattr(exc, "json_path", "$")
+        return [f"{exc.message} at {where} (not a valid JSON schema)"]
+    out: list[str] = []
+    _walk(schema, "$", schema, out)
+    return out
+
+
+def _walk(node: Any, path: str, root: Any, out: list[str]) -> None:
+    if isinstance(node, bool):  # false where something may not appear (additionalProperties: false) is a rule
+        if not node and path == "$":
+            out.append("the schema at $ is false: nothing could match it")
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        at = _join(path, key)
+        if key in IGNORED:
+            out.append(f"unsupported keyword '{key}' at {at}: XGrammar does not enforce it, so the answer could "
+                       f"break it; remove it")
+        elif key not in ENFORCED and key not in ANNOTATIONS:
+            out.append(f"unsupported keyword '{key}' at {at}: not a JSON-schema keyword XGrammar enforces (it takes "
+                       f"{', '.join(ENFORCED)})")
+    kinds = node.get("type")
+    for kind in (kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []):
+        if kind not in TYPES:
+            out.append(f"unsupported type {kind!r} at {_join(path, 'type')} (types: {', '.join(TYPES)})")
+    fmt = node.get("format")
+    if fmt is not None and fmt not in FORMATS:
+        out.append(f"unsupported format {fmt!r} at {_join(path, 'format')}: XGrammar has no grammar for it "
+                   f"(formats: {', '.join(FORMATS)})")
+    if "pattern" in node:
+        for key in ("minLength", "maxLength", "format"):
+            if key in node:
+                out.append(f"keyword '{key}' at {_join(path, key)} is not enforced beside 'pattern' (XGrammar keeps "
+                           f"the pattern only); fold it into the pattern")
+        problem = _regex_problem(node["pattern"])
+        if problem:
+            out.append(f"pattern at {_join(path, 'pattern')} does not compile: {problem}")
+    ref = node.get("$ref")
+    if isinstance(ref, str) and _resolve(root, ref) is None:
+        out.append(f"$ref {ref!r} at {_join(path, '$ref')} points nowhere in the schema (only local references, "
+                   f"'#/$defs/...', are taken)")
+    for key, shape in SUBSCHEMAS.items():
+        value = node.get(key)
+        if value is None:
+            continue
+        if shape == "one":
+            _walk(value, _join(path, key), root, out)
+        elif shape == "list" and isinstance(value, list):
+            for i, sub in enumerate(value):
+                _walk(sub, f"{_join(path, key)}[{i}]", root, out)
+        elif shape == "map" and isinstance(value, dict):
+            for name, sub in value.items():
+                _walk(sub, _join(_join(path, key), name), root, out)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if key.replace("_", "").replace("$", "").isalnum() else f"{path}[{json.dumps(key)}]"
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """A local ``$ref`` (``#`` or ``#/a/b``, JSON-pointer escapes taken) in ``root``; None where it points nowhere."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _regex_problem(pattern: Any) -> str | None:
+    """Why XGrammar cannot compile ``pattern`` as a regex (None: it can)."""
+    import xgrammar
+
+    from pipeline.runtime.guided import first_line
+
+    try:
+        xgrammar.Grammar.from_regex(str(pattern))
+    except Exception as exc:  # XGrammar raises RuntimeError with the regex converter's message
+        return first_line(exc)
+    return None

@@ -284,6 +284,13 @@ def plan(req: P.ChatRequest, served, fmt: Format | None, why: str, compile_guide
         raise P.APIError(400, f"tools: the function name {dup[0]!r} is given twice", param="tools")
     render = [t.model_dump(exclude_none=True) for t in req.tools]
     guide = None
+    if choice not in (None, "auto"):  # the guide holds the answer to the tools' parameter schemas: they must compile
+        from pipeline.serving.guide import schema_problems
+
+        for i, t in enumerate(req.tools):
+            problems = schema_problems(t.function.parameters or {})
+            if problems:
+                raise P.APIError(400, f"tools[{i}].function.parameters: {problems[0]}", param="tools")
     if isinstance(choice, P.NamedToolChoice):
         chosen = [t for t in req.tools if t.function.name == choice.function.name]
         if not chosen:

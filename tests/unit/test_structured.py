@@ -280,3 +280,53 @@ def test_the_guide_types_and_fields_the_model_files_use_are_the_records():
     assert fields == gd["llm_api"]["guide_fields"] == upstream.guided_decoding("main")["llm_api"]["guide_fields"]
     for lay in (layouts.get(layouts.IFB), layouts.get(layouts.LLMAPI)):
         assert list(lay.guide) == gd["triton_backend"]["guide_inputs"]
+
+
+# --------------------------------------------------------------------------------------------- schema problems
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+     "unsupported keyword 'uniqueItems' at $.properties.tags.uniqueItems"),
+    ({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}},
+     "unsupported keyword 'multipleOf' at $.properties.n.multipleOf"),
+    ({"type": "object", "requried": ["a"]}, "unsupported keyword 'requried' at $.requried"),
+    ({"anyOf": [{"type": "string"}, {"not": {"type": "null"}}]}, "unsupported keyword 'not' at $.anyOf[1].not"),
+    ({"type": "object", "properties": {"a b": {"type": "string", "format": "binary"}}},
+     "unsupported format 'binary' at $.properties[\"a b\"].format"),
+    ({"properties": {"x": {"$ref": "#/$defs/Y"}}}, "$ref '#/$defs/Y' at $.properties.x.$ref points nowhere"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "keyword 'maxLength' at $.maxLength is not enforced"),
+    ({"type": "string", "pattern": "(?<=a)b"}, "pattern at $.pattern does not compile: Regex parsing error"),
+    ({"type": "string", "pattern": "(a"}, "'(a' is not a 'regex' at $.pattern"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": "5"}}},
+     "'5' is not of type 'integer' at $.properties.a.minLength"),
+])
+def test_a_schema_xgrammar_cannot_take_is_named_by_keyword_and_json_path(schema, says):
+    from pipeline.serving.guide import schema_problems
+
+    problems = schema_problems(schema)
+    assert problems and says in problems[0], problems
+
+
+def test_schemas_clients_send_have_no_problem():
+    """The control: the strict schema the openai SDK makes of a pydantic model for chat.completions.parse (enums,
+    optional fields, a nested model under $defs, formats), and the tools' schemas above."""
+    import datetime
+    from typing import Literal, Optional
+
+    from openai.lib._pydantic import to_strict_json_schema
+    from pydantic import BaseModel, Field
+
+    from pipeline.serving.guide import schema_problems
+
+    class Place(BaseModel):
+        name: str = Field(max_length=20, description="its name")
+        kind: Literal["city", "town"]
+
+    class Trip(BaseModel):
+        where: Place
+        when: datetime.date
+        nights: int = Field(ge=1, le=30)
+        note: Optional[str] = None
+        stops: list[Place] = Field(max_length=3)
+
+    assert schema_problems(to_strict_json_schema(Trip)) == []
+    assert schema_problems(SCHEMA) == [] and all(schema_problems(t.function.parameters) == [] for t in TOOLS)
