@@ -18,9 +18,9 @@ Rules (each finding is one line naming the file and the fix):
 6. path parameters (``gpt_model_path``, ``tokenizer_dir``, the reference runtime's ``engine_dir``,
    ``xgrammar_tokenizer_info_path`` with the keys the C++ backend reads) exist, and the engine holds
    ``rank{N}.engine`` for its world size; ``guided_decoding_backend`` is one the backend takes, with a tokenizer
-   info file named beside it (``pipeline/upstream`` ``guided_decoding``); a path is relative to the repository root, or absolute under the
-   repository itself or under the repository's mount in the serving container (``repo_mount``, ``serve.repo_mount``),
-   and any other absolute path is a finding;
+   info file named beside it (``pipeline/upstream`` ``guided_decoding``); a path is relative to the repository
+   root, or absolute under the repository itself or under the repository's mount in the serving container
+   (``repo_mount``, ``serve.repo_mount``), and any other absolute path is a finding;
 7. the engine's TRT-LLM version (its ``config.json``) is the serving container's (``trtllm_version``, or the version
    upstream pairs with ``container``);
 8. the repository loads (:func:`loadability`, also run by ``verify`` on a bundle): every model directory has a

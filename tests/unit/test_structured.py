@@ -252,7 +252,8 @@ def test_the_tool_plan_follows_tool_choice():
 def test_a_tool_turn_needs_its_call_id_and_calls_go_back_to_the_template_as_objects():
     msgs = [{"role": "user", "content": "weather?"},
             {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "22C"}]
     out = tools.template_messages(P.ChatRequest.model_validate({"model": "m", "messages": msgs}))
     assert out[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"} and out[2]["tool_call_id"] == "call_1"
