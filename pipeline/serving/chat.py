@@ -38,7 +38,7 @@ class ChatEndpoint(Endpoint):
                                   f"none); use /v1/completions with a plain prompt", param="messages")
         messages = tools.template_messages(req)
         guides = self.front.guides
-        plan = tools.plan(req, self.served, *self.tool_format(), guides.compiled)
+        plan = tools.plan(req, self.served, *self.tool_format(), guides.built)
         guide, guide_param = (plan.guide, "tools") if plan.guide is not None else \
             (guides.response_format(req.response_format), "response_format")
         try:

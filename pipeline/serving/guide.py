@@ -35,6 +35,7 @@ class Guides:
         self._grammars = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Guide] = OrderedDict()
+        self._built: OrderedDict[str, Guide] = OrderedDict()  # :meth:`built`
         self.compiles = 0
         self.hits = 0
         self.compile_s = 0.0  # seconds spent compiling (every guide once)
@@ -54,16 +55,23 @@ class Guides:
                                               f"'{self.served.name}': {exc}", param="response_format") from None
         return self._grammars
 
+    def cached(self, guide: Guide) -> bool:
+        """Whether ``guide`` was compiled before (then counted as a cache hit)."""
+        key = (guide.type, guide.text)
+        with self._lock:
+            if key not in self._cache:
+                return False
+            self._cache.move_to_end(key)
+            self.hits += 1
+            return True
+
     def compiled(self, guide: Guide, param: str) -> Guide:
         """``guide``, compiled (once; later calls are cache hits); a guide XGrammar refuses is a 400 on ``param``."""
         from pipeline.runtime import guided
 
+        if self.cached(guide):
+            return guide
         key = (guide.type, guide.text)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return self._cache[key]
         try:
             _, spent = self.grammars().compile(guide.type, guide.text)
         except guided.GuideError as exc:
@@ -77,6 +85,22 @@ class Guides:
             self.last_compile_s = spent
         return guide
 
+    def built(self, key: str, build, param: str) -> Guide:
+        """The compiled guide that ``build()`` makes (and checks), built once per ``key`` (a canonical description of
+        what it is made from: the tools' guide is built with XGrammar's grammar combinators, which cost as much as a
+        compile)."""
+        with self._lock:
+            guide = self._built.get(key)
+            if guide is not None:
+                self._built.move_to_end(key)
+        if guide is None:
+            guide = build()
+            with self._lock:
+                self._built[key] = guide
+                while len(self._built) > CACHE_SIZE:
+                    self._built.popitem(last=False)
+        return self.compiled(guide, param)
+
     def response_format(self, rf: "P.ResponseFormat | None") -> Guide | None:
         """The guide of a ``response_format`` (None: text, or none given)."""
         if rf is None or rf.type == "text":
@@ -87,13 +111,16 @@ class Guides:
             raise P.APIError(400, "response_format of type json_schema needs json_schema.schema (a JSON schema)",
                              param="response_format")
         schema = rf.json_schema.schema_
+        guide = Guide("json_schema", canonical(schema))
+        if self.cached(guide):  # checked and compiled before
+            return guide
         where = "response_format.json_schema.schema"
         problems = schema_problems(schema)
         if problems:
             raise P.APIError(400, f"{where}: {problems[0]}" + (f" (and {len(problems) - 1} more)"
                                                               if len(problems) > 1 else ""),
                              param="response_format")
-        return self.compiled(Guide("json_schema", canonical(schema)), "response_format")
+        return self.compiled(guide, "response_format")
 
     def stats(self) -> dict[str, Any]:
         """What compiling guides has cost so far: guides compiled, cache hits, seconds spent, the last compile."""

@@ -266,8 +266,8 @@ class Plan:
 
 def plan(req: P.ChatRequest, served, fmt: Format | None, why: str, compile_guide) -> Plan:
     """The request's tools and ``tool_choice`` as a :class:`Plan` (``fmt``, ``why``: :func:`format_for`'s answer;
-    ``compile_guide(guide, param)``: the front end's guide compiler). Absent ``tool_choice`` means ``auto`` with tools
-    and ``none`` without, as OpenAI's."""
+    ``compile_guide(key, build, param)``: the front end's guides, ``Guides.built``, which builds a guide once per key
+    and compiles it). Absent ``tool_choice`` means ``auto`` with tools and ``none`` without, as OpenAI's."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
@@ -283,23 +283,28 @@ def plan(req: P.ChatRequest, served, fmt: Format | None, why: str, compile_guide
     if dup:
         raise P.APIError(400, f"tools: the function name {dup[0]!r} is given twice", param="tools")
     render = [t.model_dump(exclude_none=True) for t in req.tools]
-    guide = None
-    if choice not in (None, "auto"):  # the guide holds the answer to the tools' parameter schemas: they must compile
+    if choice in (None, "auto"):
+        return Plan(render=render, format=fmt)
+    if isinstance(choice, P.NamedToolChoice):
+        chosen = [t for t in req.tools if t.function.name == choice.function.name]
+        if not chosen:
+            raise P.APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not one of "
+                                  f"the tools ({', '.join(names)})", param="tool_choice")
+        parallel = False
+    else:  # required
+        chosen, parallel = list(req.tools), req.parallel_tool_calls is not False
+
+    def build() -> Guide:  # the guide holds the answer to the tools' parameter schemas: they must compile
         from pipeline.serving.guide import schema_problems
 
         for i, t in enumerate(req.tools):
             problems = schema_problems(t.function.parameters or {})
             if problems:
                 raise P.APIError(400, f"tools[{i}].function.parameters: {problems[0]}", param="tools")
-    if isinstance(choice, P.NamedToolChoice):
-        chosen = [t for t in req.tools if t.function.name == choice.function.name]
-        if not chosen:
-            raise P.APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not one of "
-                                  f"the tools ({', '.join(names)})", param="tool_choice")
-        guide = compile_guide(fmt.guide(chosen, False), "tools")
-    elif choice == "required":
-        guide = compile_guide(fmt.guide(req.tools, req.parallel_tool_calls is not False), "tools")
-    return Plan(render=render, format=fmt, guide=guide)
+        return fmt.guide(chosen, parallel)
+
+    key = json.dumps([fmt.name, [t.model_dump(exclude_none=True) for t in chosen], parallel], sort_keys=True)
+    return Plan(render=render, format=fmt, guide=compile_guide(key, build, "tools"))
 
 
 def template_messages(req: P.ChatRequest) -> list[dict[str, Any]]:

@@ -230,7 +230,7 @@ def test_the_tool_plan_follows_tool_choice():
 
     def plan(**kw):
         req = P.ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
-        return tools.plan(req, served, fmt, "", lambda g, p: g)
+        return tools.plan(req, served, fmt, "", lambda key, build, param: build())
 
     t = [x.model_dump(exclude_none=True) for x in TOOLS]
     assert plan(tools=t).guide is None and plan(tools=t).format is fmt  # auto: parsed, not guided
@@ -245,7 +245,7 @@ def test_the_tool_plan_follows_tool_choice():
         assert err.value.status == 400 and err.value.param == param
     req = P.ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": t})
     with pytest.raises(P.APIError) as err:
-        tools.plan(req, served, None, "its chat template does not render tools", lambda g, p: g)
+        tools.plan(req, served, None, "its chat template does not render tools", lambda key, build, param: build())
     assert err.value.status == 400 and "the model 'tiny' cannot take tools" in err.value.message
 
 
