@@ -50,9 +50,9 @@ def _render(repo: Path, case: str, decoupled: bool, *extra: str) -> Path:
     overrides, _ = CASES[case]
     eng = repo / ENGINE_REL
     eng.mkdir(parents=True)
-    from pipeline.stages.fetch import train_tokenizer
+    from tests.helpers.tokenizers import tiny_tokenizer
 
-    train_tokenizer(64).save_pretrained(eng)  # the package stage writes xgrammar's tokenizer info from it
+    tiny_tokenizer().save_pretrained(eng)  # the package stage writes xgrammar's tokenizer info from it
     if "runtime=trtllm_engine" in overrides:
         (eng / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {"max_batch_size": 8},
                                                      "pretrained_config": {"mapping": {"world_size": 1}}}))

@@ -27,10 +27,10 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, Path]:
-    from pipeline.stages.fetch import train_tokenizer
+    from tests.helpers.tokenizers import tiny_tokenizer
 
     base = tmp_path_factory.mktemp("lint-repos")
-    tokenizer = train_tokenizer(64)  # the package stage writes xgrammar's tokenizer info from it
+    tokenizer = tiny_tokenizer()  # the package stage writes xgrammar's tokenizer info from it
     out = {}
     for name, overrides in CASES.items():
         repo = base / name
