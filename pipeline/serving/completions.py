@@ -1,7 +1,8 @@
 """``POST /v1/completions`` (as vLLM's ``serving_completion.py``): a prompt as a string, a list of strings, a list of
 token ids or a list of such lists (one choice each); ``echo`` (the prompt first), ``logprobs`` (0-20) with prompt log
 probabilities under ``echo`` (what lm-evaluation-harness's log-likelihood requests send), ``max_tokens: 0`` with
-``echo`` for the prompt's log probabilities only. The rest is :class:`~pipeline.serving.generation.Endpoint`'s."""
+``echo`` for the prompt's log probabilities only; ``response_format`` (vLLM's extension) as on chat, by guided
+decoding (``pipeline.serving.guide``). The rest is :class:`~pipeline.serving.generation.Endpoint`'s."""
 from __future__ import annotations
 
 from pipeline.serving import protocol as P
@@ -19,6 +20,7 @@ class CompletionsEndpoint(Endpoint):
 
     def jobs(self, req: P.CompletionRequest) -> list[Job]:
         jobs = []
+        guide = self.front.guides.response_format(req.response_format)
         prompt_logprobs = bool(req.echo and req.logprobs is not None)
         prompts = req.prompts()
         for i, p in enumerate(prompts):
@@ -48,12 +50,12 @@ class CompletionsEndpoint(Endpoint):
                 return self.budget(count, budget, "max_tokens")
 
             if ids is None and text and self.can_count_later(budget):  # an empty text: counted now
-                job = Job(i, self.gen_request(req, text, None, self.budget(None, budget, "max_tokens"), False), None,
-                          text if req.echo else "")
+                job = Job(i, self.gen_request(req, text, None, self.budget(None, budget, "max_tokens"), False,
+                                              guide), None, text if req.echo else "")
                 self.count_later(job, text, checks)
             else:
                 count = len(ids) if ids is not None else len(self.served.encode_prompt(text))
-                job = Job(i, self.gen_request(req, text, ids, checks(count), prompt_logprobs), count,
+                job = Job(i, self.gen_request(req, text, ids, checks(count), prompt_logprobs, guide), count,
                           text if req.echo else "")
             job.zero = asked == 0  # echo only: the one token generated for the prompt's log probs is not returned
             jobs.append(job)

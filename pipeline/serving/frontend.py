@@ -19,6 +19,7 @@ from pipeline.serving.app import create_app
 from pipeline.serving.chat import ChatEndpoint
 from pipeline.serving.completions import CompletionsEndpoint
 from pipeline.serving.driver import Driver
+from pipeline.serving.guide import Guides
 from pipeline.serving.model import ServedModel
 from pipeline.triton import layouts
 
@@ -50,6 +51,7 @@ class Settings:
 class FrontEnd:
     def __init__(self, served: ServedModel, driver: Driver, settings: Settings | None = None):
         self.served, self.driver, self.settings = served, driver, settings or Settings()
+        self.guides = Guides(served)  # response_format and tools as guided decoding, compiled once per guide
         self.chat = ChatEndpoint(self)
         self.completions = CompletionsEndpoint(self)
 

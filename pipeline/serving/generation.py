@@ -85,6 +85,7 @@ class Job:
     problem: "P.APIError | None" = None  # what those checks found
     counted: "asyncio.Future | None" = None  # done once those checks have run
     agen: "AsyncIterator[Delta] | None" = None  # the driver's generation, once started (:meth:`Endpoint.start`)
+    tools: Any = None  # chat: the tool-call format its answer is parsed with (pipeline.serving.tools), None: text
 
 
 @dataclass
@@ -152,14 +153,11 @@ class Endpoint:
 
     @staticmethod
     def gen_request(req, prompt_text: str | None, prompt_ids: list[int] | None, max_tokens: int,
-            prompt_logprobs: bool) -> GenRequest:
+            prompt_logprobs: bool, guide=None, guide_param: str = "response_format") -> GenRequest:
         return GenRequest(
             prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens, stream=req.stream,
-            temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p, top_k=req.top_k,
-            seed=req.seed, stop=req.stops(), presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-            min_tokens=req.min_tokens or None, ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
-            prompt_logprobs=prompt_logprobs, request_id=uuid.uuid4().hex[:16])
+            sampling=req.sampling(), guide=guide, guide_param=guide_param, ignore_eos=req.ignore_eos,
+            logprobs=req.num_logprobs(), prompt_logprobs=prompt_logprobs, request_id=uuid.uuid4().hex[:16])
 
     # --- the prompt's token count, while Triton works on it --------------------------------------------------
     def can_count_later(self, asked: int | None) -> bool:
@@ -307,6 +305,13 @@ class Endpoint:
         seen[0] = len(have)
         return new
 
+    async def deltas(self, job: Job, first: str, gen):
+        """What the job's chunks carry, from its text pieces (``first``, then ``gen``'s): the pieces themselves (chat
+        turns tool-call text into tool-call deltas)."""
+        yield first
+        async for piece in gen:
+            yield piece
+
     async def events_before_first_piece(self, s: Stream, job: Job, first, pending, seen: list[int]):
         """The job's events before its first piece: (event or None, first, pending); it may wait for the first
         piece (``pending``, a future) when the opening needs what comes with it."""
@@ -372,7 +377,7 @@ class Endpoint:
         waited = pending
         seen = [0, 0]
         fast = None
-        if job.gen.logprobs is None and not s.continuous:  # the common chunk, built around the text alone
+        if job.gen.logprobs is None and not s.continuous and job.tools is None:  # the common chunk, text alone
             fast = self.fast_parts(s, job.index)
         try:
             event, first, pending = await self.events_before_first_piece(s, job, first, pending, seen)
@@ -386,9 +391,8 @@ class Endpoint:
                     async for piece in gen:
                         yield b"data: " + fast[0] + json.dumps(piece, ensure_ascii=False).encode() + fast[1]
                 else:
-                    yield self.chunk(s, job, first, None, self.piece_logprobs(s, job, seen))
-                    async for piece in gen:
-                        yield self.chunk(s, job, piece, None, self.piece_logprobs(s, job, seen))
+                    async for item in self.deltas(job, first, gen):
+                        yield self.chunk(s, job, item, None, self.piece_logprobs(s, job, seen))
             yield Final(self.chunk(s, job, self.final_text, job.finish, self.piece_logprobs(s, job, seen)
                                    if (job.logprobs or [])[seen[0]:] else None))
         except P.APIError as exc:

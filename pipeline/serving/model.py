@@ -75,11 +75,15 @@ class ServedModel:
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self.tokenizer.eos_token_id
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict | None) -> str:
-        """The conversation in the model's own chat template. A leading BOS that the layout's tokenizer step adds
-        again is dropped from the text, so the model sees it once."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict | None,
+                    tools: list[dict] | None = None) -> str:
+        """The conversation in the model's own chat template (with ``tools``, the template's tool section, as
+        ``apply_chat_template(tools=...)`` renders it). A leading BOS that the layout's tokenizer step adds again is
+        dropped from the text, so the model sees it once."""
+        extra = {"tools": tools} if tools else {}
         text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **(kwargs or {}))
+                                                  add_generation_prompt=add_generation_prompt, **extra,
+                                                  **(kwargs or {}))
         bos = self.tokenizer.bos_token
         if self.add_special_tokens and bos and text.startswith(bos):
             with_specials = self.tokenizer.encode("", add_special_tokens=True)

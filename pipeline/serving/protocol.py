@@ -2,10 +2,13 @@
 
 Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``, plus the extensions that
 vLLM and ``trtllm-serve`` accept and benchmarks send (``top_k``, ``min_tokens``, ``ignore_eos``,
-``repetition_penalty``, ``chat_template_kwargs``, ``stream_options.continuous_usage_stats``). A field that is not in
-the schema is refused by name (OpenAI answers "Unrecognized request argument supplied"); a known field whose value
-would change the output in a way no layout can honour (``n`` > 1, ``logit_bias``, tools, ``response_format`` other
-than text, ``suffix``, ``best_of`` > 1) is refused by :func:`unsupported`, never ignored.
+``repetition_penalty``, ``chat_template_kwargs``, ``stream_options.continuous_usage_stats``, ``response_format`` on
+``/v1/completions``). The sampling fields are the rows of one table (``pipeline/triton/layouts/sampling.py``). A
+field that is not in the schema is refused by name (OpenAI answers "Unrecognized request argument supplied"); a known
+field whose value would change the output in a way no layout can honour (``n`` > 1, ``logit_bias``, the legacy
+``functions``, ``suffix``, ``best_of`` > 1) is refused by :func:`unsupported`, never ignored. ``response_format``
+(``json_object``, ``json_schema``) and ``tools`` with ``tool_choice`` are served by guided decoding
+(``pipeline.serving.guide``, ``pipeline.serving.tools``).
 
 Every response body is one of the typed models below (OpenAI's ``Completion``, ``ChatCompletion``,
 ``ChatCompletionChunk``, ``Model``, the model list and the error body), written by :func:`dump`: compact JSON of the
@@ -20,8 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from pipeline.triton.layouts import sampling
 from pipeline.triton.layouts.contract import APIError, ErrorBody, ErrorDetail  # noqa: F401 - the layouts raise it too
 
 
@@ -44,20 +48,16 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
 
 
-class _Sampling(_Strict):
+# One optional field per row of the sampling table (pipeline/triton/layouts/sampling.py), with the row's check.
+_SamplingFields = create_model("_SamplingFields", __base__=_Strict,
+                               **{p.name: (sampling.annotation(p), Field(None, **p.check)) for p in sampling.PARAMS})
+
+
+class _Sampling(_SamplingFields):
     model: str
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     max_tokens: Optional[int] = Field(None, ge=0)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=-1)  # 0 and -1: no top-k (vLLM's -1, TensorRT-LLM's 0)
-    seed: Optional[int] = Field(None, ge=0, lt=2 ** 64)
-    stop: Optional[Union[str, list[str]]] = None
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: Optional[float] = Field(None, gt=0.0)
-    min_tokens: Optional[int] = Field(None, ge=0)
     ignore_eos: bool = False
     n: Optional[int] = Field(None, ge=1)
     logit_bias: Optional[dict[str, float]] = None
@@ -67,10 +67,47 @@ class _Sampling(_Strict):
     metadata: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
 
-    def stops(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
+    def sampling(self) -> dict[str, Any]:
+        """The sampling table's values of this request (``sampling.values``: normalised, the unset ones left out)."""
+        return sampling.values(self)
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: the schema (``schema``), its name and OpenAI's ``strict`` (the schema is
+    always enforced here, strict or not)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class TextPart(_Strict):
@@ -78,12 +115,30 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str  # JSON text, as the answer carried it
+
+
+class CalledTool(_Strict):
+    """A tool call of an earlier assistant turn, sent back with the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_calls: Optional[list[CalledTool]] = None
     tool_call_id: Optional[str] = None
+    # what an SDK sends back with an earlier answer's message (OpenAI's ChatCompletionMessage); no effect here
+    refusal: Optional[str] = None
+    annotations: Optional[list[Any]] = None
+    audio: Optional[dict[str, Any]] = None
+    function_call: Optional[dict[str, Any]] = None
 
     def text(self, index: int) -> str:
         if self.content is None:
@@ -112,12 +167,12 @@ class ChatRequest(_Sampling):
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     chat_template_kwargs: Optional[dict[str, Any]] = None
     add_generation_prompt: bool = True
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
-    response_format: Optional[dict[str, Any]] = None
+    response_format: Optional[ResponseFormat] = None
     modalities: Optional[list[str]] = None
     audio: Optional[dict[str, Any]] = None
     prediction: Optional[dict[str, Any]] = None
@@ -143,6 +198,7 @@ class CompletionRequest(_Sampling):
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None  # vLLM's extension of /v1/completions
 
     def limit(self) -> Optional[int]:
         return self.max_tokens
@@ -169,15 +225,11 @@ def unsupported(req: _Sampling) -> None:
     if req.logit_bias:
         bad.append("logit_bias")
     if isinstance(req, ChatRequest):
-        for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
+        for name in ("functions", "audio", "prediction", "web_search_options"):
             if getattr(req, name):
-                bad.append(name)
-        for name in ("tool_choice", "function_call"):
-            v = getattr(req, name)
-            if v not in (None, "none", "auto"):
-                bad.append(name)
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            bad.append(f"response_format (type {req.response_format.get('type')!r}; only 'text')")
+                bad.append(name + (" (deprecated by OpenAI: send tools)" if name == "functions" else ""))
+        if req.function_call not in (None, "none", "auto"):
+            bad.append("function_call (deprecated by OpenAI: send tool_choice)")
         if req.modalities and set(req.modalities) - {"text"}:
             bad.append("modalities other than text")
         if req.reasoning_effort is not None:
@@ -225,7 +277,7 @@ class Usage(_Out):
     total_tokens: int
 
 
-FinishReason = Optional[Literal["stop", "length"]]
+FinishReason = Optional[Literal["stop", "length", "tool_calls"]]
 
 
 class CompletionLogprobs(_Out):
@@ -276,10 +328,25 @@ class ChoiceLogprobs(_Out):
     refusal: Optional[list[TokenLogprobEntry]]
 
 
+class FunctionCall(_Out):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Out):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Out):
+    """The answer's message: ``content`` (None when the answer is tool calls and nothing else) and, where the model
+    called tools, ``tool_calls``."""
+
     role: Literal["assistant"]
-    content: str
+    content: Optional[str]
     refusal: Optional[str]
+    tool_calls: Optional[list[ToolCall]] = None
 
 
 class ChatChoice(_Out):
@@ -299,12 +366,28 @@ class ChatCompletion(_Out):
     usage: Usage
 
 
+class FunctionCallDelta(_Out):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class ToolCallDelta(_Out):
+    """A streamed tool call, as OpenAI streams them: the first delta of call ``index`` carries its ``id``, ``type``
+    and ``function.name`` (with empty ``arguments``), the next ones pieces of ``function.arguments``."""
+
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[FunctionCallDelta] = None
+
+
 class ChatDelta(_Out):
-    """What a chunk adds to the message: ``role`` on the first chunk, ``content`` where there is text (neither on
-    the finish chunk)."""
+    """What a chunk adds to the message: ``role`` on the first chunk, ``content`` where there is text,
+    ``tool_calls`` where the model calls a tool (none of them on the finish chunk)."""
 
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallDelta]] = None
 
 
 class ChatChunkChoice(_Out):

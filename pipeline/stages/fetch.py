@@ -385,8 +385,46 @@ def gguf_provenance(location: str, path: Path, store_dir: Path) -> dict[str, Any
     return out
 
 
+# ChatML, and for tools Qwen3's format (its chat template's tool section, tool calls and tool responses: Qwen/Qwen3-*
+# tokenizer_config.json): the tools as JSON lines in the system turn, each call a <tool_call>{"name", "arguments"}
+# </tool_call> block, tool results as <tool_response> blocks in a user turn. Plain messages render as ChatML alone.
+CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}"
+    "{%- endif %}{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou"
+    " are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}"
+    "{%- endfor %}{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "argument'
+    's": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    '{%- endif %}'
+    '{%- for m in messages %}'
+    "{%- if tools and loop.first and m['role'] == 'system' %}"
+    "{%- elif m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}"
+    "{%- endif %}{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}"
+    '{%- endif %}'
+    "{%- elif m['role'] == 'assistant' and m['tool_calls'] %}{{- '<|im_start|>assistant\\n' + (m['content'"
+    "] or '') }}"
+    "{%- for c in m['tool_calls'] %}"
+    "{%- if not loop.first or m['content'] %}{{- '\\n' }}"
+    '{%- endif %}{{- \'<tool_call>\\n{"name": "\' + c[\'function\'][\'name\'] + \'", "arguments": \' }}'
+    "{%- if c['function']['arguments'] is string %}{{- c['function']['arguments'] }}"
+    "{%- else %}{{- c['function']['arguments'] | tojson }}"
+    "{%- endif %}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    '{%- endif %}'
+    '{%- endfor %}'
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    '{%- endif %}'
+)
+
+
 def train_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer trained on the shipped corpus, with a ChatML template (deterministic)."""
+    """A byte-level BPE tokenizer trained on the shipped corpus, with a ChatML template that renders tools as Qwen3's
+    does (:data:`CHAT_TEMPLATE`; deterministic)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -401,8 +439,7 @@ def train_tokenizer(vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(list(texts.calib + texts.heldout), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    fast.chat_template = CHAT_TEMPLATE
     return fast
 
 

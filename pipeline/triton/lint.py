@@ -15,10 +15,12 @@ Rules (each finding is one line naming the file and the fix):
    at most the engine's ``build_config.max_batch_size``;
 5. decoupled and unary repositories are both valid (upstream's quick start is unary); the backend's ``decoupled_mode``
    parameter agrees with the transaction policy;
-6. path parameters (``gpt_model_path``, ``tokenizer_dir``, the reference runtime's ``engine_dir``) exist, and the
-   engine holds ``rank{N}.engine`` for its world size; a path is relative to the repository root, or absolute under the
-   repository itself or under the repository's mount in the serving container (``repo_mount``, ``serve.repo_mount``),
-   and any other absolute path is a finding;
+6. path parameters (``gpt_model_path``, ``tokenizer_dir``, the reference runtime's ``engine_dir``,
+   ``xgrammar_tokenizer_info_path`` with the keys the C++ backend reads) exist, and the engine holds
+   ``rank{N}.engine`` for its world size; ``guided_decoding_backend`` is one the backend takes, with a tokenizer
+   info file named beside it (``pipeline/upstream`` ``guided_decoding``); a path is relative to the repository
+   root, or absolute under the repository itself or under the repository's mount in the serving container
+   (``repo_mount``, ``serve.repo_mount``), and any other absolute path is a finding;
 7. the engine's TRT-LLM version (its ``config.json``) is the serving container's (``trtllm_version``, or the version
    upstream pairs with ``container``);
 8. the repository loads (:func:`loadability`, also run by ``verify`` on a bundle): every model directory has a
@@ -27,8 +29,8 @@ Rules (each finding is one line naming the file and the fix):
    ``decoupled`` flag: a decoupled BLS over a unary model cannot stream) and the BLS's ``max_batch_size`` is at most
    the model's;
 9. an ``llmapi`` model takes ``max_batch_size`` and decoupled mode from ``model.yaml``'s ``triton_config`` (not from
-   ``config.pbtxt``, as upstream), its ``model`` is an absolute path that exists in the repository, and N instances
-   name N GPU sets in ``gpu_device_ids``.
+   ``config.pbtxt``, as upstream), its ``model`` is an absolute path that exists in the repository, its
+   ``guided_decoding_backend`` is one the LLM API takes, and N instances name N GPU sets in ``gpu_device_ids``.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from pipeline.triton.render import parse_model_config
 from pipeline.triton import layouts
 
 REPO_MOUNT = "/models"  # serve.repo_mount's default: where the serving container mounts the repository
-PATH_PARAMS = ("tokenizer_dir", "gpt_model_path", "engine_dir")
+PATH_PARAMS = ("tokenizer_dir", "gpt_model_path", "engine_dir", "xgrammar_tokenizer_info_path")
 
 
 def _resolve(repo: Path, value: str, mount: str) -> Path | None:
@@ -176,8 +178,11 @@ def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any],
         got = {t.name: t for t in have}
         for tname in want:
             if tname not in got:
-                out.append(f"{rel}: {owner} {kind[:-1]} \"{tname}\" is missing (clients of {where} send/expect it); "
-                           f"add it with data_type {want[tname]['data_type']} dims {want[tname]['dims']}")
+                who = (f"this project's {kind[:-1]} \"{tname}\" is missing (its front end sends it; pipeline/upstream "
+                       f"extensions)") if want[tname].get("extension") else \
+                    f"{owner} {kind[:-1]} \"{tname}\" is missing (clients of {where} send/expect it)"
+                out.append(f"{rel}: {who}; add it with data_type {want[tname]['data_type']} dims "
+                           f"{want[tname]['dims']}")
                 continue
             w, g = want[tname], _tensor_view(got[tname], is_input)
             if not str(w["data_type"]).startswith("${") and w["data_type"] != g["data_type"]:
@@ -209,11 +214,45 @@ def conformance(name: str, cfg, recorded: dict[str, Any], reads: dict[str, Any],
         elif not params[key].strip() and key not in reads.get("empty_means_unset", []) and key != "gpt_model_path":
             out.append(f"{rel}: required parameter \"{key}\" is empty; the {cfg.backend or cfg.platform} model "
                        f"uses its value as given ({(reads.get('source') or {}).get('path', where)}); set it")
+    out += _guided_problems(rel, cfg, params)
     if name == "tensorrt_llm" and "gpt_model_path" in params and not params["gpt_model_path"].strip() \
             and not params.get("encoder_model_path", "").strip():
         out.append(f"{rel}: gpt_model_path is empty (\"Both encoder and decoder model paths are empty\"); set it to "
                    f"the engine directory")
     return out
+
+
+def _guided_problems(rel: str, cfg, params: dict[str, str]) -> list[str]:
+    """A model with ``guided_decoding_backend`` set: one of the backends the record names (the C++ backend takes
+    ``xgrammar`` only), with ``xgrammar_tokenizer_info_path`` set too (else the backend builds no guided decoding and
+    every guided request is refused). The file itself is checked with the paths (:func:`check_model`)."""
+    gd = (upstream.guided_decoding().get("triton_backend") or {})
+    backend = params.get("guided_decoding_backend", "").strip()
+    if not gd or not backend:
+        return []
+    out = []
+    if backend not in gd["backends"]:
+        out.append(f"{rel}: guided_decoding_backend {backend!r} is not one TensorRT-LLM's Triton backend takes "
+                   f"({', '.join(gd['backends'])}; {gd['sources'][0]['path']})")
+    if not params.get("xgrammar_tokenizer_info_path", "").strip():
+        out.append(f"{rel}: guided_decoding_backend is set but xgrammar_tokenizer_info_path is empty: the backend "
+                   f"then has no guided decoding; write {gd['tokenizer_info_file']} (generate_xgrammar_tokenizer_"
+                   f"info.py) and name it")
+    return out
+
+
+def _tokenizer_info_problems(rel: str, path: Path, value: str) -> list[str]:
+    """``xgrammar_tokenizer_info_path``'s file: JSON with every key the C++ backend reads."""
+    if not path.is_file():
+        return [f"{rel}: xgrammar_tokenizer_info_path {value} does not exist (the C++ backend refuses to load)"]
+    keys = (upstream.guided_decoding().get("triton_backend") or {}).get("tokenizer_info_keys", [])
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{rel}: xgrammar_tokenizer_info_path {value} is not JSON ({exc})"]
+    missing = [k for k in keys if k not in (doc if isinstance(doc, dict) else {})]
+    return [f"{rel}: xgrammar_tokenizer_info_path {value} lacks {', '.join(missing)}; write it from the tokenizer "
+            f"(generate_xgrammar_tokenizer_info.py, or re-run package)"] if missing else []
 
 
 # --------------------------------------------------------------------------------------------------- ensembles
@@ -287,6 +326,9 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
     for key in ("gpt_model_path", "engine_dir"):
         if paths.get(key) is not None and not pending(paths[key]) and not paths[key].is_dir():
             out.append(f"{rel}: {key} {params[key]} does not exist")
+    if paths.get("xgrammar_tokenizer_info_path") is not None:
+        out += _tokenizer_info_problems(rel, paths["xgrammar_tokenizer_info_path"],
+                                        params["xgrammar_tokenizer_info_path"])
     if cfg.backend == "tensorrtllm":  # every value against what the C++ backend accepts (upstream/rules.yaml)
         from pipeline.upstream import rules
 
@@ -352,6 +394,11 @@ def _check_llmapi(repo: Path, mdir: Path, cfg, repo_mount: str, pending=lambda p
             out.append(_outside(where, "model", model, repo, repo_mount))
         elif not located.exists() and not pending(located):
             out.append(f"{where}: model {model!r} does not exist in the repository")
+    llm_api = upstream.guided_decoding().get("llm_api") or {}
+    backend = doc.get(llm_api.get("llm_arg", "guided_decoding_backend"))
+    if backend is not None and backend not in llm_api.get("backends", []):
+        out.append(f"{where}: guided_decoding_backend {backend!r} is not one the LLM API takes "
+                   f"({', '.join(llm_api.get('backends', []))}; tensorrt_llm/llmapi/llm_args.py)")
     tc = doc.get("triton_config")
     if not isinstance(tc, dict) or "max_batch_size" not in tc or "decoupled" not in tc:
         out.append(f"{where}: triton_config needs max_batch_size and decoupled (upstream's model.py reads both)")

@@ -22,7 +22,9 @@ from pipeline.triton.render import MODELS_DIR, parse_model_config, render
 
 REFERENCE_SRC = Path(importlib.util.find_spec("pipeline.runtime.reference").origin)  # copied next to model.py
 DECODE_ENGINE_SRC = Path(importlib.util.find_spec("pipeline.runtime.decode_engine").origin)
+GUIDED_SRC = Path(importlib.util.find_spec("pipeline.runtime.guided").origin)  # XGrammar for guided decoding
 REFERENCE_COPIES = {"reference_runtime.py": REFERENCE_SRC, "reference_decode_engine.py": DECODE_ENGINE_SRC,
+                    "reference_guided.py": GUIDED_SRC,
                     "reference_common.py": MODELS_DIR / "reference_common.py"}  # what both reference model.py share
 # Packages copied beside them (their .py files, never __pycache__): the format registry, which the reference model.py
 # passes to reference_runtime.load (pipeline is not importable in the serving container)

@@ -6,8 +6,10 @@ Every data file here names the upstream repository, commit and path each part wa
   versions, per NGC tag, from NVIDIA's Release Compatibility Matrix;
 - ``trtllm-<line>.yaml``: for one TensorRT-LLM line, the Triton model repository layouts (``inflight_batcher_llm``,
   ``llmapi``): every model's inputs and outputs (name, data type, dims, optional, reshape), the parameters the
-  backend or ``model.py`` reads (required ones marked), batching and instance settings; plus the ``trtllm-build``
-  flags, ``BuildConfig`` fields and LLM-API argument names of that line.
+  backend or ``model.py`` reads (required ones marked), batching and instance settings; guided decoding
+  (``guided_decoding``: the Triton backend's parameters, backends, guide types and tokenizer info file, the LLM
+  API's argument and ``GuidedDecodingParams`` fields); the inputs this project adds to upstream's models
+  (``extensions``); plus the ``trtllm-build`` flags, ``BuildConfig`` fields and LLM-API argument names of that line.
 
 ``python -m pipeline.upstream verify --checkout PATH`` compares the record with an upstream checkout's
 ``config.pbtxt`` files (or the installed ``tensorrt_llm``); ``refresh`` rewrites the tensor lists from the checkout.
@@ -144,13 +146,31 @@ def line_for(trtllm_version: str | None) -> str:
     return DEFAULT_LINE if (major, minor) <= (1, 2) else "main"
 
 
-def interface(line: str = DEFAULT_LINE, layout: str = "inflight_batcher_llm") -> dict[str, dict[str, Any]]:
+def interface(line: str = DEFAULT_LINE, layout: str = "inflight_batcher_llm",
+              extended: bool = True) -> dict[str, dict[str, Any]]:
     """``{model: {inputs, outputs, parameters, max_batch_size, decoupled, instance_group, ..., source}}`` of one layout
-    as upstream ships it for ``line``."""
+    as upstream ships it for ``line``; with ``extended``, plus the inputs this project adds (the record's
+    ``extensions``: the llmapi model's guide inputs), each marked ``extension: true``."""
     layouts = record(line)["layouts"]
     if layout not in layouts:
         raise UserError(f"TensorRT-LLM {line} has no {layout} layout upstream (it has: {', '.join(layouts)})")
-    return layouts[layout]
+    models = layouts[layout]
+    added = (record(line).get("extensions") or {}).get(layout) or {} if extended else {}
+    if not added:
+        return models
+    out = dict(models)
+    for model, extra in added.items():
+        base = dict(out[model])
+        base["inputs"] = [*base.get("inputs", []), *({**t, "extension": True} for t in extra.get("inputs", []))]
+        out[model] = base
+    return out
+
+
+def guided_decoding(line: str = DEFAULT_LINE) -> dict[str, Any]:
+    """The record's ``guided_decoding``: the Triton backend's parameters, backends, guide inputs and types and the
+    tokenizer info file (``triton_backend``, on lines with the C++ backend) and the LLM API's argument, backends and
+    ``GuidedDecodingParams`` fields (``llm_api``), each with the sources it was read from."""
+    return record(line).get("guided_decoding") or {}
 
 
 def reads(line: str = DEFAULT_LINE, layout: str = "inflight_batcher_llm") -> dict[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ one difference each; the shipped lint must name it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -49,7 +50,9 @@ def _render(repo: Path, case: str, decoupled: bool, *extra: str) -> Path:
     overrides, _ = CASES[case]
     eng = repo / ENGINE_REL
     eng.mkdir(parents=True)
-    (eng / "tokenizer.json").write_text("{}")  # a stand-in: nothing loads it here
+    from tests.helpers.tokenizers import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(eng)  # the package stage writes xgrammar's tokenizer info from it
     if "runtime=trtllm_engine" in overrides:
         (eng / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {"max_batch_size": 8},
                                                      "pretrained_config": {"mapping": {"world_size": 1}}}))
@@ -150,7 +153,11 @@ def test_an_empty_required_parameter_is_caught_unless_upstream_reads_empty_as_un
     repo = render(tmp_path, "engine", False)
     path = repo / "tensorrt_llm" / "config.pbtxt"
     text = path.read_text()
-    assert 'key: "xgrammar_tokenizer_info_path" value: { string_value: "" }' in text  # upstream: empty means unset
+    for key in ("xgrammar_tokenizer_info_path", "guided_decoding_backend"):  # upstream: empty means unset
+        text = re.sub(f'key: "{key}" value: {{ string_value: "[^"]*" }}', f'key: "{key}" value: {{ string_value: "" }}',
+                      text)
+    path.write_text(text)
+    assert not any("xgrammar" in f or "guided_decoding" in f for f in differences(repo))
     old = f'key: "tokenizer_dir" value: {{ string_value: "/models/{ENGINE_REL}" }}'
     assert old in text
     path.write_text(text.replace(old, 'key: "tokenizer_dir" value: { string_value: "" }'))

@@ -274,6 +274,21 @@ def check_max_tokens_default(s, record, model):
     assert sampling == {"best_of": 1, "exclude_input_from_output": False, "return_perf_metrics": False}
 
 
+def check_guide(s, record, model):
+    """A guide in this project's two inputs becomes ``SamplingParams(guided_decoding=GuidedDecodingParams(...))``, the
+    field the record names for its type (``json`` -> ``json_object``); an unknown type fails the request."""
+    schema = '{"type": "object"}'
+    for kind, guide, want in (("json_schema", [schema], {"json": schema}), ("json", [], {"json_object": True})):
+        prompt = f"guided {kind} {model} {next(UID)}"
+        extra = {"guided_decoding_guide": guide} if guide else {}
+        items = ask(s, model, prompt, sampling_param_max_tokens=2, guided_decoding_guide_type=[kind], **extra)
+        assert errors(items) == []
+        sampling = records(record, "generate", model=_model_path(model), prompt=prompt)[-1]["sampling"]
+        assert sampling["guided_decoding"] == {"GuidedDecodingParams": want}
+    refused = ask(s, model, f"guided xml {model} {next(UID)}", guided_decoding_guide_type=["xml"])
+    assert any("unknown guided_decoding_guide_type 'xml'" in e for e in errors(refused))
+
+
 def check_stop(s, record, model):
     """A stop request aborts the streaming generation of its id (which ends with its text so far, finish reason
     ``cancelled``) and a non-streaming one (which ends CANCELLED); the stop request is answered CANCELLED, also for
@@ -351,6 +366,7 @@ def check_unary_streaming(s, record, model):
 def test_streamed_responses_carry_the_cumulative_text(served):
     s, _, record = served
     for_each(check_cumulative, "tensorrt_llm", "delta", s, record)
+    check_guide(s, record, "tensorrt_llm")
 
 
 def test_exclude_input_from_output_defaults_to_false_and_max_tokens_to_the_llm_api(served):

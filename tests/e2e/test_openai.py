@@ -309,6 +309,87 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_generation(served):
     assert _client(served.url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).choices[0].text is not None
 
 
+# ------------------------------------------------------------------------------ structured outputs and tools
+# On the random tiny model only the grammar can make an answer valid: the controls send the same requests unguided.
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                                                    "unit": {"type": "string", "enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}]
+
+
+def test_openai_sdk_parse_with_a_pydantic_model_gets_a_valid_object_streamed_or_not(served):
+    from typing import Literal
+
+    import openai
+    import pydantic
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: Literal["Paris", "Lyon", "Nice"]
+        population: int = Field(ge=0, le=999)
+        capital: bool
+
+    c = _client(served.url)
+    msgs = [{"role": "user", "content": "Describe a French city."}]
+    got = c.chat.completions.parse(model=MODEL, messages=msgs, response_format=City, max_tokens=300, temperature=0)
+    assert isinstance(got.choices[0].message.parsed, City) and got.choices[0].finish_reason == "stop"
+    with c.chat.completions.stream(model=MODEL, messages=msgs, response_format=City, max_tokens=300,
+                                   temperature=0) as stream:  # the SDK's own streaming parse (the token path here)
+        final = stream.get_final_completion()
+    assert final.choices[0].message.parsed == got.choices[0].message.parsed
+    # the control: the same request without the schema is noise that the model class refuses
+    plain = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=60, temperature=0)
+    with pytest.raises(pydantic.ValidationError):
+        City.model_validate_json(plain.choices[0].message.content)
+    # json_object on /v1/completions, vLLM's extension: JSON once the grammar closed it
+    body = {"model": MODEL, "prompt": "JSON:", "max_tokens": 200, "temperature": 0,
+            "response_format": {"type": "json_object"}}
+    code, out = _post(served.url, "/completions", body)
+    assert code == 200 and out["choices"][0]["finish_reason"] == "stop", out
+    json.loads(out["choices"][0]["text"])
+    with pytest.raises(openai.BadRequestError, match=r"unsupported format 'binary' at \$\.properties\.f\.format"):
+        c.chat.completions.create(model=MODEL, messages=msgs, stream=True, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {"f": {"type": "string", "format": "binary"}}}}})
+
+
+def test_tool_calls_stream_as_openai_deltas_and_a_two_turn_tool_conversation_follows(served, tiny_build):
+    from transformers import AutoTokenizer
+
+    from pipeline.serving import protocol as P, tools
+
+    c = _client(served.url)
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="required",
+                                            parallel_tool_calls=False, max_tokens=100, temperature=0, stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id.startswith("call_") and deltas[0].type == "function"
+    assert deltas[0].function.name == "get_weather"
+    args = json.loads("".join(d.function.arguments or "" for d in deltas))
+    assert args["city"] in ("Paris", "Oslo") and args["unit"] in ("C", "F")
+    assert chunks[-1].choices[0].finish_reason == "tool_calls" and {d.index for d in deltas} == {0}
+    # the same answer whole (the ensemble's path), then the tool's result in a second turn
+    first = c.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="required",
+                                      parallel_tool_calls=False, max_tokens=100, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and json.loads(call.function.arguments) == args
+    follow = [*msgs, first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "22 C, sunny"}]
+    second = c.chat.completions.create(model=MODEL, messages=follow, tools=TOOLS, max_tokens=6, temperature=0)
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # the second turn was rendered with the call and its result through the model's own template
+    tok = AutoTokenizer.from_pretrained(str(_repo(tiny_build) / "tensorrt_llm" / "1" / "engine"))
+    req = P.ChatRequest.model_validate({"model": MODEL, "messages": [
+        *msgs, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}, follow[-1]]})
+
+    def count(messages):
+        text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+        return len(tok.encode(text, add_special_tokens=False))
+
+    rendered = tools.template_messages(req)
+    assert second.usage.prompt_tokens == count(rendered) != count(rendered[:1])  # the control: without the turns
+
+
 # ----------------------------------------------------------------------------------------------- errors
 def test_each_kind_of_bad_request_gets_its_status_and_names_the_problem(served):
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -316,8 +397,11 @@ def test_each_kind_of_bad_request_gets_its_status_and_names_the_problem(served):
         ({**chat, "foo": 1}, 400, "foo"),
         ({**chat, "n": 2}, 400, "n=2"),
         ({**chat, "logit_bias": {"5": 3}}, 400, "logit_bias"),
-        ({**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-        ({**chat, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({**chat, "functions": [{"name": "f"}]}, 400, "functions (deprecated by OpenAI: send tools)"),
+        ({**chat, "tool_choice": "required"}, 400, "tool_choice needs tools"),
+        ({**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}}, 400,
+         "unsupported keyword 'uniqueItems' at $.properties.tags.uniqueItems"),
         ({**chat, "temperature": 5}, 400, "temperature"),
         ({**chat, "messages": []}, 400, "messages"),
         ({k: v for k, v in chat.items() if k != "messages"}, 400, "messages is required"),

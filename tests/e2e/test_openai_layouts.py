@@ -117,6 +117,37 @@ def test_every_layout_and_transaction_policy_is_served(layout):
             assert fixed.usage.completion_tokens == 6 and fixed.choices[0].finish_reason == "length"
 
 
+def test_structured_output_and_a_required_tool_call_on_every_layout(layout):
+    """The guide reaches the model on every layout and transaction policy (inflight_batcher_llm: the ensemble's and
+    tensorrt_llm's guide inputs; llmapi: this project's two inputs, read into the reference's grammar as model.py
+    reads them into GuidedDecodingParams): on the random tiny model only the grammar makes these answers valid."""
+    import json
+
+    import jsonschema
+
+    name, decoupled, repo, s = layout
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lyon"]},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["city", "n"], "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"]}}}
+    msgs = [{"role": "user", "content": "A city, as JSON."}]
+    with _front(repo, s.grpc_url) as url:
+        c = _sdk(url)
+        rf = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+        whole = c.chat.completions.create(model=MODEL, messages=msgs, response_format=rf, max_tokens=300,
+                                          temperature=0)
+        jsonschema.validate(json.loads(whole.choices[0].message.content), schema)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model=MODEL, messages=msgs, response_format=rf, max_tokens=300, temperature=0, stream=True)
+            if ch.choices)
+        jsonschema.validate(json.loads(streamed), schema)
+        called = c.chat.completions.create(model=MODEL, messages=msgs, tools=[tool], tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=60, temperature=0)
+        args = json.loads(called.choices[0].message.tool_calls[0].function.arguments)
+        assert called.choices[0].finish_reason == "tool_calls" and 0 <= args["x"] <= 9
+
+
 def test_bls_entry_point(layout):
     name, decoupled, repo, s = layout
     if name != "inflight_batcher_llm":

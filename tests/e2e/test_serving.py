@@ -55,7 +55,10 @@ def test_engine_layout_fills_every_mandatory_parameter(tiny_build, tmp_path):
     assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
     assert params["gpt_model_path"] == params["tokenizer_dir"] == "/models/tensorrt_llm/1/engine"
     assert "engine_dir" not in params  # the C++ backend reads gpt_model_path; engine_dir is read by nothing
-    assert params["guided_decoding_backend"] == params["xgrammar_tokenizer_info_path"] == ""  # read, empty: unused
+    # guided decoding as tensorrtllm_backend docs/guided_decoding.md sets it up for the C++ backend
+    assert params["guided_decoding_backend"] == "xgrammar"
+    assert params["xgrammar_tokenizer_info_path"] == "/models/tensorrt_llm/1/xgrammar_tokenizer_info.json"
+    assert (repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").is_file()
     assert params["gpt_model_type"] == "inflight_fused_batching"
     assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
     assert int(params["max_tokens_in_paged_kv_cache"]) > 100_000  # from the capacity planner (Qwen3-32B, FP8 KV)

@@ -27,13 +27,16 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, Path]:
+    from tests.helpers.tokenizers import tiny_tokenizer
+
     base = tmp_path_factory.mktemp("lint-repos")
+    tokenizer = tiny_tokenizer()  # the package stage writes xgrammar's tokenizer info from it
     out = {}
     for name, overrides in CASES.items():
         repo = base / name
         eng = repo / ENGINE_REL
         eng.mkdir(parents=True)
-        (eng / "tokenizer.json").write_text("{}")
+        tokenizer.save_pretrained(eng)
         if "runtime=trtllm_engine" in overrides:
             (eng / "config.json").write_text(json.dumps({
                 "version": "1.2.1", "build_config": {"max_batch_size": 8},
@@ -358,3 +361,31 @@ def test_a_config_with_bytes_that_are_not_utf8_is_still_checked_for_loading(rend
     findings = lint.lint(repo, trtllm_version="1.2.1")
     assert any(f.startswith("tensorrt_llm_bls/config.pbtxt: max_batch_size 64 exceeds tensorrt_llm's 8")
                for f in findings), findings
+
+
+def test_guided_decoding_is_rendered_as_upstreams_workflow_and_a_planted_mistake_in_it_is_named(rendered, tmp_path):
+    """tensorrtllm_backend docs/guided_decoding.md: the C++ backend takes guided_decoding_backend xgrammar and the
+    tokenizer info file NVIDIA's generate_xgrammar_tokenizer_info.py writes; the LLM API takes it in model.yaml."""
+    import yaml
+
+    repo = copy(rendered, "engine", tmp_path)
+    cfg = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'key: "guided_decoding_backend" value: { string_value: "xgrammar" }' in cfg
+    info = json.loads((repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").read_text())
+    assert set(info) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"} and "<|im_end|>" in info["encoded_vocab"]
+    edit(repo / "tensorrt_llm" / "config.pbtxt", 'string_value: "xgrammar"', 'string_value: "llguidance"')
+    info.pop("tokenizer_str")
+    (repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").write_text(json.dumps(info))
+    findings = "\n".join(lint.lint(repo, trtllm_version="1.2.1"))
+    assert "guided_decoding_backend 'llguidance' is not one TensorRT-LLM's Triton backend takes (xgrammar" in findings
+    assert "xgrammar_tokenizer_info.json lacks tokenizer_str" in findings
+    (repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").unlink()
+    assert "does not exist (the C++ backend refuses to load)" in "\n".join(lint.lint(repo, trtllm_version="1.2.1"))
+
+    repo = copy(rendered, "llmapi", tmp_path)
+    doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert doc["guided_decoding_backend"] == "xgrammar"
+    doc["guided_decoding_backend"] = "outlines"
+    (repo / "tensorrt_llm" / "1" / "model.yaml").write_text(yaml.safe_dump(doc))
+    assert any("guided_decoding_backend 'outlines' is not one the LLM API takes (xgrammar, llguidance" in f
+               for f in lint.lint(repo, trtllm_version="1.2.1"))

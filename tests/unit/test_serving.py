@@ -26,8 +26,8 @@ def test_unknown_fields_are_refused_by_name():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(n=3), "n=3"), (dict(logit_bias={"1": 2.0}), "logit_bias"),
-    (dict(tools=[{"type": "function"}]), "tools"), (dict(tool_choice="required"), "tool_choice"),
-    (dict(response_format={"type": "json_schema"}), "response_format"),
+    (dict(functions=[{"name": "f"}]), "functions (deprecated by OpenAI: send tools)"),
+    (dict(function_call={"name": "f"}), "function_call (deprecated by OpenAI: send tool_choice)"),
     (dict(reasoning_effort="low"), "reasoning_effort"), (dict(stream_options={"include_usage": True}), "stream_options"),
 ])
 def test_output_changing_fields_that_cannot_be_honoured_are_400(kw, words):
@@ -37,8 +37,12 @@ def test_output_changing_fields_that_cannot_be_honoured_are_400(kw, words):
 
 
 def test_harmless_and_default_values_pass():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for kw in (dict(n=1), dict(logit_bias={}), dict(tool_choice="none"), dict(response_format={"type": "text"}),
-               dict(user="u", store=False, metadata={"a": 1}), dict(stream=True, stream_options={"include_usage": True})):
+               dict(user="u", store=False, metadata={"a": 1}), dict(stream=True, stream_options={"include_usage": True}),
+               # served by guided decoding and the tool-call parsers (tests/unit/test_structured.py)
+               dict(tools=[tool], tool_choice="required"), dict(response_format={"type": "json_object"}),
+               dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})):
         P.unsupported(_chat(**kw))
 
 
@@ -268,11 +272,13 @@ def test_request_protobufs_are_what_tritonclient_builds_also_after_other_request
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
     spec = _upstream_spec("ensemble")
     outputs = ["text_output", "num_output_tokens"]
-    asks = [GenRequest("Hello there", None, 32, True, temperature=0.0),
-            GenRequest("Hello there", None, 32, True, temperature=0.0),  # the same parts again: a copy
-            GenRequest("Another prompt", None, 7, True, temperature=0.7, top_p=0.9, seed=3, stop=["\n", "END"]),
-            GenRequest("Hello there", None, 32, True, temperature=0.0, ignore_eos=True, min_tokens=4),
-            GenRequest("Ünïcode ✓", None, 32, False, temperature=0.0)]
+    greedy = {"temperature": 0.0}
+    asks = [GenRequest("Hello there", None, 32, True, greedy),
+            GenRequest("Hello there", None, 32, True, greedy),  # the same parts again: a copy
+            GenRequest("Another prompt", None, 7, True,
+                       {"temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n", "END"]}),
+            GenRequest("Hello there", None, 32, True, {**greedy, "min_tokens": 4}, ignore_eos=True),
+            GenRequest("Ünïcode ✓", None, 32, False, greedy)]
     seen = []
     for k, g in enumerate(asks):
         inputs = d.codec.text_inputs(spec, g)
@@ -296,7 +302,7 @@ def test_a_planted_wrong_part_in_a_kept_request_is_seen_by_the_comparison():
 
     d = Driver("127.0.0.1:1", SimpleNamespace(layout="inflight_batcher_llm", name="m"))
     spec = _upstream_spec("ensemble")
-    g = GenRequest("Hello there", None, 32, True, temperature=0.0)
+    g = GenRequest("Hello there", None, 32, True, {"temperature": 0.0})
     inputs = d.codec.text_inputs(spec, g)
     d._request(spec, inputs, ["text_output"], "r0")
     (template,) = d._templates.values()

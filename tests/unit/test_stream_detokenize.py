@@ -71,8 +71,8 @@ def _streamed(call, tok, ids: list[int], per: int = 1) -> list[str]:
 def _request(text: str | None = "Say something", stream: bool = True):
     from pipeline.triton.layouts.contract import GenRequest
 
-    return GenRequest(prompt_text=text, prompt_ids=None, max_tokens=64, stream=stream, temperature=0.0,
-                      request_id="r1")
+    return GenRequest(prompt_text=text, prompt_ids=None, max_tokens=64, stream=stream,
+                      sampling={"temperature": 0.0}, request_id="r1")
 
 
 def test_the_tokenizer_splits_characters_over_tokens(served):

@@ -198,9 +198,13 @@ def test_refresh_rewrites_the_layout_from_a_checkout(tmp_path, monkeypatch):
             'dims: [ -1 ] } ]\noutput [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]\n')
         refresh.refresh_checkout(tmp_path / "ckpt", "main", "llmapi", "f" * 40)
         upstream._load.cache_clear()
-        got = upstream.interface("main", "llmapi")["tensorrt_llm"]
+        got = upstream.interface("main", "llmapi", extended=False)["tensorrt_llm"]
         assert [t["name"] for t in got["inputs"]] == ["text_input"] and got["source"]["commit"] == "f" * 40
         assert upstream.reads("main", "llmapi")["tensorrt_llm"]["model_yaml"]  # hand-recorded parts are kept
+        # so is this project's extension of the model (its guide inputs), marked as such
+        ext = upstream.interface("main", "llmapi")["tensorrt_llm"]["inputs"][1:]
+        assert [t["name"] for t in ext] == ["guided_decoding_guide_type", "guided_decoding_guide"]
+        assert all(t["extension"] for t in ext)
     finally:
         upstream._load.cache_clear()
 

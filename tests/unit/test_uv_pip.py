@@ -62,9 +62,12 @@ def test_the_makefile_installs_through_uv_with_the_torch_check_and_the_constrain
     recipe = text[text.index("$(STAMP): pyproject.toml"):text.index("# The test extra")]
     assert "$(PY) -m pip install -q uv" in recipe
     assert re.search(r"\$\(UV_PIP\) --torch-or-pip -- .*torch==\$\(TORCH_VERSION\)", recipe)
-    assert "$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[cpu-server]'" in recipe
-    assert "$(UV_PIP) -- -c $(CONSTRAINTS) -e '.[test,cpu-server]'" in text
+    assert "$(UV_PIP) -- -c $(CONSTRAINTS) --excludes $(EXCLUDES) -e '.[cpu-server]'" in recipe
+    assert "$(UV_PIP) -- -c $(CONSTRAINTS) --excludes $(EXCLUDES) -e '.[test,cpu-server]'" in text
     assert "pytablewriter>=1.2" in (REPO / "tools" / "constraints.txt").read_text()
+    # xgrammar's triton (its GPU kernels' compiler) is left out of CPU installs
+    excluded = [x for x in (REPO / "tools" / "excludes.txt").read_text().splitlines() if x and not x.startswith("#")]
+    assert excluded == ["triton"] and "EXCLUDES := tools/excludes.txt" in text
 
 
 def test_uvs_output_keeps_its_summary_and_the_sources_it_built_and_fresh_install_reads_them(tmp_path):

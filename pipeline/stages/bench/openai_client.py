@@ -72,6 +72,8 @@ async def _one(session, url: str, body: dict, rec: RequestRecord, chat: bool, ti
                         if "error" in doc:
                             rec.error = str(doc["error"].get("message"))[:300]
                             continue
+                        if doc.get("usage"):  # stream_options.include_usage: the engine's own count
+                            rec.usage_tokens = doc["usage"].get("completion_tokens")
                         for ch in doc.get("choices") or []:
                             piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
                             if piece:

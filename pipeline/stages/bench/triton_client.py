@@ -87,6 +87,7 @@ class RequestRecord:
     error: str | None = None
     output_tokens: int | None = None  # the returned text re-tokenized (count_output_tokens); None until counted
     worker: int = 0  # which concurrent worker sent it
+    usage_tokens: int | None = None  # the OpenAI answer's usage.completion_tokens, where its stream carried usage
 
     @property
     def ttft(self) -> float | None:

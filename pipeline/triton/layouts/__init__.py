@@ -40,7 +40,8 @@ API::
     lay = layouts.get("llmapi")
     lay.entry_points            # ("tensorrt_llm",): models a request may go to, the default first
     lay.text_input, lay.max_tokens, lay.stream, lay.output   # tensor names of one text request and its answer
-    lay.sampling                # {"temperature": "sampling_param_temperature", ...}: OpenAI-style name -> tensor
+    lay.sampling                # {"temperature": "sampling_param_temperature", ...}: sampling-table row -> tensor
+    lay.guide                   # ("guided_decoding_guide_type", "guided_decoding_guide"): the guided-decoding inputs
     lay.exclude_input           # optional BOOL input that leaves the prompt out of text_output
     lay.cumulative              # True: each streamed response repeats the whole text so far
     lay.input_types(model)      # {"text_input": "TYPE_STRING", ...} from its interface

@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.errors import UserError
+from pipeline.triton.layouts import sampling
 from pipeline.triton.render import parse_model_config
 
 
@@ -146,23 +147,30 @@ class Spec:
                    tuple(t["name"] for t in cfg.get("input", []) if not t.get("optional", False)))
 
 
+@dataclass(frozen=True)
+class Guide:
+    """Guided decoding for one request, as TensorRT-LLM takes it: ``type`` is a ``guided_decoding_guide_type``
+    (``json``, ``json_schema``, ``regex``, ``ebnf_grammar``) and ``text`` its ``guided_decoding_guide`` (the schema's
+    JSON, the regex, the grammar; empty for ``json``). The front end makes it from ``response_format`` or the tools
+    (``pipeline.serving.guide``); each layout's codec sends it to the tensors its record names (``Layout.guide``)."""
+
+    type: str
+    text: str = ""
+
+
 @dataclass
 class GenRequest:
-    """One generation, in OpenAI's terms (the layout's codec maps it onto the layout's tensors)."""
+    """One generation, in OpenAI's terms (the layout's codec maps it onto the layout's tensors). ``sampling``: the
+    request's values of the sampling table (``pipeline.triton.layouts.sampling``: row -> value, normalised; a row
+    that asks for nothing is absent)."""
 
     prompt_text: str | None
     prompt_ids: list[int] | None
     max_tokens: int
     stream: bool
-    temperature: float = 1.0
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    guide: Guide | None = None  # guided decoding (response_format, tools); None: unconstrained
+    guide_param: str = "response_format"  # the request field the guide comes from (for a 400)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus the k most likely
     prompt_logprobs: bool = False  # echo with logprobs: the prompt tokens' log probabilities
@@ -173,6 +181,15 @@ class GenRequest:
     @property
     def token_level(self) -> bool:
         return self.prompt_ids is not None or self.logprobs is not None or self.prompt_logprobs
+
+    @property
+    def stop(self) -> list[str]:
+        """The stop strings (none: [])."""
+        return self.sampling.get(sampling.STOP, [])
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.get("temperature", sampling.BY_NAME["temperature"].default)
 
 
 @dataclass
@@ -312,29 +329,48 @@ class Codec:
         return f"{what}: the {self.layout.name} layout's model takes text only and returns text only"
 
     # --- helpers for codecs ------------------------------------------------------------------------------------
-    def sampling(self, spec: Spec, req: GenRequest, names: dict[str, str], out: dict[str, Any]) -> None:
-        """OpenAI sampling -> TensorRT-LLM's (``names``: request field -> tensor): temperature 0 is greedy (top-k 1);
-        otherwise sample with top-p 1 unless top-p or top-k is given."""
-        if req.temperature == 0.0:
-            out[names["top_k"]] = 1
+    def sampling(self, spec: Spec, req: GenRequest, names: Mapping[str, str], out: dict[str, Any],
+                 own: tuple[str, ...] = ()) -> None:
+        """The request's sampling table values -> their tensors (``names``: row -> tensor of ``spec``; ``own``: rows
+        the caller sends itself). Temperature 0 is greedy (top-k 1); otherwise sample with top-p 1 unless top-p or
+        top-k is given. A row with no tensor in ``names`` is a 400 naming the field."""
+
+        def tensor(name: str) -> str:
+            if name not in names:
+                raise APIError(400, f"{name} is not supported by the {self.layout.name} layout's '{spec.name}' "
+                                    f"model (it has no input for it)", param=name)
+            return names[name]
+
+        values = dict(req.sampling)
+        temperature = values.pop("temperature", sampling.BY_NAME["temperature"].default)
+        top_k, top_p = values.pop("top_k", None), values.pop("top_p", None)
+        if temperature == 0.0:
+            out[tensor("top_k")] = 1
         else:
-            if req.temperature != 1.0:
-                out[names["temperature"]] = req.temperature
-            if req.top_k not in (None, 0, -1):
-                out[names["top_k"]] = req.top_k
-            if req.top_p is not None:
-                out[names["top_p"]] = req.top_p
-            elif req.top_k in (None, 0, -1):
-                out[names["top_p"]] = 1.0
-        for fld, key in (("seed", "seed"), ("presence_penalty", "presence_penalty"),
-                         ("frequency_penalty", "frequency_penalty"), ("repetition_penalty", "repetition_penalty"),
-                         ("min_tokens", "min_tokens")):
-            v = getattr(req, fld)
-            if v is not None and key in names:
-                out[names[key]] = v
-            elif v is not None:
-                raise APIError(400, f"{fld} is not supported by the {self.layout.name} layout's '{spec.name}' "
-                                    f"model (it has no input for it)", param=fld)
+            if temperature != 1.0:
+                out[tensor("temperature")] = temperature
+            if top_k is not None:
+                out[tensor("top_k")] = top_k
+            if top_p is not None:
+                out[tensor("top_p")] = top_p
+            elif top_k is None:
+                out[tensor("top_p")] = 1.0
+        for name, value in values.items():
+            if name not in own:
+                out[tensor(name)] = value
+
+    def guide_inputs(self, spec: Spec, req: GenRequest, names: tuple[str, ...], out: dict[str, Any]) -> None:
+        """The request's guide -> its two tensors (``names``: the guide type's and the guide's inputs of ``spec``); a
+        model without them is a 400 naming the request field that asked for it."""
+        if req.guide is None:
+            return
+        if len(names) != 2 or not set(names) <= set(spec.inputs):
+            raise APIError(400, f"{req.guide_param} needs guided decoding, which the {self.layout.name} layout's "
+                                f"'{spec.name}' model does not take (it has no guided_decoding_guide_type/"
+                                f"guided_decoding_guide inputs)", param=req.guide_param)
+        out[names[0]] = req.guide.type
+        if req.guide.text:
+            out[names[1]] = req.guide.text
 
     def check(self, spec: Spec, inputs: dict[str, Any], fields: dict[str, str]) -> None:
         """Every input must exist in the served model; name the request field that asked for a missing one."""

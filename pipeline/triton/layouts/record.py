@@ -30,7 +30,11 @@ class Layout:
     max_tokens: str  # INT32 number of tokens to generate
     stream: str  # BOOL: stream the answer (a decoupled model)
     exclude_input: str = ""  # optional BOOL: leave the prompt out of the returned text (sent as true when present)
-    sampling: Mapping[str, str] = field(default_factory=dict)  # request field -> tensor name
+    # a row of the sampling table (pipeline/triton/layouts/sampling.py) -> the entry point's tensor for it
+    sampling: Mapping[str, str] = field(default_factory=dict)
+    # guided decoding's (guide type, guide) inputs of the entry point (TensorRT-LLM's guided_decoding_guide_type and
+    # guided_decoding_guide); () where the layout has none
+    guide: tuple[str, ...] = ()
     output: str = "text_output"  # BYTES answer
     cumulative: bool = False  # each streamed response holds the whole text so far (the LLM API's RequestOutput)
     detect: Callable[[Mapping[str, Path]], bool] = _nothing  # is a written repository's {model: dir} of this layout?
@@ -149,7 +153,8 @@ class Layout:
     def problems(self) -> list[str]:
         """What in the folder disagrees with the record (each a sentence naming the file): a template or python
         model that is missing, a part module that is missing, an entry point no template renders, a tensor the
-        record names that the interface of an entry point lacks, a reference template no runtime uses."""
+        record names that the interface of an entry point lacks, a reference template no runtime uses, a sampling
+        row that is not in the sampling table."""
         out: list[str] = []
         where = f"layout {self.name} ({self.folder})"
         for part in PARTS:
@@ -171,6 +176,11 @@ class Layout:
                 out.append(f"{where}: auto_for names runtime {runtime}, which it has no templates for")
         if not self.entry_points:
             out.append(f"{where}: no entry point (a model a client sends text to)")
+        from pipeline.triton.layouts import sampling
+
+        for name in sampling.unknown(self.sampling):
+            out.append(f"{where}: sampling names {name!r}, which is no row of the sampling table "
+                       f"(pipeline/triton/layouts/sampling.py: {', '.join(sampling.BY_NAME)})")
         for entry in self.entry_points:
             if entry not in rendered:
                 out.append(f"{where}: entry point {entry} is rendered by no template")
@@ -198,7 +208,7 @@ class Layout:
                 ins = {t["name"] for t in iface[entry].get("inputs", [])}
                 outs = {t["name"] for t in iface[entry].get("outputs", [])}
                 for name in (*self.text_tensors, *([self.exclude_input] if self.exclude_input else []),
-                             *self.sampling.values()):
+                             *self.sampling.values(), *self.guide):
                     if name not in ins:
                         out.append(f"{label} has no input {name} in model {entry}, which the record names")
                 if self.output not in outs:

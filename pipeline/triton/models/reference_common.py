@@ -1,9 +1,11 @@
 """What the reference runtime's two Triton python models (``tensorrt_llm.reference``, ``tensorrt_llm.llmapi_reference``)
-share: the refusal error, the parameter reader, the thread-safe response sender and the cancellation watcher.
+share: the refusal error, the parameter reader, a path parameter's place in the repository, the thread-safe response
+sender and the cancellation watcher.
 
 Triton's python backend imports this file on its own: the package stage copies it next to each reference
 ``model.py`` as ``reference_common.py``.
 """
+import os
 import threading
 import time
 
@@ -20,6 +22,22 @@ def param(cfg, name, default=None):
     if v is None or v == "" or (v.startswith("${") and v.endswith("}")):
         return default
     return v
+
+
+def repo_path(args, value):
+    """A path parameter where it is here: relative -> under the repository root; absolute and present -> itself;
+    absolute and absent (under the serving container's mount) -> the longest tail of it found in the repository."""
+    root = os.path.normpath(os.path.join(args["model_repository"], ".."))
+    if not os.path.isabs(value):
+        return os.path.join(root, value)
+    if os.path.exists(value):
+        return value
+    parts = value.strip("/").split("/")
+    for i in range(len(parts)):
+        cand = os.path.join(root, *parts[i:])
+        if os.path.exists(cand):
+            return cand
+    return value
 
 
 class Sender:

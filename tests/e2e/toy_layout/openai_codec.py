@@ -8,9 +8,8 @@ from pipeline.triton.layouts.contract import APIError, Call, Codec as _Base, Gen
 class Codec(_Base):
     def call(self, req: GenRequest, entry: Spec, side: dict[str, Spec]) -> Call:
         self.refuse_token_level(req)
-        for fld in ("top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                    "min_tokens"):
-            if getattr(req, fld) is not None:
+        for fld in req.sampling:
+            if fld not in self.layout.sampling:
                 raise APIError(400, f"{fld} is not supported by the toy layout", param=fld)
         lay = self.layout
         inputs = {lay.text_input: req.prompt_text, lay.max_tokens: req.max_tokens,

@@ -26,8 +26,10 @@ LAYOUT = Layout(
     models={"reference": (*OWN, "tensorrt_llm.reference"), "trtllm_engine": (*OWN, "tensorrt_llm.engine")},
     entry_points=("ensemble", "tensorrt_llm_bls"),
     text_input="text_input", max_tokens="max_tokens", stream="stream", exclude_input="exclude_input_in_output",
-    sampling={k: k for k in ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "seed",
-                             "stop_words")},
+    # the sampling table's rows (pipeline/triton/layouts/sampling.py) -> the entry point's inputs
+    sampling={**{k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",
+                                "repetition_penalty", "min_tokens")}, "stop": "stop_words"},
+    guide=("guided_decoding_guide_type", "guided_decoding_guide"),
     output="text_output",
     detect=detect,
     auto_for=("reference", "trtllm_engine"),

@@ -1,10 +1,11 @@
 """The front end's codec for ``inflight_batcher_llm``:
 
 - text requests: the entry point (``ensemble`` or ``tensorrt_llm_bls``) with ``text_input``, ``max_tokens``,
-  ``stream``, ``exclude_input_in_output``, ``temperature``/``top_k``/``top_p``, ``seed``, ``min_tokens``,
-  ``presence_penalty``/``frequency_penalty``/``repetition_penalty``, ``stop_words``, ``end_id`` (-1 for
-  ``ignore_eos``, as the LLM API sets it) and ``return_num_output_tokens``; its answer is the whole text, decoded
-  once by ``postprocessing``.
+  ``stream``, ``exclude_input_in_output``, the sampling table's tensors (the layout record's ``sampling``:
+  ``temperature``/``top_k``/``top_p``, ``seed``, ``min_tokens``, ``presence_penalty``/``frequency_penalty``/
+  ``repetition_penalty``, ``stop_words``), the guide (``guided_decoding_guide_type``, ``guided_decoding_guide``:
+  ``response_format``, tools), ``end_id`` (-1 for ``ignore_eos``, as the LLM API sets it) and
+  ``return_num_output_tokens``; its answer is the whole text, decoded once by ``postprocessing``.
 - streamed text requests to a decoupled entry point: the token path below, the prompt tokenized here as the layout's
   ``preprocessing`` tokenizes it (its ``add_special_tokens``). Streamed, upstream's ``postprocessing`` decodes each
   response's new tokens on their own (TensorRT-LLM ``triton_backend/all_models/inflight_batcher_llm/postprocessing``
@@ -15,7 +16,8 @@
   every unary text request and every Triton client.
 - token-level requests (token-id prompts, ``logprobs``, ``echo``): the ``tensorrt_llm`` model itself, as NVIDIA's
   ``inflight_batcher_llm_client.py`` drives it, with ``input_ids``/``input_lengths``, ``request_output_len``,
-  ``streaming``, ``end_id``/``pad_id``, ``runtime_top_k``/``runtime_top_p``, ``stop_words_list`` (TensorRT-LLM's
+  ``streaming``, ``end_id``/``pad_id``, the sampling tensors upstream's ensemble feeds ``tensorrt_llm`` with
+  (:func:`llm_inputs`: ``runtime_top_k``/``runtime_top_p``, ...), ``stop_words_list`` (TensorRT-LLM's
   ``[1, 2, N]`` word list), ``return_log_probs`` (``output_log_probs``), ``return_context_logits`` (prompt log
   probabilities) and ``return_generation_logits`` (top log probabilities); the front end detokenizes incrementally
   (:class:`TokenCall`).
@@ -29,20 +31,36 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.triton.layouts import sampling
 from pipeline.triton.layouts.contract import (APIError, Call, Codec as _Base, Delta, GenRequest, Spec, TextCall,
                                               TokenLogprob, common_prefix, token_param, top)
 
 LLM = "tensorrt_llm"  # the model that takes token ids
-_TEXT_SAMPLING = {k: k for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty",
-                                 "repetition_penalty", "min_tokens")}
-_TOKEN_SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
-                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                   "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens"}
+
+
+def fed(layout) -> dict[str, str]:
+    """Ensemble input -> the ``tensorrt_llm`` input upstream's ensemble feeds from it (its ``tensorrt_llm`` step's
+    ``input_map``: ``top_k`` -> ``runtime_top_k``, ...)."""
+    step = next(s for s in layout.interface()["ensemble"]["steps"] if s["model_name"] == LLM)
+    return {src: dst for dst, src in step["input_map"].items()}
+
+
+def llm_inputs(layout) -> dict[str, str]:
+    """Each tensor of the entry point's sampling record (``Layout(sampling=...)``: row -> ensemble input) as the
+    ``tensorrt_llm`` model takes it (:func:`fed`). A row the ensemble does not hand to ``tensorrt_llm`` as it is
+    (``stop_words`` goes through ``preprocessing``) is left out."""
+    into = fed(layout)
+    return {row: into[tensor] for row, tensor in layout.sampling.items() if tensor in into}
 
 
 class Codec(_Base):
     side_models = (LLM,)
     stop_model = LLM
+
+    def __init__(self, layout, served):
+        super().__init__(layout, served)
+        self.token_sampling = llm_inputs(layout)
+        self.token_guide = tuple(fed(layout).get(t, t) for t in layout.guide)
 
     def stop_dummies(self) -> dict[str, Any]:
         return {"input_ids": [self.served.eos_id or 0], "input_lengths": 1, "request_output_len": 1}
@@ -72,14 +90,14 @@ class Codec(_Base):
         out: dict[str, Any] = {lay.text_input: req.prompt_text, lay.max_tokens: req.max_tokens}
         if lay.exclude_input in spec.inputs:
             out[lay.exclude_input] = True
-        self.sampling(spec, req, _TEXT_SAMPLING, out)
-        if req.stop:
-            out["stop_words"] = list(req.stop)
+        self.sampling(spec, req, lay.sampling, out)
+        self.guide_inputs(spec, req, lay.guide, out)
         if req.ignore_eos:
             out["end_id"] = -1
         if "return_num_output_tokens" in spec.inputs:
             out["return_num_output_tokens"] = True
-        self.check(spec, out, {"stop_words": "stop", "end_id": "ignore_eos", "top_k": "top_k"})
+        self.check(spec, out, {"end_id": "ignore_eos", **{v: k for k, v in lay.sampling.items()},
+                               **{t: req.guide_param for t in lay.guide}})
         return out
 
     def token_inputs(self, spec: Spec, req: GenRequest) -> dict[str, Any]:
@@ -90,7 +108,8 @@ class Codec(_Base):
                                "pad_id": pad if pad is not None else 0}
         if "exclude_input_in_output" in spec.inputs:
             out["exclude_input_in_output"] = True
-        self.sampling(spec, req, _TOKEN_SAMPLING, out)
+        self.sampling(spec, req, self.token_sampling, out, own=(sampling.STOP,))  # stop: a word list, below
+        self.guide_inputs(spec, req, self.token_guide, out)
         if req.stop:
             words = [self.served.tokenizer.encode(s, add_special_tokens=False) for s in req.stop]
             flat, ends = [], []
@@ -111,7 +130,9 @@ class Codec(_Base):
         if req.prompt_logprobs:
             out["return_context_logits"] = True
         self.check(spec, out, {"stop_words_list": "stop", "return_log_probs": "logprobs",
-                               "return_generation_logits": "logprobs", "return_context_logits": "echo"})
+                               "return_generation_logits": "logprobs", "return_context_logits": "echo",
+                               **{v: k for k, v in self.token_sampling.items()},
+                               **{t: req.guide_param for t in self.token_guide}})
         return out
 
 

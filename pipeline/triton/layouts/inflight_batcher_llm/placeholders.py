@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.triton.layouts import common
+from pipeline.triton.layouts.record import LLM_MODEL
+
+GUIDED_BACKEND = "xgrammar"  # the one guided_decoding_backend the C++ backend takes (pipeline/upstream guided_decoding)
+TOKENIZER_INFO = f"{LLM_MODEL}/1/xgrammar_tokenizer_info.json"  # repository-relative
 
 
 def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any]]:
@@ -31,7 +35,10 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
            "enable_kv_cache_reuse": rules.rendered_kv_cache_reuse(cfg.runtime.name.value, b.use_paged_context_fmha,
                                                                   sv.enable_kv_cache_reuse),
            "enable_chunked_context": sv.enable_chunked_context, "tokenizer_dir": in_container,
-           "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
+           # guided decoding (XGrammar), as tensorrtllm_backend docs/guided_decoding.md sets it up for the C++
+           # backend: the backend and the tokenizer info file written by files() below
+           "guided_decoding_backend": GUIDED_BACKEND,
+           "xgrammar_tokenizer_info_path": f"{cfg.serve.repo_mount.rstrip('/')}/{TOKENIZER_INFO}"}
     return {
         "ensemble": {**base, "logits_datatype": "TYPE_FP32"},
         "preprocessing": {**base, **queue, "tokenizer_dir": in_container, "engine_dir": in_container,
@@ -45,6 +52,21 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
         "tensorrt_llm.engine": {**llm, "triton_backend": "tensorrtllm"},
         "tensorrt_llm.reference": {**llm, "triton_backend": "python", **common.reference_values(cfg, capacity)},
     }
+
+
+def files(cfg, repo, capacity) -> dict[str, str]:
+    """``tensorrt_llm/1/xgrammar_tokenizer_info.json``: the tokenizer's vocabulary, as NVIDIA's
+    ``examples/generate_xgrammar_tokenizer_info.py`` writes it for the C++ backend's ``xgrammar_tokenizer_info_path``
+    (``pipeline.runtime.guided.tokenizer_info_doc``); the reference runtime reads it too."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from pipeline.runtime import guided
+    from pipeline.triton.layouts.record import ENGINE_REL
+
+    tokenizer = AutoTokenizer.from_pretrained(str(repo / ENGINE_REL))
+    return {TOKENIZER_INFO: json.dumps(guided.tokenizer_info_doc(tokenizer))}
 
 
 def max_batch_size(cfg, capacity) -> int:

@@ -22,8 +22,13 @@ LAYOUT = Layout(
     entry_points=("tensorrt_llm",),
     text_input="text_input", max_tokens="sampling_param_max_tokens", stream="streaming",
     exclude_input="sampling_param_exclude_input_from_output",
-    sampling={k: f"sampling_param_{k}" for k in ("temperature", "top_k", "top_p", "presence_penalty",
-                                                 "frequency_penalty", "seed", "stop")},
+    # the sampling table's rows (pipeline/triton/layouts/sampling.py) -> upstream's inputs (helpers.py hands each to
+    # SamplingParams under the row's name); upstream has none for repetition_penalty and min_tokens
+    sampling={k: f"sampling_param_{k}" for k in ("temperature", "top_k", "top_p", "seed", "presence_penalty",
+                                                 "frequency_penalty", "stop")},
+    # this project's extension of upstream's model (pipeline/upstream/trtllm-<line>.yaml extensions): model.py builds
+    # GuidedDecodingParams from them
+    guide=("guided_decoding_guide_type", "guided_decoding_guide"),
     output="text_output",
     cumulative=True,
     detect=detect,

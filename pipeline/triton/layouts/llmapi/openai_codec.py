@@ -1,5 +1,8 @@
 """The front end's codec for ``llmapi``: the python ``tensorrt_llm`` model with ``text_input``, ``streaming``,
-``sampling_param_*`` (the sampling inputs the served model has), ``sampling_param_exclude_input_from_output`` and
+``sampling_param_*`` (the layout record's ``sampling``: the sampling table's rows the served model has an input for;
+``repetition_penalty`` and ``min_tokens`` have none upstream: a 400), the guide (this project's
+``guided_decoding_guide_type``/``guided_decoding_guide`` inputs, which its ``model.py`` turns into
+``GuidedDecodingParams``), ``sampling_param_exclude_input_from_output`` and
 ``return_finish_reason``; each streamed response holds the whole text so far. Token ids and log probabilities are a
 400: the model takes text and returns text. A generation left before its end is stopped with upstream's ``stop``
 request to the model itself."""
@@ -8,9 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.triton.layouts.contract import APIError, Call, Codec as _Base, CumulativeCall, GenRequest, Spec
-
-_SAMPLING = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-             "min_tokens")
 
 
 class Codec(_Base):
@@ -25,16 +25,15 @@ class Codec(_Base):
             out[lay.exclude_input] = True
         if "return_finish_reason" in spec.inputs:
             out["return_finish_reason"] = True
-        names = {k: f"sampling_param_{k}" for k in _SAMPLING if f"sampling_param_{k}" in spec.inputs}
+        names = {k: v for k, v in lay.sampling.items() if v in spec.inputs}
         self.sampling(spec, req, names, out)
-        if req.stop:
-            out["sampling_param_stop"] = list(req.stop)
+        self.guide_inputs(spec, req, lay.guide, out)
         if req.ignore_eos:
             if "sampling_param_ignore_eos" not in spec.inputs:
                 raise APIError(400, f"ignore_eos is not supported by the llmapi layout's '{spec.name}' model (it has "
                                     f"no input 'sampling_param_ignore_eos')", param="ignore_eos")
             out["sampling_param_ignore_eos"] = True
-        self.check(spec, out, {"sampling_param_stop": "stop", **{v: k for k, v in names.items()}})
+        self.check(spec, out, {**{v: k for k, v in names.items()}, **{t: req.guide_param for t in lay.guide}})
         return out
 
     def why_not_token_level(self, req: GenRequest) -> str:

@@ -10,6 +10,7 @@ from pipeline.triton.layouts import common
 from pipeline.triton.layouts.record import ENGINE_REL
 
 MAX_BATCH_SIZE = 0  # upstream model.yaml triton_config.max_batch_size: requests carry 1-D tensors
+GUIDED_BACKEND = "xgrammar"  # model.yaml's guided_decoding_backend (an LLM argument: tensorrt_llm/llmapi/llm_args.py)
 
 
 def gpu_device_ids(instances: int, world: int, gpus: int) -> str:
@@ -33,7 +34,8 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
 
 def model_yaml(cfg, repo: Path, capacity) -> dict[str, Any]:
     """``1/model.yaml``: ``model`` (absolute under the container mount), the LLM-API options (the build's
-    ``llmapi.json``; for the reference runtime, the options TensorRT-LLM would get) and ``triton_config``."""
+    ``llmapi.json``; for the reference runtime, the options TensorRT-LLM would get), ``guided_decoding_backend`` and
+    ``triton_config``."""
     from pipeline.runtime import trtllm
 
     options_file = repo / ENGINE_REL / "llmapi.json"
@@ -44,6 +46,8 @@ def model_yaml(cfg, repo: Path, capacity) -> dict[str, Any]:
                                         max(1, capacity.tp), capacity.pp,
                                         chunked_prefill=cfg.serve.enable_chunked_context)
     return {"model": common.engine_in_container(cfg), "backend": "pytorch", **options,
+            # guided decoding (XGrammar) for the guides model.py builds GuidedDecodingParams from
+            "guided_decoding_backend": GUIDED_BACKEND,
             "triton_config": {"max_batch_size": MAX_BATCH_SIZE, "decoupled": bool(cfg.serve.decoupled)}}
 
 

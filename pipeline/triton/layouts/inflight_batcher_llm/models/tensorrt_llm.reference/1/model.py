@@ -20,11 +20,19 @@ so concurrent requests share each forward pass.
   ``return_num_output_tokens``, ``return_perf_metrics`` (timings measured here; the reference keeps no paged KV
   cache and drafts nothing, so block and draft counts are 0), ``stop`` (stops the requests with that request id)
   and client cancellation.
+- Guided decoding as the C++ backend sets it up (``triton_backend/inflight_batcher_llm/src/model_instance_state.cc``
+  ``getGuidedDecodingConfigFromParams`` and ``utils.cc`` ``getGuidedDecodingParamsFromTensors`` @ c8c6df08): with the
+  ``guided_decoding_backend`` (``xgrammar``) and ``xgrammar_tokenizer_info_path`` parameters set, a request's
+  ``guided_decoding_guide_type`` (``json``, ``json_schema``, ``regex``, ``ebnf_grammar``) and
+  ``guided_decoding_guide`` are compiled with XGrammar from that tokenizer info (``reference_guided.py``, each type
+  as TensorRT-LLM compiles it) and its token bitmask masks every step of the sequence. Where upstream ignores an
+  unknown guide type, and has no guided decoding when the parameters are empty, the reference refuses the request
+  with the reason.
 - Beam-search-only knobs (``len_penalty``, ``early_stopping``, ``beam_search_diversity_rate``) and KV-cache retention
   hints have no effect on single-beam reference decoding and are accepted. ``decoder_input_ids`` /
   ``decoder_input_lengths`` (what preprocessing sends for decoder-only models) are ignored.
 - Refused per request, naming the feature: beam search (``beam_width`` > 1), draft tokens, encoder / multimodal
-  inputs, prompt tables, LoRA, mrope, disaggregated context phase, guided decoding, lookahead decoding, top-p decay.
+  inputs, prompt tables, LoRA, mrope, disaggregated context phase, lookahead decoding, top-p decay.
 """
 import json
 import os
@@ -38,7 +46,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_common import RequestError, Sender as _Sender, param as _param, watch_cancellation  # noqa: E402
+from reference_common import (RequestError, Sender as _Sender, param as _param, repo_path,  # noqa: E402
+                              watch_cancellation)
 
 # Inputs whose presence (non-empty) asks for something the reference cannot compute -> the feature it names.
 UNSUPPORTED = {
@@ -55,8 +64,6 @@ UNSUPPORTED = {
     "lora_weights": "LoRA adapters (lora_weights)",
     "lora_config": "LoRA adapters (lora_config)",
     "context_phase_params": "disaggregated serving (context_phase_params)",
-    "guided_decoding_guide_type": "guided decoding (guided_decoding_guide_type)",
-    "guided_decoding_guide": "guided decoding (guided_decoding_guide)",
     "lookahead_window_size": "lookahead decoding (lookahead_window_size)",
     "lookahead_ngram_size": "lookahead decoding (lookahead_ngram_size)",
     "lookahead_verification_set_size": "lookahead decoding (lookahead_verification_set_size)",
@@ -84,6 +91,18 @@ def _scalar(request, name, b, batch, default):
     if flat.size == 1:
         return flat[0].item()
     raise RequestError(f"{name}: expected one value per prompt ({batch}), got shape {list(a.shape)}")
+
+
+def _text(request, name, b, batch):
+    """An optional per-prompt BYTES input as text (None without it)."""
+    a = _array(request, name)
+    if a is None:
+        return None
+    flat = a.reshape(-1)
+    if flat.size not in (1, batch):
+        raise RequestError(f"{name}: expected one value per prompt ({batch}), got shape {list(a.shape)}")
+    v = flat[b if flat.size == batch else 0]
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 def _words(request, name, b, batch):
@@ -184,11 +203,44 @@ class TritonPythonModel:
         self.logits_np = NP_TYPES.get(self.outputs.get("generation_logits") or self.outputs.get("context_logits")
                                       or "TYPE_FP32", np.float32)
         self.cancel_period_s = int(_param(cfg, "cancellation_check_period_ms", "100")) / 1000.0
+        self.grammars = self._guided_decoding(cfg, args)
         self.jobs = set()
         self.lock = threading.Lock()
         self.running = True
         self.watcher = threading.Thread(target=watch_cancellation, args=(self,), daemon=True)
         self.watcher.start()
+
+    def _guided_decoding(self, cfg, args):
+        """XGrammar for the model, as the C++ backend builds its GuidedDecodingConfig: none while
+        ``guided_decoding_backend`` or ``xgrammar_tokenizer_info_path`` is empty; ``xgrammar`` only; the tokenizer info
+        file must exist."""
+        import reference_guided as guided
+
+        backend, path = _param(cfg, "guided_decoding_backend"), _param(cfg, "xgrammar_tokenizer_info_path")
+        if not backend or not path:
+            return None
+        if backend != "xgrammar":
+            raise pb_utils.TritonModelException("Guided decoding is currently supported with 'xgrammar' backend. "
+                                                "Invalid guided_decoding_backend parameter provided.")
+        found = repo_path(args, path)
+        if not os.path.isfile(found):
+            raise pb_utils.TritonModelException(f"Xgrammar's tokenizer info path at {path} does not exist.")
+        return guided.Grammars(guided.read_tokenizer_info(found), vocab_size=self.engine.vocab_size)
+
+    def _grammar(self, request, b, batch):
+        """The prompt's grammar state (a new one per sequence), or None without a guide."""
+        import reference_guided as guided
+
+        kind = _text(request, "guided_decoding_guide_type", b, batch)
+        if kind is None:
+            return None
+        if self.grammars is None:
+            raise RequestError("guided decoding (guided_decoding_guide_type) needs the model's guided_decoding_backend "
+                               "and xgrammar_tokenizer_info_path parameters, which are empty")
+        try:
+            return self.grammars.matcher(kind, _text(request, "guided_decoding_guide", b, batch))
+        except guided.GuideError as exc:
+            raise RequestError(f"guided decoding: {exc}") from None
 
     # --- requests ----------------------------------------------------------------------------------------------
     def execute(self, requests):
@@ -270,7 +322,8 @@ class TritonPythonModel:
             for s in range(n_seq):
                 prompts.append({
                     "batch_index": b, "sequence_index": s,
-                    "request": self.decode_engine.GenerationRequest(**common, seed=seed + s),
+                    "request": self.decode_engine.GenerationRequest(**common, seed=seed + s,
+                                                                    grammar=self._grammar(request, b, batch)),
                     "end_ids": common["end_ids"], "pad_id": pad_id if pad_id is not None else end_id,
                     "exclude": self.exclude_default if exclude is None else bool(exclude),
                     "perf": bool(_scalar(request, "return_perf_metrics", b, batch, False)),

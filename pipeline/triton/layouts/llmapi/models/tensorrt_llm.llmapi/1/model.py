@@ -22,6 +22,12 @@ TensorRT-LLM.
   helpers.py's three: ``best_of`` 1, ``return_perf_metrics`` False and ``exclude_input_from_output`` False, unlike
   the LLM API's True, so a single response holds the prompt before the generated text. ``streaming`` true on a model
   that is not decoupled fails with "Streaming is only supported in decoupled mode.".
+- Guided decoding, this project's extension (``pipeline/upstream/trtllm-<line>.yaml`` ``extensions``; upstream's model
+  takes no guide): a request's ``guided_decoding_guide_type`` and ``guided_decoding_guide`` become
+  ``SamplingParams(guided_decoding=GuidedDecodingParams(...))`` (``tensorrt_llm/sampling_params.py``: ``json`` ->
+  ``json_object=True``, ``json_schema`` -> ``json``, ``regex`` -> ``regex``, ``ebnf_grammar`` -> ``grammar``,
+  ``structural_tag`` -> ``structural_tag``; :data:`GUIDE_FIELDS`, the record's ``guided_decoding.llm_api``), which
+  the LLM applies with model.yaml's ``guided_decoding_backend``. An unknown guide type fails the request.
 - Responses, through the response sender in both transaction policies: streaming, one per ``RequestOutput`` the LLM
   API yields, each with the *cumulative* text (``CompletionOutput.text``, never ``text_diff``: the front end's
   llmapi codec reads each response as the whole text so far), the finished one final; otherwise one final response
@@ -76,6 +82,10 @@ _SAMPLING = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "p
 _SAMPLING_DEFAULTS = {"best_of": 1, "exclude_input_from_output": False, "return_perf_metrics": False}
 _OUTPUT_FLAGS = (("return_finish_reason", "finish_reason"), ("return_stop_reason", "stop_reason"),
                  ("return_cumulative_logprob", "cumulative_logprob"))
+# guided_decoding_guide_type -> the GuidedDecodingParams field that carries the guide (the record's
+# guided_decoding.llm_api.guide_fields; tests/unit/test_structured.py holds the two equal)
+GUIDE_FIELDS = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar",
+                "structural_tag": "structural_tag"}
 
 
 class RequestError(ValueError):
@@ -102,6 +112,24 @@ def _scalar(request, name):
     if a.size != 1:
         raise RequestError(f"Expected a scalar tensor for tensor {name}")
     return a.item(0)
+
+
+def _text(request, name):
+    value = _scalar(request, name)
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _guided(request):
+    """The request's ``GuidedDecodingParams`` from its guide inputs (None without them)."""
+    kind = _text(request, "guided_decoding_guide_type")
+    if kind is None:
+        return None
+    if kind not in GUIDE_FIELDS:
+        raise RequestError(f"unknown guided_decoding_guide_type {kind!r} (one of {', '.join(GUIDE_FIELDS)})")
+    from tensorrt_llm.llmapi import GuidedDecodingParams
+
+    field = GUIDE_FIELDS[kind]
+    return GuidedDecodingParams(**{field: True if field == "json_object" else _text(request, "guided_decoding_guide")})
 
 
 def _strings(values):
@@ -272,6 +300,9 @@ class TritonPythonModel:
         if stop is not None:
             sampling["stop"] = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
                                 for s in stop.as_numpy().reshape(-1)]
+        guide = _guided(request)
+        if guide is not None:
+            sampling["guided_decoding"] = guide
         wanted = {flag: bool(_scalar(request, flag) or False) for flag, _ in _OUTPUT_FLAGS}
         streaming = bool(_scalar(request, "streaming") or False)
         return prompt, sampling, streaming, wanted

@@ -39,6 +39,12 @@ policy from model.yaml's ``triton_config``.
   so far and finish reason ``cancelled``, as the LLM API's last output is. A cancelled non-streaming request gets the
   CANCELLED error: upstream sends it nothing at all, which leaves the client waiting; the reference ends it. A client
   cancellation gets the CANCELLED error, as upstream's cancellation loop sends.
+- Guided decoding: with model.yaml's ``guided_decoding_backend`` (an LLM argument; the reference runs ``xgrammar``),
+  this project's ``guided_decoding_guide_type`` / ``guided_decoding_guide`` inputs (``pipeline/upstream``
+  ``extensions``) are what ``model.py`` turns into ``GuidedDecodingParams`` for TensorRT-LLM; here the guide is
+  compiled with XGrammar from the model's tokenizer (``reference_guided.py``, each type as TensorRT-LLM compiles it)
+  and its token bitmask masks every step. A guide without ``guided_decoding_backend`` is refused, as is an unknown
+  guide type.
 - Checkpoint: the ``engine_dir`` parameter (relative to the repository root); without it, model.yaml's ``model``
   (relative to model.yaml's folder unless absolute). ``dtype``, ``device``, ``torch_threads`` and ``max_seq_len``
   parameters, else model.yaml's ``dtype`` / ``max_seq_len``. The batching engine decodes up to model.yaml's
@@ -159,6 +165,15 @@ class TritonPythonModel:
         self.engine = decode_engine.BatchEngine(self.model, max_batch_size=int(doc.get("max_batch_size") or 8),
                                            max_seq_len=int(max_seq) if max_seq else None)
         self.tokens_per_block = int((doc.get("kv_cache_config") or {}).get("tokens_per_block") or 32)
+        self.grammars = None
+        backend = doc.get("guided_decoding_backend")
+        if backend:
+            if backend != "xgrammar":
+                raise pb_utils.TritonModelException(f"{yaml_path}: guided_decoding_backend {backend!r}: the reference "
+                                                    f"runtime's guided decoding is XGrammar's (xgrammar)")
+            import reference_guided as guided
+
+            self.grammars = guided.Grammars.from_tokenizer(self.tokenizer, self.engine.vocab_size)
         period = doc["triton_config"].get("cancellation_check_period_ms", 100)
         self.cancel_period_s = int(period) / 1000.0
         self.jobs = set()
@@ -214,6 +229,7 @@ class TritonPythonModel:
         stops = [s for s in _strings(request, "sampling_param_stop") if s]
         stop_ids = [self.tokenizer.encode(s, add_special_tokens=False) for s in stops]
         prompt_ids = self.tokenizer(texts[0])["input_ids"]
+        grammar = self._grammar(request)
         req = self.decode_engine.GenerationRequest(
             input_ids=prompt_ids,
             max_new_tokens=int(_value(request, "sampling_param_max_tokens", 32)),
@@ -225,6 +241,7 @@ class TritonPythonModel:
             presence_penalty=float(_value(request, "sampling_param_presence_penalty", 0.0) or 0.0),
             frequency_penalty=float(_value(request, "sampling_param_frequency_penalty", 0.0) or 0.0),
             stop_words=[ids for ids in stop_ids if ids],
+            grammar=grammar,
         )
         params = {
             "request": req, "streaming": streaming, "stop": [(s, ids) for s, ids in zip(stops, stop_ids) if ids],
@@ -235,6 +252,20 @@ class TritonPythonModel:
             "cum_logprob": bool(_value(request, "return_cumulative_logprob", False)),
         }
         return _Job(request, sender, user_id, prompt_ids, texts[0], params, now)
+
+    def _grammar(self, request):
+        """The request's grammar state from its guide inputs (None without a guide)."""
+        import reference_guided as guided
+
+        kind = _value(request, "guided_decoding_guide_type")
+        if kind is None:
+            return None
+        if self.grammars is None:
+            raise RequestError("guided decoding needs guided_decoding_backend in model.yaml (an LLM argument)")
+        try:
+            return self.grammars.matcher(kind, _value(request, "guided_decoding_guide"))
+        except guided.GuideError as exc:
+            raise RequestError(f"guided decoding: {exc}") from None
 
     def _stop(self, user_id, sender):
         if not user_id:
