@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Callable
 
 from pydantic import BaseModel
 
-from pipeline.serving import protocol as P
+from pipeline.serving import observe, protocol as P
 from pipeline.serving.driver import SENT
 from pipeline.serving.transport import EventStream, Final, Last, until_done_or_gone
 from pipeline.triton.layouts.contract import Delta, GenRequest, TokenLogprob
@@ -123,6 +123,7 @@ class Endpoint:
         """The route: parse and check the body, make the jobs, answer whole or streamed."""
         req = await self.front.parse(request, self.request_model)
         jobs = self.jobs(req)
+        observe.started(req.model, req.stream, jobs)
         rid, created = f"{self.id_prefix}-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return await self.stream(request, jobs, req, rid, created)
@@ -159,7 +160,7 @@ class Endpoint:
             seed=req.seed, stop=req.stops(), presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
             min_tokens=req.min_tokens or None, ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
-            prompt_logprobs=prompt_logprobs, request_id=uuid.uuid4().hex[:16])
+            prompt_logprobs=prompt_logprobs, request_id=observe.next_triton_id())
 
     # --- the prompt's token count, while Triton works on it --------------------------------------------------
     def can_count_later(self, asked: int | None) -> bool:
@@ -392,6 +393,7 @@ class Endpoint:
             yield Final(self.chunk(s, job, self.final_text, job.finish, self.piece_logprobs(s, job, seen)
                                    if (job.logprobs or [])[seen[0]:] else None))
         except P.APIError as exc:
+            observe.failed(exc.status)
             yield b"data: " + P.dumps(exc.body()) + b"\n\n"
         finally:
             if waited is not None and not waited.done():  # closed before its first piece (a client gone)

@@ -50,9 +50,10 @@ def _server(app, sock: socket.socket):
 
 class Drain:
     """A graceful stop of the front end (``pipeline serve`` on SIGTERM/SIGINT): new requests get 503 with
-    ``Retry-After``, requests in flight may finish for ``drain_s``, then each remaining event stream ends with an
-    OpenAI error event and ``[DONE]`` (a whole answer still unsent gets the 503). ``completed``: every request in
-    flight finished within ``drain_s``."""
+    ``Retry-After`` (``GET /metrics`` is still answered), requests in flight may finish for ``drain_s``, then each
+    remaining event stream ends with an OpenAI error event and ``[DONE]`` (a whole answer still unsent gets the 503).
+    A second SIGTERM/SIGINT during the drain makes that cut at once. ``completed``: every request in flight finished
+    within the drain; ``cut_inflight``: how many were still running when it was cut."""
 
     GRACE_S = 5.0  # after the cut: how long the cut requests may take to end
 
@@ -63,25 +64,62 @@ class Drain:
         self.inflight = 0
         self.cut: Any = None  # an asyncio.Event, made on the server's loop
         self.signal: int | None = None
+        self.second: int | None = None  # the second signal, where one cut the drain short
+        self.cut_inflight = 0
+        self.cut_after_s: float | None = None
 
     def message(self) -> str:
         return "the server is shutting down; retry on another replica or after it restarts"
 
+    def cut_message(self) -> str:
+        """What a cut stream's error event says."""
+        if self.second is not None:
+            return f"{self.message()}: this stream was ended by a second {_signame(self.second)} to the server"
+        return f"{self.message()}: this stream was ended after serve.drain_s={self.drain_s:g} s"
+
+    def outcome(self) -> str:
+        """How the drain ended, in the words ``pipeline serve`` prints."""
+        if self.completed:
+            return "drained: every request in flight finished"
+        n = f"the {self.cut_inflight} request{'s' if self.cut_inflight != 1 else ''} still running"
+        if self.second is not None:
+            return (f"drain cut by a second {_signame(self.second)} after {self.cut_after_s or 0:.1f} s: {n} "
+                    f"ended at once with an error event and [DONE]")
+        return (f"drain cut after serve.drain_s={self.drain_s:g} s: {n} ended with an error event and [DONE]")
+
+    def interrupt(self, sig: int) -> None:
+        """A second signal during the drain (on the server's loop): end the remaining requests now."""
+        if self.second is None and self.completed is None:
+            self.second = sig
+            self.cut.set()
+
     async def run(self, server) -> None:
-        """Wait for the requests in flight (up to ``drain_s``), cut the rest, then let uvicorn exit."""
+        """Wait for the requests in flight (up to ``drain_s``, or until a second signal), cut the rest, then let
+        uvicorn exit."""
         import asyncio
 
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_s
-        while self.inflight and loop.time() < deadline:
+        start = loop.time()
+        deadline = start + self.drain_s
+        while self.inflight and loop.time() < deadline and not self.cut.is_set():
             await asyncio.sleep(0.05)
         self.completed = self.inflight == 0
         if not self.completed:
+            self.cut_inflight, self.cut_after_s = self.inflight, loop.time() - start
             self.cut.set()
             end = loop.time() + self.GRACE_S
             while self.inflight and loop.time() < end:
                 await asyncio.sleep(0.02)
         server.should_exit = True
+
+
+def _signame(sig: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 class DrainGate:
@@ -93,6 +131,7 @@ class DrainGate:
 
     async def _refuse(self, send, status: int = 503) -> None:
         from pipeline.serving import protocol as P
+        from pipeline.serving.app import RETRY_AFTER_S
 
         body = P.dumps(P.APIError(status, self.drain.message()).body())
         await send({"type": "http.response.start", "status": status,
@@ -103,9 +142,13 @@ class DrainGate:
     async def __call__(self, scope, receive, send):
         import asyncio
 
+        from pipeline.serving import observe
+
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and self.drain.cut is None:
                 self.drain.cut = asyncio.Event()
+            return await self.app(scope, receive, send)
+        if scope["path"] == "/metrics":  # scraped during the drain too: it shows the drain
             return await self.app(scope, receive, send)
         if self.drain.started:
             return await self._refuse(send)
@@ -132,6 +175,7 @@ class DrainGate:
                 await asyncio.gather(cut, return_exceptions=True)
                 return task.result()
             ended, state["ended"] = state["ended"], True
+            observe.failed(503)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             if ended:
@@ -141,8 +185,7 @@ class DrainGate:
             elif state["sse"]:
                 from pipeline.serving import protocol as P
 
-                error = P.dumps(P.APIError(503, f"{self.drain.message()}: this stream was ended after "
-                                                f"serve.drain_s={self.drain.drain_s:g} s").body())
+                error = P.dumps(P.APIError(503, self.drain.cut_message()).body())
                 await send({"type": "http.response.body", "body": b"data: " + error + b"\n\ndata: [DONE]\n\n",
                             "more_body": False})
             else:
@@ -151,23 +194,23 @@ class DrainGate:
             self.drain.inflight -= 1
 
 
-RETRY_AFTER_S = 5  # what a refused client is told to wait
-
-
 def _draining_server(app, drain: Drain):
     """A uvicorn server whose first SIGTERM/SIGINT starts ``drain`` instead of uvicorn's own shutdown (which would
-    cut streams after 5 s and cancel them with tracebacks); a second signal stops at once."""
+    cut streams after 5 s and cancel them with tracebacks); a second one during the drain cuts it at once (each
+    remaining stream ends with the error event and ``[DONE]``). ``app`` is the front end's app behind the drain's
+    gate (``FrontEnd.app(drain)``)."""
     import asyncio
 
     import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
-            if drain.started or self.should_exit:
-                return super().handle_exit(sig, frame)
             loop = getattr(self, "_drain_loop", None)
-            if loop is None:  # not serving yet: nothing to drain
+            if loop is None or self.should_exit:  # not serving yet, or on its way out: uvicorn's own handling
                 return super().handle_exit(sig, frame)
+            if drain.started:
+                loop.call_soon_threadsafe(drain.interrupt, sig)
+                return
             self._captured_signals.append(sig)
             drain.started, drain.signal = True, sig
             loop.call_soon_threadsafe(lambda: loop.create_task(drain.run(self)))
@@ -176,7 +219,7 @@ def _draining_server(app, drain: Drain):
             self._drain_loop = asyncio.get_running_loop()
             await super().serve(sockets=sockets)
 
-    return Server(_config(DrainGate(app, drain)))
+    return Server(_config(app))
 
 
 def url_of(sock: socket.socket) -> str:
@@ -184,17 +227,16 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
 
 
-def serve_forever(app, sock: socket.socket, alive=None, drain: Drain | None = None) -> None:
+def serve_forever(app, sock: socket.socket, stop: threading.Event | None = None, drain: Drain | None = None) -> None:
     """Serve in this (main) thread until SIGINT/SIGTERM (uvicorn re-raises the signal after its graceful
-    shutdown; with ``drain``, after that drain) or until ``alive()`` turns false."""
+    shutdown; with ``drain``, after that drain) or until ``stop`` is set."""
     server = _server(app, sock) if drain is None else _draining_server(app, drain)
-    if alive is not None:
+    if stop is not None:
         def watch():
             while not server.should_exit:
-                if not alive():
+                if stop.wait(0.1):
                     server.should_exit = True
                     return
-                time.sleep(0.5)
 
         threading.Thread(target=watch, daemon=True).start()
     server.run(sockets=[sock])

@@ -98,3 +98,13 @@ def test_a_truncated_file_is_named_before_triton_starts(tmp_path):
     with pytest.raises(UserError, match=r"(?s)^(?!.*safetensors: \d+ bytes).*step/1/model\.py: sha256 differs"):
         g.write_text("# the modeL\n")
         serve.preflight(out / "triton_repo", _cfg(tmp_path))
+
+
+def test_a_stray_file_or_directory_is_named_by_preflight_as_verify_names_it(tmp_path):
+    """The exact tree `verify` checks: a file the manifest does not list is refused before Triton starts."""
+    out = _bundle(tmp_path)
+    serve.preflight(out / "triton_repo", _cfg(tmp_path))  # control: the sound bundle passes
+    (out / "triton_repo" / "step" / "1" / "stray.py").write_text("print('not listed')\n")
+    with pytest.raises(UserError, match=r"triton_repo/step/1/stray\.py is not in the manifest"):
+        serve.preflight(out / "triton_repo", _cfg(tmp_path))
+    assert next(c for c in bundle.verify(str(out)) if c[0] == "tree")[1] is False  # verify says the same

@@ -39,6 +39,11 @@ policy from model.yaml's ``triton_config``.
   so far and finish reason ``cancelled``, as the LLM API's last output is. A cancelled non-streaming request gets the
   CANCELLED error: upstream sends it nothing at all, which leaves the client waiting; the reference ends it. A client
   cancellation gets the CANCELLED error, as upstream's cancellation loop sends.
+- Load metrics under the TensorRT-LLM C++ backend's names (``nv_trt_llm_request_metrics``,
+  ``nv_trt_llm_kv_cache_block_metrics`` in blocks of ``kv_cache_config.tokens_per_block``,
+  ``nv_trt_llm_general_metrics``; ``reference_common.LoadMetrics``), read from the batching engine: upstream's llmapi
+  model reports none (model.py @ 044a90d209 makes no metric), so a gateway finds the reference's load where the C++
+  backend's would be.
 - Checkpoint: the ``engine_dir`` parameter (relative to the repository root); without it, model.yaml's ``model``
   (relative to model.yaml's folder unless absolute). ``dtype``, ``device``, ``torch_threads`` and ``max_seq_len``
   parameters, else model.yaml's ``dtype`` / ``max_seq_len``. The batching engine decodes up to model.yaml's
@@ -57,7 +62,8 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from reference_common import RequestError, Sender as _Sender, param as _param, watch_cancellation  # noqa: E402
+from reference_common import (  # noqa: E402
+    LoadMetrics, RequestError, Sender as _Sender, param as _param, watch_cancellation)
 
 
 def _model_yaml():
@@ -159,6 +165,8 @@ class TritonPythonModel:
         self.engine = decode_engine.BatchEngine(self.model, max_batch_size=int(doc.get("max_batch_size") or 8),
                                            max_seq_len=int(max_seq) if max_seq else None)
         self.tokens_per_block = int((doc.get("kv_cache_config") or {}).get("tokens_per_block") or 32)
+        # the load TensorRT-LLM's C++ backend reports, under its names (its llmapi model reports none)
+        self.load = LoadMetrics(self.engine, args["model_name"], args["model_version"], self.tokens_per_block)
         period = doc["triton_config"].get("cancellation_check_period_ms", 100)
         self.cancel_period_s = int(period) / 1000.0
         self.jobs = set()
@@ -352,4 +360,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.running = False
+        self.load.close()
         self.engine.close()
