@@ -108,7 +108,9 @@ def cmd_serve(args: list[str]) -> int:
         if keeper.error is not None:
             raise keeper.error
         if front is not None:
-            drain = front_run.Drain(cfg.serve.drain_s)
+            from pipeline.serving.drain import Drain
+
+            drain = Drain(cfg.serve.drain_s)
             front_run.serve_forever(front.app(drain), sock, stop=keeper.done, drain=drain)
         else:
             while not keeper.done.wait(0.5):

@@ -12,10 +12,10 @@ import logging
 from contextlib import asynccontextmanager
 
 from pipeline.serving import protocol as P
+from pipeline.serving.drain import RETRY_AFTER_S, DrainGate
 
 log = logging.getLogger("pipeline.serving")
 HEALTH_TIMEOUT_S = 2.0  # GET /health answers within this, ready or not
-RETRY_AFTER_S = 5  # what a client answered 503 is told to wait
 
 
 def _error_response(exc: P.APIError):
@@ -112,8 +112,6 @@ def create_app(fe, drain=None):
     app.state.front_end = fe
     inner = app
     if drain is not None:
-        from pipeline.serving.run import DrainGate
-
         inner = DrainGate(app, drain)
     outer = observe.Observer(inner, fe)
     outer.state = app.state

@@ -302,8 +302,8 @@ def test_a_second_signal_during_a_drain_ends_the_streams_at_once(repo, tmp_path)
     first = next(x for x in stdout.splitlines() if x.startswith("stopped"))
     assert rc == 3 and "drain cut by a second SIGINT" in first, (rc, stdout, err[-2000:])
     _row("SIGINT to serve under load, then a second SIGINT 0.2 s later (serve.drain_s=60)",
-         f"each stream: an error event ({errors[0]['error']['message'][:80]}…) then [DONE], {ended:.1f} s after "
-         f"the second signal", first, rc, _left(prefix, triton))
+         f"each stream: an error event (…{errors[0]['error']['message'].rsplit(': ', 1)[-1]}) then [DONE], "
+         f"{ended:.1f} s after the second signal", first, rc, _left(prefix, triton))
 
 
 def _probe(url: str) -> tuple:
@@ -350,8 +350,9 @@ def test_the_openai_port_answers_503_while_triton_restarts(repo, tmp_path):
 
 
 def test_the_openai_port_answers_503_until_serve_exits_after_triton_died(repo, tmp_path):
-    """kill -9 of Triton with serve.restart=no: serve exits 1, and until its listening socket closes on the way out,
-    every request is answered 503 with Retry-After and the reason; a refusal comes only in the last moment."""
+    """kill -9 of Triton with serve.restart=no: serve exits 1, and until its listening socket closes on its way out
+    (its last act: the interpreter's own teardown follows), every request is answered 503 with Retry-After and the
+    reason."""
     with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
         triton, prefix = _triton(s)
         triton.send_signal(signal.SIGKILL)
@@ -371,9 +372,9 @@ def test_the_openai_port_answers_503_until_serve_exits_after_triton_died(repo, t
         assert status == 503 and retry is not None, (status, retry, message)
         assert "killed by SIGKILL" in message, message
     assert not refused or refused[0][0] > answered[-1][0], "the port refused a request, then answered again"
-    assert not refused or exited - refused[0][0] < 0.5, \
-        f"connections were refused {exited - refused[0][0]:.2f} s before serve exited"
+    window = exited - refused[0][0] if refused else 0.0
+    assert window < 2.0, f"connections were refused {window:.2f} s before serve exited"
     _row("kill -9 of tritonserver, serve.restart=no, requests every 0.05 s until serve exits",
-         f"{len(answered)} requests answered 503 with Retry-After {answered[0][2]} (\"{answered[0][3][:90]}…\"); "
-         f"{len(refused)} refused, all in the last 0.5 s before the exit", err.strip().splitlines()[0], rc,
-         _left(prefix, triton))
+         f"{len(answered)} request{'s' if len(answered) != 1 else ''} answered 503 with Retry-After {answered[0][2]} (\"{answered[0][3][:90]}…\"); "
+         f"refused only once serve closed its port on the way out, {window:.2f} s before it exited",
+         err.strip().splitlines()[0], rc, _left(prefix, triton))

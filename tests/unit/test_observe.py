@@ -218,3 +218,15 @@ def test_an_access_log_that_cannot_be_written_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match=r"serve\.openai\.access_log\.path=.*cannot append to it"):
         observe.AccessLog(tmp_path / "file" / "access.jsonl")
+
+
+def test_the_operations_page_shows_the_shipped_alert_rules_and_every_alert():
+    import yaml
+
+    from tests.conftest import REPO
+
+    rules = (REPO / "pipeline" / "serving" / "alert_rules.yml").read_text()
+    page = (REPO / "docs" / "operations.md").read_text()
+    assert page.split("```yaml\n", 1)[1].split("```", 1)[0] == rules
+    alerts = [r["alert"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) == 5 and all(f"| `{a}` |" in page for a in alerts), alerts
