@@ -89,6 +89,7 @@ def create_app(fe, drain=None):
     def needs_triton(handle):
         async def guarded(request):  # Triton is down (dead, or being restarted): no request to a server that is gone
             if driver.down:
+                fe.authorize(request)  # the reason is for clients with the key
                 raise P.APIError(503, f"Triton at {driver.url} is down: {driver.down}")
             return await handle(request)
 
