@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from pipeline.errors import UserError
 from pipeline.serving.drain import Drain

@@ -377,6 +377,7 @@ def test_the_openai_port_answers_503_until_serve_exits_after_triton_died(repo, t
     window = exited - refused[0][0] if refused else 0.0
     assert window < 2.0, f"connections were refused {window:.2f} s before serve exited"
     _row("kill -9 of tritonserver, serve.restart=no, requests every 0.05 s until serve exits",
-         f"{len(answered)} request{'s' if len(answered) != 1 else ''} answered 503 with Retry-After {answered[0][2]} (\"{answered[0][3][:90]}…\"); "
+         f"{len(answered)} request{'s' if len(answered) != 1 else ''} answered 503 with Retry-After "
+         f"{answered[0][2]} (\"{answered[0][3][:90]}…\"); "
          f"refused only once serve closed its port on the way out, {window:.2f} s before it exited",
          err.strip().splitlines()[0], rc, _left(prefix, triton))

@@ -230,3 +230,9 @@ def test_the_operations_page_shows_the_shipped_alert_rules_and_every_alert():
     assert page.split("```yaml\n", 1)[1].split("```", 1)[0] == rules
     alerts = [r["alert"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"] if "alert" in r]
     assert len(alerts) == 5 and all(f"| `{a}` |" in page for a in alerts), alerts
+
+
+def test_the_access_log_goes_to_stderr_by_its_flag(capsys):
+    observe.AccessLog(stderr=True).write({"request_id": "r1", "status": 200})
+    observe.AccessLog().write({"request_id": "r2", "status": 200})  # control: neither file nor flag, no line
+    assert [json.loads(x)["request_id"] for x in capsys.readouterr().err.splitlines()] == ["r1"]

@@ -60,7 +60,8 @@ def watch_cancellation(model):
                 pass
 
 
-TOKENS_PER_BLOCK = 32  # TensorRT-LLM's default KV block (trtllm-build --tokens_per_block, KvCacheConfig.tokens_per_block)
+# TensorRT-LLM's default KV block (trtllm-build --tokens_per_block, KvCacheConfig.tokens_per_block)
+TOKENS_PER_BLOCK = 32
 
 
 class LoadMetrics:
