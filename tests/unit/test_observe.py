@@ -236,3 +236,20 @@ def test_the_access_log_goes_to_stderr_by_its_flag(capsys):
     observe.AccessLog(stderr=True).write({"request_id": "r1", "status": 200})
     observe.AccessLog().write({"request_id": "r2", "status": 200})  # control: neither file nor flag, no line
     assert [json.loads(x)["request_id"] for x in capsys.readouterr().err.splitlines()] == ["r1"]
+
+
+def test_during_a_drain_metrics_are_still_scraped_and_show_it_while_requests_get_503():
+    from pipeline.serving.drain import Drain
+
+    fe, seen = _front()
+    drain = Drain(30)
+    drain.started = True
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    refused, scrape = asyncio.run(_ask(fe.app(drain), [("POST", "/v1/chat/completions", body, {}),
+                                                       ("GET", "/metrics", None, {})]))
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5" and seen == []
+    assert "shutting down" in refused.json()["error"]["message"] and refused.headers["x-request-id"]
+    values = _values(scrape.text)
+    assert scrape.status_code == 200 and values[("pipeline_serve_draining", frozenset())] == 1
+    assert values[("pipeline_requests_total", frozenset({("endpoint", "/v1/chat/completions"),
+                                                         ("model_name", "m"), ("status", "503")}))] == 1
