@@ -322,6 +322,15 @@ class OpenAILimits:
 
 
 @dataclass
+class AccessLogConfig:
+    """One JSON line per request of the OpenAI API (pipeline.serving.observe): request id, model, endpoint, status,
+    tokens, TTFT, duration, client address; never the prompt or a key."""
+
+    path: Optional[str] = None  # a file the lines are appended to (null: none)
+    stderr: bool = False  # the same lines on stderr
+
+
+@dataclass
 class OpenAIConfig:
     """The OpenAI-compatible front end that ``pipeline serve`` starts beside Triton (``pipeline.serving``)."""
 
@@ -334,6 +343,7 @@ class OpenAIConfig:
     # the served layout's entry points by name (checked against the layout where the front end starts)
     entry_point: str = "auto"
     limits: OpenAILimits = field(default_factory=OpenAILimits)
+    access_log: AccessLogConfig = field(default_factory=AccessLogConfig)
 
 
 class Objective(str, Enum):
@@ -382,6 +392,8 @@ class ServeConfig:
     restart_backoff_s: float = rng(1.0, 0.0, 600.0)
     # SIGTERM/SIGINT: in-flight requests may finish for this long before their streams are ended
     drain_s: float = rng(30.0, 0.0, 3600.0)
+    # `pipeline serve`: Triton's Prometheus metrics on a port of its own, served again by the front end's /metrics
+    metrics: bool = True
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)
 
 

@@ -77,6 +77,20 @@ def failure_line(trace: str) -> str:
     return f"failed: {lines[-1]}" if lines else "failed: no traceback"
 
 
+def timeout_line(timeout_min: Any, signal_delay_s: Any) -> str:
+    """The one line of a job that ran into its time limit. submitit asks sbatch to signal the job
+    ``signal_delay_s`` before Slurm's limit (``--signal=USR2@...``) and, unless the job may be requeued
+    (``max_num_timeout``, 0 here: a stage does not resume half-way), ends it then with "timed-out too many times"."""
+    return (f"failed: the job ran into its time limit, hydra.launcher.timeout_min={timeout_min} (Slurm's limit: "
+            f"{timeout_min} min; submitit stops the job hydra.launcher.signal_delay_s={signal_delay_s} s before it); "
+            f"raise hydra.launcher.timeout_min and run the sweep again (the stages that finished are reused)")
+
+
+def timed_out(trace: str) -> bool:
+    """Whether submitit ended the job at its time limit (its ``UncompletedJobError``: "timed-out ...")."""
+    return "UncompletedJobError" in str(trace) and "timed-out" in str(trace)
+
+
 def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -269,7 +283,7 @@ class PipelineSlurmLauncher(SlurmLauncher):
                 else:
                     j.outcome, j.reason = "failed", one_line(value._return_value)
             else:  # a failed job (JobFailed) or an error outside Hydra's job: submitit keeps the traceback
-                j.outcome, j.reason = "failed", failure_line(value)
+                j.outcome, j.reason = "failed", (self._timeout_line() if timed_out(value) else failure_line(value))
             return
         gone = j.state in ENDED or j.missing >= 3
         if not gone:
@@ -281,7 +295,10 @@ class PipelineSlurmLauncher(SlurmLauncher):
                                                                  "BOOT_FAIL", "PREEMPTED", "DEADLINE"):
             j.outcome = "failed"
             why = f"Slurm ended it ({j.state})" if j.state in ENDED else "it left Slurm's queue"
-            j.reason = f"failed: {why} without a result; see its log"
+            j.reason = self._timeout_line() if j.state == "TIMEOUT" else f"failed: {why} without a result; see its log"
+
+    def _timeout_line(self) -> str:
+        return timeout_line(self.params.get("timeout_min"), self.params.get("signal_delay_s"))
 
     # ------------------------------------------------------------------------------------------------ finishing
     def _finish(self, jobs: list[SweepJob], n: int, submit_dir: Path) -> list[JobReturn]:

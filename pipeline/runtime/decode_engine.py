@@ -186,6 +186,7 @@ class BatchEngine:
         self.steps = 0            # decode forward passes run (for tests and stats)
         self.prefills = 0         # prefill forward passes run
         self.max_batch_seen = 0
+        self._joining: list[_Seq] = []  # sequences taken from the queue for the prefill now running (stats)
         self._thread = threading.Thread(target=self._loop, name="reference-batching", daemon=True)
         self._thread.start()
 
@@ -203,6 +204,19 @@ class BatchEngine:
             self._pending.append(seq)
             self._cv.notify()
         return handle
+
+    def stats(self) -> dict:
+        """A snapshot of the engine's load, for the runtime's metrics: ``waiting`` (queued, not yet in the batch),
+        ``context`` (being prefilled now), ``scheduled`` (in the batch, ``context`` included), ``iterations``
+        (forward passes so far) and ``sequence_tokens`` (prompt + output tokens of each sequence in the batch: what
+        its KV cache holds)."""
+        with self._cv:
+            waiting, joining = len(self._pending), self._joining
+        active = self._active  # replaced, never changed in place, by the engine thread
+        batch = {id(s) for s in active}
+        context = sum(1 for s in joining if id(s) not in batch and s.handle.finish_reason is None)
+        return {"waiting": waiting, "context": context, "scheduled": len(active) + context,
+                "iterations": self.steps + self.prefills, "sequence_tokens": [len(s.seen) for s in active]}
 
     def generate(self, request: GenerationRequest) -> list[int]:
         """Submit and wait: the generated tokens."""
@@ -254,8 +268,10 @@ class BatchEngine:
                     return
                 room = self.max_batch_size - len(self._active)
                 joining = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+                self._joining = joining
             if joining:
                 self._admit(joining)
+                self._joining = []
             self._retire_cancelled()
             if self._active:
                 try:

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
+from pipeline.serving import observe
 from pipeline.serving.model import ServedModel
 from pipeline.serving.transport import Mux, StreamPool, once
 from pipeline.triton import layouts
@@ -39,6 +40,7 @@ class Driver:
         self.url, self.served, self.timeout_s = url, served, timeout_s
         self.down: str | None = None  # why the server is gone, set by whoever watches it (pipeline serve)
         self.why_down = None  # () -> why the server is gone, or None while it runs (pipeline serve sets it)
+        self.metrics_url: str | None = None  # Triton's metrics (http://HOST:PORT/metrics), where pipeline serve has it
         self.layout = layouts.get(served.layout)  # its entry points and text-request tensors
         self.codec = self.layout.codec(served)  # OpenAI requests <-> its tensors
         self.entry_name = entry or self.layout.entry_points[0]
@@ -67,6 +69,15 @@ class Driver:
             await self._channel.close()
         if self.client is not None:
             await self.client.close()
+
+    async def reconnect(self, url: str) -> None:
+        """Talk to the server at ``url`` from now on (a restarted Triton, on new ports): the old connection, its
+        streams and what was read from the old server's model configs are dropped."""
+        await self.close()
+        self.url, self.entry, self.side = url, None, {}
+        self._pending, self._channel, self._stub_obj, self._templates = set(), None, None, {}
+        self.pool = StreamPool(self._stub, self.timeout_s)
+        await self.start()
 
     async def down_reason(self) -> str | None:
         """Why the server is gone, asked when a request lost its connection: what the watcher recorded, else its
@@ -107,6 +118,9 @@ class Driver:
     async def specs(self) -> tuple[Spec, dict[str, Spec]]:
         if self.entry is None:
             if not await self.ready():
+                down = await self.down_reason()
+                if down:
+                    raise APIError(503, f"Triton at {self.url} is down: {down}")
                 raise APIError(503, f"Triton at {self.url} is not ready to serve '{self.entry_name}'; retry shortly")
         return self.entry, self.side
 
@@ -121,12 +135,21 @@ class Driver:
             call.inputs[call.stream_input] = req.stream and spec.decoupled
         request = self._request(spec, call.inputs, [o for o in call.outputs if o in spec.outputs], req.request_id)
         decode = call.decode
+        record = observe.current()  # the request's metrics and access log see each response arrive
         if spec.decoupled:
             async for resp in self._stream(spec.name, request, req.after_send):
-                yield SENT if resp is SENT else decode(resp)
+                if resp is SENT:
+                    yield SENT
+                    continue
+                if record is not None:
+                    record.response(request.id)
+                yield decode(resp)
         else:
             yield SENT  # a unary call starts when it is awaited
-            yield decode(await self._unary(request, req.after_send))
+            resp = await self._unary(request, req.after_send)
+            if record is not None:
+                record.response(request.id)
+            yield decode(resp)
         for d in call.finish():
             yield d
 

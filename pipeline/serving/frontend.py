@@ -1,8 +1,9 @@
 """The OpenAI front end for one served model: :class:`FrontEnd`, built from a ``serve.openai`` config by
 :meth:`FrontEnd.from_config` (what ``pipeline serve``, ``python -m pipeline.serving``, the bench and the task
 evaluation all use), with its settings, its driver to Triton, its two generation endpoints (``chat``,
-``completions``) and the checks every request goes through (the API key, the body's size and JSON, the model's
-name). :meth:`FrontEnd.app` is its Starlette application (``pipeline.serving.app``)."""
+``completions``), the checks every request goes through (the API key, the body's size and JSON, the model's
+name), its metrics and its access log (``pipeline.serving.observe``). :meth:`FrontEnd.app` is its Starlette
+application (``pipeline.serving.app``)."""
 from __future__ import annotations
 
 import hmac
@@ -14,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from pipeline.errors import UserError
-from pipeline.serving import model as served_model, protocol as P
+from pipeline.serving import model as served_model, observe, protocol as P
 from pipeline.serving.app import create_app
 from pipeline.serving.chat import ChatEndpoint
 from pipeline.serving.completions import CompletionsEndpoint
@@ -49,11 +50,15 @@ class Settings:
 
 
 class FrontEnd:
-    def __init__(self, served: ServedModel, driver: Driver, settings: Settings | None = None):
+    def __init__(self, served: ServedModel, driver: Driver, settings: Settings | None = None,
+                 access_log: observe.AccessLog | None = None):
         self.served, self.driver, self.settings = served, driver, settings or Settings()
         self.guides = Guides(served)  # response_format and tools as guided decoding, compiled once per guide
         self.chat = ChatEndpoint(self)
         self.completions = CompletionsEndpoint(self)
+        self.metrics = observe.Metrics(served.name, observe.ttft_budget(served.repo))
+        self.access_log = access_log or observe.AccessLog()
+        self.loop = None  # the server's event loop, once it runs (pipeline.serving.app's lifespan)
 
     @classmethod
     def from_config(cls, openai_cfg, repo: Path, grpc_url: str) -> "FrontEnd":
@@ -68,11 +73,14 @@ class FrontEnd:
             entry = None
         else:
             layouts.get(served.layout).check_entry(entry)
-        return cls(served, Driver(grpc_url, served, entry=entry, timeout_s=settings.request_timeout_s), settings)
+        log = observe.AccessLog(openai_cfg.access_log.path, openai_cfg.access_log.stderr)
+        return cls(served, Driver(grpc_url, served, entry=entry, timeout_s=settings.request_timeout_s), settings,
+                   log)
 
-    def app(self):
-        """The ASGI application (``pipeline.serving.app.create_app``)."""
-        return create_app(self)
+    def app(self, drain=None):
+        """The ASGI application (``pipeline.serving.app.create_app``), behind ``drain``'s gate where one is given
+        (:class:`pipeline.serving.run.Drain`)."""
+        return create_app(self, drain)
 
     # --- request checks ---------------------------------------------------------------------------------------
     def authorize(self, request) -> None:

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Callable
 
 from pydantic import BaseModel
 
-from pipeline.serving import protocol as P
+from pipeline.serving import observe, protocol as P
 from pipeline.serving.driver import SENT
 from pipeline.serving.transport import EventStream, Final, Last, until_done_or_gone
 from pipeline.triton.layouts.contract import Delta, GenRequest, TokenLogprob
@@ -124,6 +124,7 @@ class Endpoint:
         """The route: parse and check the body, make the jobs, answer whole or streamed."""
         req = await self.front.parse(request, self.request_model)
         jobs = self.jobs(req)
+        observe.started(req.model, req.stream, jobs)
         rid, created = f"{self.id_prefix}-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return await self.stream(request, jobs, req, rid, created)
@@ -157,7 +158,7 @@ class Endpoint:
         return GenRequest(
             prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens, stream=req.stream,
             sampling=req.sampling(), guide=guide, guide_param=guide_param, ignore_eos=req.ignore_eos,
-            logprobs=req.num_logprobs(), prompt_logprobs=prompt_logprobs, request_id=uuid.uuid4().hex[:16])
+            logprobs=req.num_logprobs(), prompt_logprobs=prompt_logprobs, request_id=observe.next_triton_id())
 
     # --- the prompt's token count, while Triton works on it --------------------------------------------------
     def can_count_later(self, asked: int | None) -> bool:
@@ -396,6 +397,7 @@ class Endpoint:
             yield Final(self.chunk(s, job, self.final_text, job.finish, self.piece_logprobs(s, job, seen)
                                    if (job.logprobs or [])[seen[0]:] else None))
         except P.APIError as exc:
+            observe.failed(exc.status)
             yield b"data: " + P.dumps(exc.body()) + b"\n\n"
         finally:
             if waited is not None and not waited.done():  # closed before its first piece (a client gone)

@@ -12,9 +12,10 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from pipeline.errors import UserError
+from pipeline.serving.drain import Drain
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -48,126 +49,23 @@ def _server(app, sock: socket.socket):
     return uvicorn.Server(_config(app))
 
 
-class Drain:
-    """A graceful stop of the front end (``pipeline serve`` on SIGTERM/SIGINT): new requests get 503 with
-    ``Retry-After``, requests in flight may finish for ``drain_s``, then each remaining event stream ends with an
-    OpenAI error event and ``[DONE]`` (a whole answer still unsent gets the 503). ``completed``: every request in
-    flight finished within ``drain_s``."""
-
-    GRACE_S = 5.0  # after the cut: how long the cut requests may take to end
-
-    def __init__(self, drain_s: float):
-        self.drain_s = float(drain_s)
-        self.started = False
-        self.completed: bool | None = None
-        self.inflight = 0
-        self.cut: Any = None  # an asyncio.Event, made on the server's loop
-        self.signal: int | None = None
-
-    def message(self) -> str:
-        return "the server is shutting down; retry on another replica or after it restarts"
-
-    async def run(self, server) -> None:
-        """Wait for the requests in flight (up to ``drain_s``), cut the rest, then let uvicorn exit."""
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_s
-        while self.inflight and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        self.completed = self.inflight == 0
-        if not self.completed:
-            self.cut.set()
-            end = loop.time() + self.GRACE_S
-            while self.inflight and loop.time() < end:
-                await asyncio.sleep(0.02)
-        server.should_exit = True
-
-
-class DrainGate:
-    """ASGI middleware of a :class:`Drain`: counts the requests in flight, answers new ones 503 while draining, and
-    ends a cut event stream with an error event and ``[DONE]`` (no truncated chunked body, no traceback)."""
-
-    def __init__(self, app, drain: Drain):
-        self.app, self.drain = app, drain
-
-    async def _refuse(self, send, status: int = 503) -> None:
-        from pipeline.serving import protocol as P
-
-        body = P.dumps(P.APIError(status, self.drain.message()).body())
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"%d" % RETRY_AFTER_S),
-                                (b"connection", b"close"), (b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-
-    async def __call__(self, scope, receive, send):
-        import asyncio
-
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan" and self.drain.cut is None:
-                self.drain.cut = asyncio.Event()
-            return await self.app(scope, receive, send)
-        if self.drain.started:
-            return await self._refuse(send)
-        state = {"sse": False, "started": False, "ended": False}
-
-        async def forward(msg):
-            if state["ended"]:
-                return  # after a cut: the app's late writes go nowhere
-            if msg["type"] == "http.response.start":
-                state["started"] = True
-                state["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                                   for k, v in msg.get("headers", []))
-            elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
-                state["ended"] = True
-            await send(msg)
-
-        self.drain.inflight += 1
-        try:
-            task = asyncio.ensure_future(self.app(scope, receive, forward))
-            cut = asyncio.ensure_future(self.drain.cut.wait())
-            await asyncio.wait({task, cut}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                cut.cancel()
-                await asyncio.gather(cut, return_exceptions=True)
-                return task.result()
-            ended, state["ended"] = state["ended"], True
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if ended:
-                return
-            if not state["started"]:
-                await self._refuse(send)
-            elif state["sse"]:
-                from pipeline.serving import protocol as P
-
-                error = P.dumps(P.APIError(503, f"{self.drain.message()}: this stream was ended after "
-                                                f"serve.drain_s={self.drain.drain_s:g} s").body())
-                await send({"type": "http.response.body", "body": b"data: " + error + b"\n\ndata: [DONE]\n\n",
-                            "more_body": False})
-            else:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            self.drain.inflight -= 1
-
-
-RETRY_AFTER_S = 5  # what a refused client is told to wait
-
-
 def _draining_server(app, drain: Drain):
     """A uvicorn server whose first SIGTERM/SIGINT starts ``drain`` instead of uvicorn's own shutdown (which would
-    cut streams after 5 s and cancel them with tracebacks); a second signal stops at once."""
+    cut streams after 5 s and cancel them with tracebacks); a second one during the drain cuts it at once (each
+    remaining stream ends with the error event and ``[DONE]``). ``app`` is the front end's app behind the drain's
+    gate (``FrontEnd.app(drain)``)."""
     import asyncio
 
     import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
-            if drain.started or self.should_exit:
-                return super().handle_exit(sig, frame)
             loop = getattr(self, "_drain_loop", None)
-            if loop is None:  # not serving yet: nothing to drain
+            if loop is None or self.should_exit:  # not serving yet, or on its way out: uvicorn's own handling
                 return super().handle_exit(sig, frame)
+            if drain.started:
+                loop.call_soon_threadsafe(drain.interrupt, sig)
+                return
             self._captured_signals.append(sig)
             drain.started, drain.signal = True, sig
             loop.call_soon_threadsafe(lambda: loop.create_task(drain.run(self)))
@@ -176,7 +74,7 @@ def _draining_server(app, drain: Drain):
             self._drain_loop = asyncio.get_running_loop()
             await super().serve(sockets=sockets)
 
-    return Server(_config(DrainGate(app, drain)))
+    return Server(_config(app))
 
 
 def url_of(sock: socket.socket) -> str:
@@ -184,17 +82,16 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
 
 
-def serve_forever(app, sock: socket.socket, alive=None, drain: Drain | None = None) -> None:
+def serve_forever(app, sock: socket.socket, stop: threading.Event | None = None, drain: Drain | None = None) -> None:
     """Serve in this (main) thread until SIGINT/SIGTERM (uvicorn re-raises the signal after its graceful
-    shutdown; with ``drain``, after that drain) or until ``alive()`` turns false."""
+    shutdown; with ``drain``, after that drain) or until ``stop`` is set."""
     server = _server(app, sock) if drain is None else _draining_server(app, drain)
-    if alive is not None:
+    if stop is not None:
         def watch():
             while not server.should_exit:
-                if not alive():
+                if stop.wait(0.1):
                     server.should_exit = True
                     return
-                time.sleep(0.5)
 
         threading.Thread(target=watch, daemon=True).start()
     server.run(sockets=[sock])

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Callable
 
 from starlette.responses import Response as _Response
 
+from pipeline.serving import observe
 from pipeline.serving.protocol import APIError
 
 
@@ -235,6 +236,7 @@ class EventStream(_Response):
             while (await receive())["type"] != "http.disconnect":
                 pass
             state["gone"] = True
+            observe.failed(499)  # the client closed the request
             if state["open"]:
                 streaming.cancel()  # delivered at the stream's current await, inside the try
 

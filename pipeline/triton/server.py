@@ -62,10 +62,15 @@ class Server:
     binary: str | None = None  # the tritonserver started here (local launcher)
     shm_prefix: str | None = None  # the python backend's /dev/shm region prefix, this server's own
     ready_at: int = 0  # the log's size when the server became ready: what follows is its runtime log
+    metrics_port: int | None = None  # Triton's Prometheus metrics (--allow-metrics), where they were asked for
 
     @property
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else None
 
     @property
     def http_url(self) -> str:
@@ -385,14 +390,20 @@ def _ready(url: str) -> bool:
 
 @contextlib.contextmanager
 def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Path, timeout_s: float,
-            on_wait=None, models: list[str] | None = None) -> Iterator[Server]:
-    """Start tritonserver on ``repo`` (all models, or only ``models``), wait until they are ready, always stop it."""
+            on_wait=None, models: list[str] | None = None, metrics: bool = False) -> Iterator[Server]:
+    """Start tritonserver on ``repo`` (all models, or only ``models``), wait until they are ready, always stop it.
+    ``metrics``: Triton's Prometheus metrics on a free port of ``host`` (``--allow-metrics``, ``--metrics-address``,
+    ``--metrics-port``; GPU metrics only where there is a GPU to report); else none."""
     binary, bundled = find_server(server_bin)
     work_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stub finds this env's numpy
     cmd = [str(binary), f"--model-repository={repo}", "--exit-on-error=true", "--strict-readiness=true",
-           "--allow-metrics=false", "--log-verbose=0"]
+           f"--allow-metrics={'true' if metrics else 'false'}", "--log-verbose=0"]
+    if metrics:
+        from pipeline import hardware
+
+        cmd.append(f"--allow-gpu-metrics={'true' if hardware.local_gpu() is not None else 'false'}")
     if models:  # load only these (explicit model control)
         cmd += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)]
     prefix = shm_prefix()
@@ -406,16 +417,19 @@ def local_server(repo: Path, *, host: str, server_bin: str | None, work_dir: Pat
             env["PATH"] = f"{stubenv.bin_dir()}{os.pathsep}{env['PATH']}"
     last_err = None
     for _attempt in range(3):  # a free port can be taken between probing and binding
-        http_port, grpc_port = free_ports(host)
+        http_port, grpc_port, *more = free_ports(host, 3 if metrics else 2)
+        ports = [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
+                 f"--grpc-port={grpc_port}"]
+        if metrics:
+            ports += [f"--metrics-address={host}", f"--metrics-port={more[0]}"]
         run_dir = Path(tempfile.mkdtemp(prefix="triton-", dir=work_dir))  # neutral cwd
         log_path = run_dir / "server.log"
         with open(log_path, "wb") as log:  # under a supervisor: nothing outlives the pipeline, kill -9 included
-            proc = subprocess.Popen(
-                supervised(cmd + [f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}",
-                                  f"--grpc-port={grpc_port}"], shm_prefix=prefix),
-                cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        server = Server(proc, host, http_port, grpc_port, log_path, binary=str(binary), shm_prefix=prefix)
+            proc = subprocess.Popen(supervised(cmd + ports, shm_prefix=prefix), cwd=run_dir, env=env,
+                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        server = Server(proc, host, http_port, grpc_port, log_path, binary=str(binary), shm_prefix=prefix,
+                        metrics_port=more[0] if metrics else None)
         try:
             state = wait_ready(server, timeout_s, on_wait)
             with contextlib.suppress(OSError):
@@ -497,14 +511,18 @@ def engine_world_size(repo: Path) -> int:
 
 
 def docker_command(repo: Path, *, image: str, mount: str, host: str, http_port: int, grpc_port: int,
-                   name: str) -> list[str]:
-    """``docker run`` for an NGC Triton image: all GPUs, the repository mounted at ``mount``, loopback ports.
+                   name: str, metrics_port: int | None = None) -> list[str]:
+    """``docker run`` for an NGC Triton image: all GPUs, the repository mounted at ``mount``, loopback ports (its
+    metrics port 8002 too, on ``metrics_port``, where one is given).
 
     An engine of TP x PP = N > 1 ranks is started as upstream's ``scripts/launch_triton_server.py --world_size N``
     starts it: ``mpirun`` with one ``tritonserver`` per rank (rank 0 loads every model, the others only
     ``tensorrt_llm``), each with its own python-backend shared-memory prefix."""
+    published = ["-p", f"{host}:{http_port}:8000", "-p", f"{host}:{grpc_port}:8001"]
+    if metrics_port:
+        published += ["-p", f"{host}:{metrics_port}:8002"]
     docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
-              "-p", f"{host}:{http_port}:8000", "-p", f"{host}:{grpc_port}:8001", "-v", f"{repo}:{mount}:ro", image]
+              *published, "-v", f"{repo}:{mount}:ro", image]
     world = engine_world_size(repo)
     if world <= 1:
         return [*docker, "tritonserver", f"--model-repository={mount}", "--exit-on-error=true",
@@ -522,13 +540,13 @@ def docker_command(repo: Path, *, image: str, mount: str, host: str, http_port: 
 
 
 @contextlib.contextmanager
-def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server]:
+def launched(serve, repo: Path, work_dir: Path, on_wait=None, metrics: bool = False) -> Iterator[Server]:
     """The server ``serve.launcher`` asks for: ``local`` (a binary here), ``docker`` (an NGC image) or
-    ``external`` (already running at ``serve.url``)."""
+    ``external`` (already running at ``serve.url``); ``metrics``: with its Prometheus metrics port (local, docker)."""
     kind = serve.launcher.value
     if kind == "local":
         with local_server(repo, host=serve.host, server_bin=serve.server_bin, work_dir=work_dir,
-                     timeout_s=serve.startup_timeout_s, on_wait=on_wait) as s:
+                          timeout_s=serve.startup_timeout_s, on_wait=on_wait, metrics=metrics) as s:
             yield s
         return
     if kind == "external":
@@ -549,15 +567,16 @@ def launched(serve, repo: Path, work_dir: Path, on_wait=None) -> Iterator[Server
         raise UserError(f"serve.launcher=docker: no Docker engine is running here ({why}); start one or use "
                         f"serve.launcher=local")
     work_dir.mkdir(parents=True, exist_ok=True)
-    http_port, grpc_port = free_ports(serve.host)
+    http_port, grpc_port, *more = free_ports(serve.host, 3 if metrics else 2)
     name = f"pipeline-bench-{os.getpid()}-{grpc_port}"
     log_path = Path(tempfile.mkdtemp(prefix="docker-", dir=work_dir)) / "server.log"
     cmd = docker_command(repo.resolve(), image=serve.image, mount=serve.repo_mount, host=serve.host,
-                         http_port=http_port, grpc_port=grpc_port, name=name)
+                         http_port=http_port, grpc_port=grpc_port, name=name, metrics_port=more[0] if more else None)
     with open(log_path, "wb") as log:  # the supervisor removes the container if the pipeline dies
         proc = subprocess.Popen(supervised(cmd, cleanup=["docker", "rm", "-f", name]), stdin=subprocess.PIPE,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server(proc, serve.host, http_port, grpc_port, log_path, container=name)
+    server = Server(proc, serve.host, http_port, grpc_port, log_path, container=name,
+                    metrics_port=more[0] if more else None)
     try:
         state = wait_ready(server, serve.startup_timeout_s, on_wait, poll_s=0.5)
         if state == "exited":

@@ -130,3 +130,18 @@ def test_a_bundle_without_its_version_directory_is_refused_before_triton_starts(
     assert len(err) == 1 and f"{copy}/triton_repo/ensemble/: no version directory" in err[0], proc.stderr
     assert "at least one version must be available" in err[0] and "HTTP" not in proc.stdout
     assert list(tmp_path.glob("pipeline-serve-*")) == []
+
+
+def test_a_stray_file_in_a_bundle_is_refused_before_triton_starts(tiny_build, tmp_path):
+    """serve's preflight applies `verify`'s exact-tree rule: a file the manifest does not list is named, in one line,
+    and nothing is served. Control: the same copy without it passes `verify`'s tree check."""
+    copy = tmp_path / "bundle"
+    _copy_files_only(_local_bundle(tiny_build), copy)
+    assert {n: ok for n, ok, _ in bundle.verify(str(copy))}["tree"]
+    (copy / "triton_repo/preprocessing/1/helper.py").write_text("print('not listed')\n")
+    proc = run_cli("serve", str(copy), "serve.openai.port=0", root=tmp_path / "root", env=cli_env(tmp_path),
+                   timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "triton_repo/preprocessing/1/helper.py is not in the manifest" in err[0], proc.stderr
+    assert "HTTP" not in proc.stdout

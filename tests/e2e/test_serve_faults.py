@@ -245,16 +245,139 @@ def test_sigterm_under_load_drains(repo, tmp_path, drain_s, max_tokens, complete
 
 
 def test_kill_9_of_serve_itself_leaves_no_server_and_no_shm(repo, tmp_path):
-    """The supervisor sees its pipe close: it kills Triton and its stubs and removes the server's regions."""
+    """The supervisor sees its pipe close: it kills Triton and its stubs and removes the server's regions. The work
+    directory the killed serve had in the temp directory is left; the next serve removes it (its owner's pid is
+    dead), and leaves a live owner's and any other directory alone."""
+    import os
+
     import psutil
 
     with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
         triton, prefix = _triton(s)
         assert list(SHM.glob(f"{prefix}*"))  # the control: they exist while it serves
+        work = list(tmp_path.glob("pipeline-serve-*"))
+        assert len(work) == 1, work
         s.proc.send_signal(signal.SIGKILL)
         rc = s.proc.wait(30)
         deadline = time.monotonic() + 10
         while (list(SHM.glob(f"{prefix}*")) or psutil.pid_exists(triton.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
+    left = _left(prefix, triton)
+    assert work[0].is_dir()  # what the kill left
+    live = tmp_path / f"pipeline-serve-{os.getpid()}-planted"  # a live owner's (this test's pid)
+    other = tmp_path / "pipeline-serve-notapid"  # not named by a pid: not ours to judge
+    for d in (live, other):
+        d.mkdir()
+    with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
+        assert s.stop() == 0
+    assert not work[0].exists(), f"the next serve left the killed serve's {work[0].name}"
+    assert live.is_dir() and other.is_dir()
     _row("kill -9 of pipeline serve", "the connection drops (no process is left to answer)", "nothing (killed)",
-         rc, _left(prefix, triton))
+         rc, f"{left}; its work directory in the temp directory, removed by the next serve (its owner's pid is dead)")
+
+
+def test_a_second_signal_during_a_drain_ends_the_streams_at_once(repo, tmp_path):
+    """8 long streams, then SIGINT twice 0.2 s apart while the drain (serve.drain_s=60) waits for them: the second
+    signal ends every stream at once with the error event and [DONE], serve says so and exits 3 (requests were still
+    in flight when the drain ended), with no traceback."""
+    with Serve(repo, "serve.openai.port=0", "serve.drain_s=60", cwd=tmp_path) as s:
+        triton, prefix = _triton(s)
+        out, threads = _load(s.url, 8, max_tokens=2000)
+        s.proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(60)
+        ended = time.monotonic() - t0
+        rc = s.proc.wait(60)
+        stdout, err = s.proc.stdout.read(), s.proc.stderr.read()
+    assert len(out) == 8
+    for status, events, _ in out:
+        assert status == 200 and events[-1] == "[DONE]", (status, events[-3:])
+        errors = [e for e in events if isinstance(e, dict) and "error" in e]
+        assert len(errors) == 1 and "second SIGINT" in errors[0]["error"]["message"], events[-3:]
+    assert ended < 4, f"the streams ended {ended:.1f} s after the second signal"
+    assert "Traceback" not in err and "CancelledError" not in err, err[-3000:]
+    first = next(x for x in stdout.splitlines() if x.startswith("stopped"))
+    assert rc == 3 and "drain cut by a second SIGINT" in first, (rc, stdout, err[-2000:])
+    _row("SIGINT to serve under load, then a second SIGINT 0.2 s later (serve.drain_s=60)",
+         f"each stream: an error event (…{errors[0]['error']['message'].rsplit(': ', 1)[-1]}) then [DONE], "
+         f"{ended:.1f} s after the second signal", first, rc, _left(prefix, triton))
+
+
+def _probe(url: str) -> tuple:
+    """One chat completion: (status, Retry-After, error message) or ("refused", None, None)."""
+    import httpx
+
+    try:
+        r = httpx.post(f"{url}/chat/completions", timeout=30,
+                       json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    except httpx.TransportError as exc:
+        return ("refused", None, type(exc).__name__)
+    message = r.json().get("error", {}).get("message") if r.status_code != 200 else None
+    return (r.status_code, r.headers.get("retry-after"), message)
+
+
+def test_the_openai_port_answers_503_while_triton_restarts(repo, tmp_path):
+    """kill -9 of Triton with serve.restart=on-failure: until the new server serves, every request is answered 503
+    with Retry-After and the reason; then 200 on the same address. No connection is refused meanwhile."""
+    with Serve(repo, "serve.openai.port=0", "serve.restart=on-failure", "serve.restart_backoff_s=1",
+               cwd=tmp_path) as s:
+        first, prefix = _triton(s)
+        first.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        seen = []
+        while time.monotonic() - t0 < 120:
+            seen.append(_probe(s.url))
+            if seen[-1][0] == 200:
+                break
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+        rc = s.stop()
+        err = s.proc.stderr.read()
+    assert rc == 0, err[-2000:]
+    outcomes = sorted({str(x[0]) for x in seen})
+    assert seen[-1][0] == 200, seen[-5:]
+    assert all(x[0] in (200, 503) for x in seen), f"outcomes while Triton restarted: {outcomes}: {seen[:10]}"
+    refused = [x for x in seen if x[0] == 503]
+    assert refused, "no request was made while Triton restarted"
+    for status, retry, message in refused:
+        assert retry is not None and int(retry) > 0, (status, retry, message)
+        assert "killed by SIGKILL" in message, message
+    _row("kill -9 of tritonserver, serve.restart=on-failure (restart_backoff_s=1), requests every 0.1 s",
+         f"{len(refused)} requests answered 503 with Retry-After {refused[0][1]} (\"{refused[0][2][:90]}…\"), then "
+         f"200 on the same address after {took:.1f} s; no connection refused",
+         next(x for x in err.splitlines() if x.startswith("restarting")), rc, _left(prefix, first))
+
+
+def test_the_openai_port_answers_503_until_serve_exits_after_triton_died(repo, tmp_path):
+    """kill -9 of Triton with serve.restart=no: serve exits 1, and until its listening socket closes on its way out
+    (its last act: the interpreter's own teardown follows), every request is answered 503 with Retry-After and the
+    reason."""
+    with Serve(repo, "serve.openai.port=0", cwd=tmp_path) as s:
+        triton, prefix = _triton(s)
+        triton.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        seen = []
+        while s.proc.poll() is None and time.monotonic() - t0 < 60:
+            seen.append((time.monotonic(), *_probe(s.url)))
+            time.sleep(0.05)
+        exited = time.monotonic()
+        rc = s.proc.wait(30)
+        err = s.proc.stderr.read()
+    assert rc == 1, err[-2000:]
+    answered = [x for x in seen if x[1] != "refused"]
+    refused = [x for x in seen if x[1] == "refused"]
+    assert answered, f"no request was answered after the kill: {seen[:5]}"
+    for _, status, retry, message in answered:
+        assert status == 503 and retry is not None, (status, retry, message)
+        assert "killed by SIGKILL" in message, message
+    assert not refused or refused[0][0] > answered[-1][0], "the port refused a request, then answered again"
+    window = exited - refused[0][0] if refused else 0.0
+    assert window < 2.0, f"connections were refused {window:.2f} s before serve exited"
+    _row("kill -9 of tritonserver, serve.restart=no, requests every 0.05 s until serve exits",
+         f"{len(answered)} request{'s' if len(answered) != 1 else ''} answered 503 with Retry-After "
+         f"{answered[0][2]} (\"{answered[0][3][:90]}…\"); "
+         f"refused only once serve closed its port on the way out, {window:.2f} s before it exited",
+         err.strip().splitlines()[0], rc, _left(prefix, triton))

@@ -440,6 +440,10 @@ def test_docker_launcher_command_and_its_clear_refusal(tmp_path):
                                 mount="/models", host="127.0.0.1", http_port=18000, grpc_port=18001, name="b")
     assert cmd[:2] == ["docker", "run"] and "--gpus" in cmd and "/srv/repo:/models:ro" in cmd
     assert "127.0.0.1:18001:8001" in cmd and "--model-repository=/models" in cmd
+    assert not [x for x in cmd if x.endswith(":8002")]  # no metrics port unless asked (the bench's server)
+    watched = server.docker_command(Path("/srv/repo"), image="img", mount="/models", host="127.0.0.1", http_port=1,
+                                    grpc_port=2, name="b", metrics_port=18002)
+    assert "127.0.0.1:18002:8002" in watched  # pipeline serve's: Triton's metrics on loopback
     cfg = hardware.compose(["serve.launcher=docker"])
     if shutil.which("docker") and os.system("docker info >/dev/null 2>&1") == 0:
         pytest.skip("a Docker engine runs here; the refusal path is for machines without one")

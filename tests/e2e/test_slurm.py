@@ -51,6 +51,39 @@ def cluster(tmp_path_factory):
     assert not conf.exists()
 
 
+def test_the_hosts_pages_trial_commands_run_as_written(tmp_path):
+    """docs/hosts.md's four lines that try a sweep without a cluster, run as the page writes them (its /tmp/slurm-test
+    made this test's directory; first in the module, before the shared cluster starts): up, export, the sweep, whose
+    launcher settings reach sbatch (the time limit, and an sbatch option added as the page says), and down."""
+    import shlex
+
+    if os.geteuid() != 0:
+        pytest.skip("the test Slurm cluster needs root (its daemons run as root; apt-get installs slurm-wlm, munge)")
+    text = (REPO / "docs" / "hosts.md").read_text().split("To try it without a cluster", 1)[1]
+    where = tmp_path / "slurm-test"
+    lines = [x.split("  #", 1)[0].strip().replace("/tmp/slurm-test", str(where))
+             for x in text.splitlines() if x.startswith("    ")][:4]
+    up, export, build, down = lines
+    assert up.startswith(".venv/bin/python tools/slurm_cluster.py up ") and export.startswith("export SLURM_CONF=")
+    assert build.startswith("python -m pipeline build -m ") and down.startswith(".venv/bin/python tools/slurm_cluster")
+    started = subprocess.run([sys.executable, *shlex.split(up)[1:]], cwd=REPO, capture_output=True, text=True,
+                             timeout=600)
+    assert started.returncode == 0, started.stderr[-3000:]
+    try:
+        key, value = export.removeprefix("export ").split("=", 1)
+        root = tmp_path / "sweep"
+        proc = run_cli(*shlex.split(build)[3:], root=root, env=cli_env(root, **{key: value}), timeout=1200)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "Slurm sweep: 2 done, 0 failed" in proc.stdout
+        submit_dir = Path(re.search(r"^submit dir: (\S+)$", proc.stderr, re.M).group(1))
+        script = next(submit_dir.rglob("*_submission.sh")).read_text()
+        assert "#SBATCH --time=30" in script and "#SBATCH --mail-type=NONE" in script, script
+    finally:
+        stopped = subprocess.run([sys.executable, *shlex.split(down)[1:]], cwd=REPO, capture_output=True, text=True,
+                                 timeout=600)
+    assert stopped.returncode == 0 and not where.exists(), stopped.stderr[-3000:]
+
+
 def slurm_env(cluster, root: Path) -> dict[str, str]:
     return cli_env(root, SLURM_CONF=str(cluster.conf))
 
@@ -288,3 +321,21 @@ def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
     assert logs.count("stage fetch: ran") == 1 and logs.count("stage fetch: cached") == 3
     assert logs.count("stage quantize: ran") == 2 and logs.count("stage quantize: cached") == 2
     assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 2
+
+
+def test_a_job_past_its_time_limit_fails_in_one_line_naming_timeout_min(cluster, tmp_path):
+    """A one-minute limit with submitit's signal 40 s before it: the job (fetch to bench: longer than 20 s) is ended
+    by submitit at the signal ("timed-out too many times" in its log); the sweep's line names
+    hydra.launcher.timeout_min, the limit and the fix."""
+    root = tmp_path / "late"
+    proc = run_cli("build", "-m", *TINY, "target=cpu", "quant=fp8", "until=bench", *SLURM,
+                   "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40", root=root,
+                   env=slurm_env(cluster, root), timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = ("failed: the job ran into its time limit, hydra.launcher.timeout_min=1 (Slurm's limit: 1 min; submitit "
+            "stops the job hydra.launcher.signal_delay_s=40 s before it); raise hydra.launcher.timeout_min and run "
+            "the sweep again (the stages that finished are reused)")
+    assert line in proc.stdout and proc.stderr.strip().splitlines()[-1].endswith(line), proc.stdout[-2000:]
+    row = summary_rows(proc.stdout)[0]
+    assert "timed-out too many times" in Path(row["log"]).read_text()  # submitit's own words, in the job's log
+

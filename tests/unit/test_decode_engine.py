@@ -354,3 +354,28 @@ def test_a_sliding_window_model_prefills_log_likelihood_prompts_alone_and_unpadd
     finally:
         eng.close()
 
+
+
+def test_stats_count_the_batch_the_queue_and_what_each_sequence_holds(model):
+    """What the runtime's load metrics read: a batch of two with two more queued, then nothing once all ended."""
+    import time
+
+    eng = BatchEngine(model, max_batch_size=2)
+    try:
+        assert eng.stats() == {"waiting": 0, "context": 0, "scheduled": 0, "iterations": 0, "sequence_tokens": []}
+        handles = [eng.submit(GenerationRequest(p, 40)) for p in PROMPTS[:4]]
+        next(iter(handles[0]))  # the first two are decoding
+        st = eng.stats()
+        assert st["scheduled"] == 2 and st["waiting"] == 2 and st["iterations"] >= 1, st
+        # each sequence in the batch holds its prompt and what it generated so far (one of the first two prompts)
+        assert len(st["sequence_tokens"]) == 2 and all(n > len(PROMPTS[1]) for n in st["sequence_tokens"]), st
+        list(handles[0])  # the rest of its events
+        for h in handles[1:]:
+            h.tokens()
+        deadline = time.monotonic() + 10
+        while eng.stats()["scheduled"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = eng.stats()
+        assert (st["scheduled"], st["waiting"], st["sequence_tokens"]) == (0, 0, []), st
+    finally:
+        eng.close()

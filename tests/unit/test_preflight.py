@@ -98,3 +98,38 @@ def test_a_truncated_file_is_named_before_triton_starts(tmp_path):
     with pytest.raises(UserError, match=r"(?s)^(?!.*safetensors: \d+ bytes).*step/1/model\.py: sha256 differs"):
         g.write_text("# the modeL\n")
         serve.preflight(out / "triton_repo", _cfg(tmp_path))
+
+
+def test_a_stray_file_or_directory_is_named_by_preflight_as_verify_names_it(tmp_path):
+    """The exact tree `verify` checks: a file the manifest does not list is refused before Triton starts."""
+    out = _bundle(tmp_path)
+    serve.preflight(out / "triton_repo", _cfg(tmp_path))  # control: the sound bundle passes
+    (out / "triton_repo" / "step" / "1" / "stray.py").write_text("print('not listed')\n")
+    with pytest.raises(UserError, match=r"triton_repo/step/1/stray\.py is not in the manifest"):
+        serve.preflight(out / "triton_repo", _cfg(tmp_path))
+    assert next(c for c in bundle.verify(str(out)) if c[0] == "tree")[1] is False  # verify says the same
+
+
+def test_the_work_directories_of_serves_that_are_gone_are_removed_and_no_other(tmp_path):
+    """What a kill -9 of serve leaves in the temp directory (pipeline-serve-<pid>-*) is removed by the next serve when
+    no process has that pid, or the one that has it started after the directory was last written (the pid was
+    reused); a live owner's directory, and anything not named so, stay."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"pipeline-serve-{dead.pid}-abc_123"
+    reused = tmp_path / f"pipeline-serve-{os.getpid()}-old"  # this process started after the directory was written
+    live = tmp_path / f"pipeline-serve-{os.getpid()}-mine"
+    others = [tmp_path / "pipeline-serve-notapid", tmp_path / f"pipeline-serve-{dead.pid}"]
+    for d in (gone, reused, live, *others):
+        d.mkdir()
+        (d / "server.log").write_text("x")
+    os.utime(reused, (1_000_000_000, 1_000_000_000))  # 2001
+    as_file = tmp_path / f"pipeline-serve-{dead.pid}-file"
+    as_file.write_text("not a directory")
+    assert serve.remove_stale_work_dirs(tmp_path) == sorted([gone, reused])
+    assert not gone.exists() and not reused.exists()
+    assert live.is_dir() and all(d.is_dir() for d in others) and as_file.is_file()

@@ -43,31 +43,14 @@ class NoGrammar:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """tiny-qwen3 as the fetch stage makes it (conf/model/tiny-qwen3.yaml: its tokenizer and seeded random weights),
-    loaded by the reference runtime: (model, tokenizer, batching engine)."""
+    """tiny-qwen3 on the CPU, loaded by the reference runtime: (model, tokenizer, batching engine)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline import synthetic
-    from pipeline.runtime import decode_engine, reference
-    from pipeline.stages.fetch import train_tokenizer
+    from tests.helpers import tiny_reference
 
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    tok = train_tokenizer(512)
-    cfg = AutoConfig.for_model("qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                               max_position_embeddings=2048, tie_word_embeddings=False, initializer_range=0.25,
-                               vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                               bos_token_id=None, architectures=["Qwen3ForCausalLM"])
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    synthetic.write_checkpoint(meta, out, seed=0, std=0.25, device="cpu")
-    meta.config.save_pretrained(out)
-    tok.save_pretrained(out)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model = reference.load(out, dtype=torch.float32)
-    engine = decode_engine.BatchEngine(model, max_batch_size=8)
+    model, tok, engine = tiny_reference.build(tmp_path_factory.mktemp("tiny-qwen3"))
     yield model, tok, engine
     engine.close()
     torch.set_num_threads(threads)

@@ -28,6 +28,8 @@ so concurrent requests share each forward pass.
   as TensorRT-LLM compiles it) and its token bitmask masks every step of the sequence. Where upstream ignores an
   unknown guide type, and has no guided decoding when the parameters are empty, the reference refuses the request
   with the reason.
+- Load metrics under the C++ backend's names (``nv_trt_llm_request_metrics``, ``nv_trt_llm_kv_cache_block_metrics``,
+  ``nv_trt_llm_general_metrics``; ``reference_common.LoadMetrics``), read from the batching engine.
 - Beam-search-only knobs (``len_penalty``, ``early_stopping``, ``beam_search_diversity_rate``) and KV-cache retention
   hints have no effect on single-beam reference decoding and are accepted. ``decoder_input_ids`` /
   ``decoder_input_lengths`` (what preprocessing sends for decoder-only models) are ignored.
@@ -46,8 +48,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_common import (RequestError, Sender as _Sender, param as _param, repo_path,  # noqa: E402
-                              watch_cancellation)
+from reference_common import (LoadMetrics, RequestError, Sender as _Sender, param as _param,  # noqa: E402
+                              repo_path, watch_cancellation)
 
 # Inputs whose presence (non-empty) asks for something the reference cannot compute -> the feature it names.
 UNSUPPORTED = {
@@ -198,6 +200,10 @@ class TritonPythonModel:
         self.decode_engine = decode_engine
         self.engine = decode_engine.BatchEngine(self.model, max_batch_size=max(1, int(cfg.get("max_batch_size") or 1)),
                                            max_seq_len=int(max_seq) if max_seq else None)
+        # the load TensorRT-LLM's backend reports (nv_trt_llm_request_metrics, nv_trt_llm_kv_cache_block_metrics),
+        # every stats_check_period_ms as upstream's parameter says (100 ms, its default)
+        self.load = LoadMetrics(self.engine, args["model_name"], args["model_version"],
+                                period_s=int(_param(cfg, "stats_check_period_ms", "100")) / 1000.0)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.exclude_default = (_param(cfg, "exclude_input_in_output", "false").lower() in ("1", "true"))
         self.logits_np = NP_TYPES.get(self.outputs.get("generation_logits") or self.outputs.get("context_logits")
@@ -487,4 +493,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.running = False
+        self.load.close()
         self.engine.close()

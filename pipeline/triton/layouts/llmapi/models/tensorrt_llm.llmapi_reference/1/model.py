@@ -45,6 +45,11 @@ policy from model.yaml's ``triton_config``.
   compiled with XGrammar from the model's tokenizer (``reference_guided.py``, each type as TensorRT-LLM compiles it)
   and its token bitmask masks every step. A guide without ``guided_decoding_backend`` is refused, as is an unknown
   guide type.
+- Load metrics under the TensorRT-LLM C++ backend's names (``nv_trt_llm_request_metrics``,
+  ``nv_trt_llm_kv_cache_block_metrics`` in blocks of ``kv_cache_config.tokens_per_block``,
+  ``nv_trt_llm_general_metrics``; ``reference_common.LoadMetrics``), read from the batching engine: upstream's llmapi
+  model reports none (model.py @ 044a90d209 makes no metric), so a gateway finds the reference's load where the C++
+  backend's would be.
 - Checkpoint: the ``engine_dir`` parameter (relative to the repository root); without it, model.yaml's ``model``
   (relative to model.yaml's folder unless absolute). ``dtype``, ``device``, ``torch_threads`` and ``max_seq_len``
   parameters, else model.yaml's ``dtype`` / ``max_seq_len``. The batching engine decodes up to model.yaml's
@@ -63,7 +68,8 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from reference_common import RequestError, Sender as _Sender, param as _param, watch_cancellation  # noqa: E402
+from reference_common import (  # noqa: E402
+    LoadMetrics, RequestError, Sender as _Sender, param as _param, watch_cancellation)
 
 
 def _model_yaml():
@@ -174,6 +180,8 @@ class TritonPythonModel:
             import reference_guided as guided
 
             self.grammars = guided.Grammars.from_tokenizer(self.tokenizer, self.engine.vocab_size)
+        # the load TensorRT-LLM's C++ backend reports, under its names (its llmapi model reports none)
+        self.load = LoadMetrics(self.engine, args["model_name"], args["model_version"], self.tokens_per_block)
         period = doc["triton_config"].get("cancellation_check_period_ms", 100)
         self.cancel_period_s = int(period) / 1000.0
         self.jobs = set()
@@ -383,4 +391,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.running = False
+        self.load.close()
         self.engine.close()
