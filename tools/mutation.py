@@ -299,8 +299,7 @@ def commit_info() -> dict:
 
 
 def render(doc: dict) -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from _docfile import replace_block
+    from _docfile import replace_block  # tools/_docfile.py, beside this script
 
     lines = [f"Last run {doc['date']} on {doc['machine']}, commit `{(doc['commit'] or '?')[:10]}`"
              f"{' (with uncommitted changes)' if doc['dirty'] else ''}, mutmut {doc['mutmut']}; each module's row "

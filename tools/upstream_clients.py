@@ -388,8 +388,7 @@ def render(results: dict) -> str:
 
 
 def replace_block(marker: str, body: str, doc: Path) -> None:
-    """benchmarks/_docfile.py's generated-block rewrite."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    """tools/_docfile.py's generated-block rewrite (beside this script)."""
     from _docfile import replace_block as rewrite
 
     rewrite(marker, body, doc)

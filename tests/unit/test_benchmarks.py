@@ -53,10 +53,11 @@ def _sys_path_edits(source: str) -> list[int]:
             and node.value.id == "sys"]
 
 
-def test_no_benchmark_edits_sys_path():
-    sources = {p.name: p.read_text() for p in sorted((REPO / "benchmarks").glob("*.py"))}
+def test_no_benchmark_or_tool_edits_sys_path():
+    sources = {f"{p.parent.name}/{p.name}": p.read_text() for d in ("benchmarks", "tools")
+               for p in sorted((REPO / d).glob("*.py"))}
     found = {name: _sys_path_edits(text) for name, text in sources.items()}
-    assert len(found) >= 18 and not {k: v for k, v in found.items() if v}
+    assert len(found) >= 25 and not {k: v for k, v in found.items() if v}
     # nor in the code a benchmark hands a child process as text (``python -c``)
     assert not [name for name, text in sources.items() if "sys.path" in text]
     # negative control: the check sees an edit, whichever way it is spelled
@@ -132,7 +133,10 @@ def test_the_current_block_is_the_newest_record_per_variant_and_older_forms_are_
     fake.variant = lambda rec: "odd" if rec["value"] % 2 else "even"
     got = {v: r.path.name for v, r, _ in instrument.current("fake", fake, instrument.records("fake", fake))}
     assert got == {"even": "fake-2026-12-02-aaaaaaa.json", "odd": "fake-2026-12-01-aaaaaaa.json"}
-    assert "### odd" in instrument.section("fake", fake)
+    # the page shows the current figure (the newest variant's record) in full, the other variants in one line
+    text = instrument.section("fake", fake)
+    assert "### even" in text and "value 2.0" in text and "value 1.0" not in text
+    assert "Other variants, newest record each" in text and "odd (2026-12-01, [`fake-2026-12-01-aaaaaaa.json`]" in text
     # a heading a render gives its block is left to the page's own
     fake.render = lambda rec: ["## my own heading", "", f"value {rec['value']}"]
     assert "my own heading" not in instrument.section("fake", fake)

@@ -1,6 +1,6 @@
 """A generated block in a markdown page, rewritten in place: ``tools/mutation.py`` and ``tools/upstream_clients.py``
-keep their tables in ``docs/mutation.md`` and ``docs/execution.md`` this way. (``docs/benchmarks.md`` is generated
-whole by ``python -m benchmarks render``.)"""
+keep their tables in ``docs/mutation.md`` and ``docs/execution.md`` this way, importing it as their sibling (a script's
+own directory is first on its path). (``docs/benchmarks.md`` is generated whole by ``python -m benchmarks render``.)"""
 from __future__ import annotations
 
 from pathlib import Path
