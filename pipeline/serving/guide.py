@@ -111,7 +111,7 @@ class Guides:
             raise P.APIError(400, "response_format of type json_schema needs json_schema.schema (a JSON schema)",
                              param="response_format")
         schema = rf.json_schema.schema_
-        guide = Guide("json_schema", canonical(schema))
+        guide = Guide("json_schema", canonical(json_strings(schema)))
         if self.cached(guide):  # checked and compiled before
             return guide
         where = "response_format.json_schema.schema"
@@ -126,6 +126,34 @@ class Guides:
         """What compiling guides has cost so far: guides compiled, cache hits, seconds spent, the last compile."""
         return {"compiled": self.compiles, "cache_hits": self.hits, "compile_s": round(self.compile_s, 6),
                 "last_compile_s": self.last_compile_s, "cached": len(self._cache)}
+
+
+# A JSON string's characters without an escape: anything but '"', '\\' and the control characters U+0000-U+001F, which
+# JSON requires escaped (RFC 8259 section 7).
+UNESCAPED_CHAR = '[^"\\\\\\x00-\\x1f]'
+
+
+def json_strings(schema: Any) -> Any:
+    """``schema`` as it is sent to XGrammar: each string bounded only by ``minLength``/``maxLength`` becomes the
+    same bound on a ``pattern`` of JSON's unescaped characters. XGrammar 0.1.25 (TensorRT-LLM's pin) compiles a
+    length-bounded string to ``[^"\\\r\n]{m,n}`` (``json_schema_converter.cc``), which lets a raw control character
+    (a tab, U+000E) into the string, and the answer is then no JSON a strict parser takes; its unbounded string rule
+    excludes them, and so does this pattern. The rest of the schema is left as sent."""
+    if isinstance(schema, list):
+        return [json_strings(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        shape = SUBSCHEMAS.get(key)
+        out[key] = (json_strings(value) if shape in ("one", "list") else
+                    {k: json_strings(v) for k, v in value.items()} if shape == "map" and isinstance(value, dict)
+                    else value)
+    bounded = ("minLength" in out or "maxLength" in out) and "pattern" not in out and "format" not in out
+    if bounded and out.get("type") == "string":
+        lo, hi = int(out.pop("minLength", 0)), out.pop("maxLength", None)
+        out["pattern"] = f"^{UNESCAPED_CHAR}{{{lo},{'' if hi is None else int(hi)}}}$"
+    return out
 
 
 def canonical(doc: Any) -> str:

@@ -175,7 +175,9 @@ def _partial_suffix(text: str, tag: str) -> int:
 # ---------------------------------------------------------------------------------------------- the guides
 def call_schema(tool: P.Tool, arguments_key: str) -> dict[str, Any]:
     """The JSON schema of one call of ``tool``: ``{"name": <its name>, <arguments_key>: <its parameters>}``."""
-    params = tool.function.parameters or {"type": "object", "properties": {}}
+    from pipeline.serving.guide import json_strings
+
+    params = json_strings(tool.function.parameters or {"type": "object", "properties": {}})
     return {"type": "object", "properties": {"name": {"const": tool.function.name}, arguments_key: params},
             "required": ["name", arguments_key], "additionalProperties": False}
 

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from pipeline.runtime import guided
+from pipeline.serving import guide
 from pipeline.serving import protocol as P, tools
 
 SCHEMA = {"type": "object", "properties": {
@@ -87,7 +88,7 @@ def _valid(text: str, schema: dict) -> bool:
 def test_a_json_schema_answer_is_valid_whatever_the_weights_and_only_the_grammar_makes_it_so(tiny):
     model, tok, _ = tiny
     grammars = guided.Grammars.from_tokenizer(tok, model.config.vocab_size)
-    answers = _answers(tiny, lambda: grammars.matcher("json_schema", json.dumps(SCHEMA)))
+    answers = _answers(tiny, lambda: grammars.matcher("json_schema", json.dumps(guide.json_strings(SCHEMA))))
     assert all(ended for _, ended in answers), answers  # the grammar closed every answer
     assert all(_valid(text, SCHEMA) for text, _ in answers), answers
     # the control: the same requests without the mask are not valid (random weights write noise)
@@ -194,7 +195,7 @@ def test_guides_are_compiled_once_per_schema_and_report_the_time(tiny):
     guides = Guides(SimpleNamespace(name="m", tokenizer=tok, tokenizer_dir="/nonexistent"))
     rf = P.ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}})
     first = guides.response_format(rf)
-    assert first.type == "json_schema" and json.loads(first.text) == SCHEMA
+    assert first.type == "json_schema" and json.loads(first.text) == guide.json_strings(SCHEMA)
     assert guides.response_format(rf) == first
     assert guides.stats()["compiled"] == 1 and guides.stats()["cache_hits"] == 1 and guides.stats()["compile_s"] > 0
     assert guides.response_format(P.ResponseFormat(type="json_object")).type == "json"
@@ -314,3 +315,27 @@ def test_schemas_clients_send_have_no_problem():
 
     assert schema_problems(to_strict_json_schema(Trip)) == []
     assert schema_problems(SCHEMA) == [] and all(schema_problems(t.function.parameters) == [] for t in TOOLS)
+
+
+def test_length_bounded_strings_are_sent_as_json_strings_and_xgrammars_own_rule_is_the_planted_fault():
+    """XGrammar 0.1.25 compiles a string bounded by minLength/maxLength to ``[^"\\\r\n]{m,n}``, which takes a raw
+    control character (seen on CUDA: a random model's answer held U+000E, which json.loads refuses); the schema the
+    front end sends bounds a pattern of JSON's unescaped characters instead, which refuses it and takes the rest."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    sent = guide.json_strings(SCHEMA)
+    assert sent["properties"]["tags"]["items"] == {"type": "string", "pattern": '^[^"\\\\\\x00-\\x1f]{0,6}$'}
+    raw, fixed = (xgr.Grammar.from_json_schema(json.dumps(s)) for s in (SCHEMA, sent))
+    answer = '{"city": "Nice", "population": 3, "capital": true, "tags": [%s]}'
+    for tags, valid in (('"ab\u000ec"'.encode().decode("unicode_escape"), False), ('"ab", "été"', True),
+                        ('"abcdefg"', False), ('"a\tb"'.encode().decode("unicode_escape"), False)):
+        assert accepts(fixed, answer % tags) is valid, tags
+        assert _valid(answer % tags, SCHEMA) is valid, tags
+    assert accepts(raw, answer % '"ab\u000ec"'.encode().decode("unicode_escape"))  # the fault in XGrammar's own rule
+    # the same for a tool's parameters, and strings with a pattern or a format are left as sent
+    assert guide.json_strings({"type": "string", "minLength": 2}) == {"type": "string", "pattern": '^[^"\\\\\\x00-\\x1f]{2,}$'}
+    for kept in ({"type": "string", "pattern": "^a+$"}, {"type": "string", "format": "date"}, {"type": "integer"}):
+        assert guide.json_strings(kept) == kept
+    params = tools.call_schema(TOOLS[0], "arguments")["properties"]["arguments"]
+    assert params == TOOLS[0].function.parameters  # no length bound there: unchanged
