@@ -36,6 +36,7 @@ import tempfile
 
 _DBS: dict = {}
 _MODELS: dict = {}
+_TMP: list[str] = []  # the one directory this process writes model configs into, removed when it ends
 
 
 def _fast_yaml() -> None:
@@ -66,7 +67,14 @@ def _model_path(q: dict) -> str:
         return hub
     key = json.dumps(q["config"], sort_keys=True)
     if key not in _MODELS:
-        d = tempfile.mkdtemp(prefix="perfmodel-")
+        if not _TMP:
+            import atexit
+            import shutil
+
+            _TMP.append(tempfile.mkdtemp(prefix="perfmodel-"))
+            atexit.register(shutil.rmtree, _TMP[0], True)
+        d = os.path.join(_TMP[0], str(len(_MODELS)))
+        os.mkdir(d)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(q["config"], f)
         _MODELS[key] = d

@@ -5,7 +5,8 @@ re-implemented here):
 
 - ``triton_repo/``: the Triton model repository as the package stage writes it (every ``config.pbtxt``, the python
   models, ``llmapi``'s ``tensorrt_llm/1/model.yaml``), linted as the package stage lints it, less the build output
-  (``tensorrt_llm/1/engine``: the engine or checkpoint and the tokenizer, which only the build makes);
+  (``tensorrt_llm/1/engine``: the engine or checkpoint and the tokenizer, which only the build makes) and what the
+  package stage derives from it (``inflight_batcher_llm``'s ``xgrammar_tokenizer_info.json``);
 - ``llmapi.json`` (``runtime=trtllm_llmapi``): the ``LLM(...)`` options the build writes beside the checkpoint;
 - ``trtllm-build.sh`` (``runtime=trtllm_engine``): the ``trtllm-build`` command the build runs, with the checkpoint
   and engine directories as ``$CHECKPOINT_DIR`` / ``$ENGINE_DIR`` (the build's own timing-cache flags are left out);

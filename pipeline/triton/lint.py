@@ -326,9 +326,9 @@ def check_model(repo: Path, name: str, cfg, mdir: Path, trtllm_version: str | No
     for key in ("gpt_model_path", "engine_dir"):
         if paths.get(key) is not None and not pending(paths[key]) and not paths[key].is_dir():
             out.append(f"{rel}: {key} {params[key]} does not exist")
-    if paths.get("xgrammar_tokenizer_info_path") is not None:
-        out += _tokenizer_info_problems(rel, paths["xgrammar_tokenizer_info_path"],
-                                        params["xgrammar_tokenizer_info_path"])
+    info = paths.get("xgrammar_tokenizer_info_path")
+    if info is not None and (engine or info.is_file()):  # made from the build's tokenizer at package time
+        out += _tokenizer_info_problems(rel, info, params["xgrammar_tokenizer_info_path"])
     if cfg.backend == "tensorrtllm":  # every value against what the C++ backend accepts (upstream/rules.yaml)
         from pipeline.upstream import rules
 

@@ -57,7 +57,9 @@ def values(cfg, engine_cfg: dict[str, Any], capacity) -> dict[str, dict[str, Any
 def files(cfg, repo, capacity) -> dict[str, str]:
     """``tensorrt_llm/1/xgrammar_tokenizer_info.json``: the tokenizer's vocabulary, as NVIDIA's
     ``examples/generate_xgrammar_tokenizer_info.py`` writes it for the C++ backend's ``xgrammar_tokenizer_info_path``
-    (``pipeline.runtime.guided.tokenizer_info_doc``); the reference runtime reads it too."""
+    (``pipeline.runtime.guided.tokenizer_info_doc``); the reference runtime reads it too. Made from the build
+    output's tokenizer: a repository rendered before its build (``python -m pipeline render``) has none yet, and the
+    package stage's lint refuses a repository without it."""
     import json
 
     from transformers import AutoTokenizer
@@ -65,6 +67,8 @@ def files(cfg, repo, capacity) -> dict[str, str]:
     from pipeline.runtime import guided
     from pipeline.triton.layouts.record import ENGINE_REL
 
+    if not (repo / ENGINE_REL).is_dir():
+        return {}
     tokenizer = AutoTokenizer.from_pretrained(str(repo / ENGINE_REL))
     return {TOKENIZER_INFO: json.dumps(guided.tokenizer_info_doc(tokenizer))}
 
