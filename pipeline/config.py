@@ -426,7 +426,21 @@ def resolved_paths(cfg: DictConfig) -> dict[str, Path]:
     return out
 
 
-def combinations() -> list[dict[str, str]]:
-    """Every shipped model × quant × target × runtime combination (for ``validate``)."""
-    axes = {g: [o for o in group_options(g) if o != "auto"] for g in ("model", "quant", "target", "runtime")}
+AXES = ("model", "quant", "target", "runtime")
+
+
+def combinations(only: dict[str, list[str]] | None = None) -> list[dict[str, str]]:
+    """Every shipped model × quant × target × runtime combination (for ``validate``); ``only``: the options kept per
+    axis (``validate quant=fp8,nvfp4``), each of which must be shipped (else a :class:`UserError` naming the
+    choices)."""
+    axes = {g: [o for o in group_options(g) if o != "auto"] for g in AXES}
+    for axis, wanted in (only or {}).items():
+        if axis not in axes:
+            raise UserError(f"validate: {axis}= is not an axis of the combinations; filter by "
+                            f"{', '.join(f'{a}=' for a in AXES)}")
+        unknown = [w for w in wanted if w not in axes[axis]]
+        if unknown:
+            raise UserError(f"validate: {axis}={unknown[0]} is not a shipped {axis}; choose from "
+                            f"{', '.join(axes[axis])}")
+        axes[axis] = [o for o in axes[axis] if o in wanted]
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]

@@ -44,9 +44,12 @@ def register(sub) -> None:
     p = subcommand(sub, "validate", help="compose every shipped model x quant x target x runtime combination",
                    description="Compose every shipped model x quant x target x runtime combination and report every "
                                "problem at once. Combinations the compatibility rules refuse are listed with the "
-                               "reason and do not fail; a config error exits 2.")
+                               "reason and do not fail; a config error exits 2. AXIS=OPTION[,OPTION...] keeps only "
+                               "those options of an axis (model, quant, target, runtime), e.g. quant=int8_wo: every "
+                               "combination of one new format.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    p.set_defaults(func=lambda a: cmd_validate(a.json))
+    p.add_argument("only", nargs="*", metavar="AXIS=OPTIONS", help="e.g. quant=fp8,nvfp4 target=h100")
+    p.set_defaults(func=lambda a: cmd_validate(a.json, a.only))
 
 
 def _build_or_plan(args: argparse.Namespace) -> None:
@@ -191,9 +194,10 @@ def refusal_summary(refused: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def cmd_validate(as_json: bool) -> int:
-    """Compose every shipped combination. Config errors fail (exit 2); combinations the compatibility rules refuse
-    are listed with the reason (they are expected, e.g. a quant a GPU cannot serve) and do not fail."""
+def cmd_validate(as_json: bool, only: list[str] | None = None) -> int:
+    """Compose every shipped combination (``only``: ``AXIS=OPTION[,OPTION]`` filters). Config errors fail (exit 2);
+    combinations the compatibility rules refuse are listed with the reason (they are expected, e.g. a quant a GPU
+    cannot serve) and do not fail."""
     from pipeline import perfmodel
     from pipeline.runner import executor
     from pipeline.config import combinations, compose_many
@@ -201,7 +205,13 @@ def cmd_validate(as_json: bool) -> int:
 
     if perfmodel.available():  # it chooses the settings of every TensorRT-LLM combination on a GPU with tables
         raise UserError(f"validate plans every shipped combination: {perfmodel.available()}")
-    combos = combinations()
+    filters: dict[str, list[str]] = {}
+    for item in only or []:
+        axis, sep, options = item.partition("=")
+        if not sep or not options:
+            raise UserError(f"validate: {item!r} is not AXIS=OPTION[,OPTION...] (e.g. quant=fp8)")
+        filters[axis] = [o for o in options.split(",") if o]
+    combos = combinations(filters)
     results = []
     for combo, cfg in zip(combos, compose_many([[f"{k}={v}" for k, v in c.items()] for c in combos])):
         errors: list[str] = []

@@ -77,6 +77,21 @@ def test_validate_passes_a_sound_tree(tmp_path, monkeypatch, capsys):
                      r"0 with config errors", err), err
 
 
+def test_validate_keeps_the_options_asked_for_and_refuses_one_not_shipped(tmp_path, monkeypatch, capsys):
+    """``validate quant=none``: the combinations of that option alone; an option or axis that is not shipped is one
+    line naming the choices (the negative control: the same call unfiltered validates both quants)."""
+    _small_tree(tmp_path, monkeypatch, broken=False, quants=("fp8", "none"))
+    assert cmd_validate(as_json=True) == 0
+    assert {r["combination"]["quant"] for r in json.loads(capsys.readouterr().out)["results"]} == {"fp8", "none"}
+    assert cmd_validate(as_json=True, only=["quant=none"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["combinations"] == 1 and doc["results"][0]["combination"]["quant"] == "none"
+    for bad, says in ((["quant=int3"], "quant=int3 is not a shipped quant; choose from fp8, none"),
+                      (["flavour=x"], "flavour= is not an axis"), (["quant"], "is not AXIS=OPTION")):
+        with pytest.raises(UserError, match=says):
+            cmd_validate(as_json=True, only=bad)
+
+
 # ------------------------------------------------------------------------------------------------ argument parsing
 HELP = {  # each verb's options and positionals, as its --help must name them
     "build": ("--json", "-m, --multirun", "OVERRIDE"),
