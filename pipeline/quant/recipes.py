@@ -18,7 +18,7 @@ declares that ``quant_algo`` (and block size), and the KV format with that ``kv_
 target's GPU, runtime and TensorRT-LLM line are checked with those modules' support matrices
 (``pipeline.compat.problems``). A recipe whose export no format module describes is refused with the reason.
 
-``tests/unit/test_recipes.py`` holds every shipped recipe's derivation against ModelOpt's real export
+``tests/e2e/test_recipes_modelopt.py`` holds every shipped recipe's derivation against ModelOpt's real export
 (``mtq.quantize`` with calibration, then ``export_hf_checkpoint``) of a tiny model.
 
 Every ``modelopt``/``torch``/``transformers`` import is inside a function: the name checks

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from pipeline import calib
 from tests.conftest import TINY, report, run_cli
 
 
@@ -36,3 +37,14 @@ def test_a_local_checkpoint_offline_builds_on_the_shipped_corpus_recorded_as_sho
     bundle = next((root / "bundles").rglob("bundle.json"))
     q = json.loads(bundle.read_text())["quant"]["calibration"]
     assert q["short"] and q["dataset"] == "builtin" and q["short_reasons"] == c["short_reasons"]
+
+
+def test_the_recipe_is_the_one_hf_ptq_py_defaults_to():
+    """The recipe constants against ModelOpt's own source text at the pinned commit (vendored nowhere: the
+    recorded defaults are what `hf_ptq.py --help` printed there): 1024 samples, 512 tokens, cnn_nemotron_v2_mix; and
+    the combo's members from the installed ModelOpt's DATASET_COMBOS."""
+    from modelopt.torch.utils import dataset_utils
+
+    assert calib.RECIPE == {"dataset": "cnn_nemotron_v2_mix", "num_samples": 1024, "seq_len": 512}
+    assert tuple(dataset_utils.DATASET_COMBOS["cnn_nemotron_v2_mix"]) == calib.DATASET_COMBOS["cnn_nemotron_v2_mix"]
+    assert "examples/hf_ptq/hf_ptq.py @ NVIDIA/Model-Optimizer a2fbac7" in calib.RECIPE_SOURCE

@@ -2,7 +2,7 @@
 export of ``general/ptq/fp8_default-kv_fp8_cast`` carries, then ``python -m pipeline build until=quantize`` on the
 tiny synthetic model calibrates with the recipe and exports exactly that, under the recipe's own label; the stage's
 result (what bundle.json's ``quant.recipe`` is made from), its manifest and accuracy.json record which recipe ran.
-The per-recipe derivations and refusals are in tests/unit/test_recipes.py; bundle.json's record in
+The per-recipe derivations and refusals are in tests/e2e/test_recipes_modelopt.py; bundle.json's record in
 tests/unit/test_bundle.py."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The shipped ModelOpt PTQ recipes whose calibration has no CPU kernel (``recipes.CUDA_ONLY``: gptq, mse), run for
 real on CUDA and held to plan's derivation.
 
-``tests/unit/test_recipes.py`` runs every shipped ``general/ptq/`` recipe through ModelOpt's own flow on a CPU
+``tests/e2e/test_recipes_modelopt.py`` runs every shipped ``general/ptq/`` recipe through ModelOpt's own flow on a CPU
 (``mtq.quantize`` with calibration, then ``export_hf_checkpoint``) and compares the written ``hf_quant_config.json``
 / ``config.json`` / safetensors with ``recipes.derive(...)``; the CUDA_ONLY ones can only fail there. Here the same
 helpers (imported from that file: ``_export``, ``_derived``, ``derivation_disagreements``,
@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.quant import recipes
 from tests.helpers.requires import requires_sm
-from tests.unit.test_recipes import SHIPPED, _derived, _export, derivation_disagreements, mapping_disagreements
+from tests.e2e.test_recipes_modelopt import SHIPPED, _derived, _export, derivation_disagreements, mapping_disagreements
 
 pytestmark = requires_sm(89, "ModelOpt's NVFP4 Triton kernels, which gptq and mse calibration run").marks
 

@@ -28,17 +28,6 @@ def _local(tmp_path: Path, *extra: str) -> list[str]:
     return ["model=tiny-qwen3", f"model.source={ckpt}", "model.synthetic=null", "model.calib=null", *extra]
 
 
-def test_the_recipe_is_the_one_hf_ptq_py_defaults_to():
-    """The recipe constants against ModelOpt's own source text at the pinned commit (vendored nowhere: the
-    recorded defaults are what `hf_ptq.py --help` printed there): 1024 samples, 512 tokens, cnn_nemotron_v2_mix; and
-    the combo's members from the installed ModelOpt's DATASET_COMBOS."""
-    from modelopt.torch.utils import dataset_utils
-
-    assert calib.RECIPE == {"dataset": "cnn_nemotron_v2_mix", "num_samples": 1024, "seq_len": 512}
-    assert tuple(dataset_utils.DATASET_COMBOS["cnn_nemotron_v2_mix"]) == calib.DATASET_COMBOS["cnn_nemotron_v2_mix"]
-    assert HF_PTQ in calib.RECIPE_SOURCE
-
-
 def test_plan_for_qwen32b_nvfp4_b200_calibrates_on_the_recipe(online):
     """Done-means: at least 512 × 512 tokens from the recipe's dataset, with an estimate on the target."""
     cfg = hardware.compose(["model=qwen32b", "quant=nvfp4", "target=b200"])
