@@ -328,7 +328,7 @@ class PipelineSlurmLauncher(SlurmLauncher):
                 self._summary(jobs, len(job_overrides), submit_dir, interrupted=True)
                 raise
             except HungUp:
-                self._hung_up(jobs, len(job_overrides))
+                self._say_hung_up(jobs, len(job_overrides))
                 raise SystemExit(129) from None
         finally:
             for sig, handler in previous.items():
@@ -463,7 +463,7 @@ class PipelineSlurmLauncher(SlurmLauncher):
                 out.print(f"      {escape(j.reason)}", soft_wrap=True)
         return failed
 
-    def _hung_up(self, jobs: list[SweepJob], n: int) -> None:
+    def _say_hung_up(self, jobs: list[SweepJob], n: int) -> None:
         """SIGHUP: one line on stderr (a closed terminal may no longer take it: a redirected stderr, nohup's file
         or a multiplexer's scrollback does), and nothing cancelled."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
