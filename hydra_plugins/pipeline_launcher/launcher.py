@@ -305,7 +305,7 @@ class PipelineSlurmLauncher(SlurmLauncher):
                         log.info(f"\t#{num} : {' '.join(filter_overrides(job_overrides[i]))} ({res})")
                         args.append((list(job_overrides[i]), "hydra.sweep.dir", num, f"job_id_for_{num}",
                                      Singleton.get_state()))
-                    asked = " ".join(sbatch_flag(k, v) for k, v in res.items())
+                    asked = " ".join(sbatch_flag(k, v) for k, v in res.items()) or "default partition"
                     try:
                         submitted = executor.map_array(self, *zip(*args))
                     except (FailedJobError, OSError) as exc:  # sbatch refused it (its own line is printed above)
@@ -452,8 +452,8 @@ class PipelineSlurmLauncher(SlurmLauncher):
         failed = [j for j in jobs if j.outcome == "failed"]
         head = f"Slurm sweep: {tally['done']} done, {tally['failed']} failed"
         if interrupted:
-            head = f"Slurm sweep interrupted: {tally['done']} done, {tally['failed']} failed, {tally['cancelled']} " \
-                   f"cancelled" + (f", {n - len(jobs)} not submitted" if n > len(jobs) else "")
+            head = (f"Slurm sweep interrupted: {tally['done']} done, {tally['failed']} failed, {tally['cancelled']} "
+                    f"cancelled" + (f", {n - len(jobs)} not submitted" if n > len(jobs) else ""))
         out.print(f"{head}; submit dir: {escape(str(submit_dir))}", soft_wrap=True)
         for j in sorted(jobs, key=lambda j: j.num):
             mark = "[green]✓[/]" if j.outcome == "done" else "[red]✗[/]"
