@@ -9,10 +9,12 @@ All sizes in bytes; GPU memory is the target's ``memory_gb`` × 10^9. The activa
 for the CUDA context and workspaces plus ``max_num_tokens`` × (4 × hidden + 2 × intermediate / TP) × 2 bytes.
 
 Also the quantize stage's sizing: the memory calibration needs (``memory_estimate``, ``calibration_fit_problem``) and
-the bytes per parameter of an exported checkpoint (``bytes_per_param``).
+the bytes per parameter of an exported checkpoint (``bytes_per_param``); and the CPUs and host memory a Slurm job of a
+sweep asks for (``job_host_needs``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,10 @@ def memory_estimate(params_b: float, row: float = 0.0, devices: int = 1) -> dict
             "peak_gb": round((weights + extra) / 1e9, 2)}
 
 
+# Calibration on a host without a GPU holds the bf16 weights and the activations in host memory: this × the weights.
+HOST_CALIB_FACTOR = 1.1
+
+
 def calibration_fit_problem(model: str, params_b: float, *, device: str, target: str, memory_gb: float,
                             gpus_per_node: int, row: float = 0.0) -> str | None:
     """Calibration runs on the target's GPUs (``device`` cuda; the model spread over the node's GPUs) or on this
@@ -202,7 +208,7 @@ def calibration_fit_problem(model: str, params_b: float, *, device: str, target:
         import psutil
 
         est = memory_estimate(params_b, row)
-        need = est["weights_gb"] * 1.1  # host memory: weights and activations, no CUDA context
+        need = est["weights_gb"] * HOST_CALIB_FACTOR  # host memory: weights and activations, no CUDA context
         host = psutil.virtual_memory().total / 1e9
         if need <= host * 0.8:
             return None
@@ -211,6 +217,50 @@ def calibration_fit_problem(model: str, params_b: float, *, device: str, target:
     options = " or ".join(f"{n}× {size} GB GPU{'s' if n > 1 else ''}" for n, size in counts)
     return (f"{model} needs ~{need:.0f} GB to calibrate ({est['weights_gb']:g} GB of bf16 weights + "
             f"{need - est['weights_gb']:.1f} GB of activations and CUDA context); {where}: run quantize on {options}")
+
+
+# A Slurm job's host resources (hydra/launcher=pipeline_slurm: cpus_per_task, mem_gb), from its plan. Each number's
+# source:
+# - HOST_PROCESS_GB, the job's own memory beside the checkpoint. cuda: 10.8 GiB, the largest anonymous host RSS of the
+#   quantize stage on H200 and H100 at the 14B and 32B shapes (benchmarks/results/gpu_quant_vs_hfptq-*.json,
+#   ours.host_peak_anon_rss_gib 8.5 to 10.8; torch's CUDA libraries, ModelOpt, the calibration rows); the 4B bench on
+#   an H200, server and front end included, peaked at 6.8 GiB (gpu_e2e-20261130-h200-4b-fp8-final.json). cpu: the
+#   runner's peak RSS of the tiny model's stages on a CPU host (the stage's process and its children, manifest
+#   peak_rss_mb): fetch to package 0.43 to 0.64 GB, bench 3.39 GB (with tritonserver, its python stub and the
+#   front end).
+# - the checkpoint: on a GPU job the bf16 checkpoint's pages are mapped while it loads onto the GPU, and the quantize
+#   stage's host peak RSS was 0.98 to 1.02 x the bf16 weights at 14B and 32B (compare.ours.host_peak_rss_over_weights
+#   in the same records): the bf16 weights once. Without a GPU the model is calibrated and served in host memory:
+#   HOST_CALIB_FACTOR x the weights, calibration_fit_problem's host rule.
+# - CPUs: one for the job's process (it runs the stages in order); one per GPU rank (TP x PP) where TensorRT-LLM runs
+#   the model, which starts one worker process per rank ("the number of MPI processes should be the same as the model
+#   world size", NVIDIA/TensorRT-LLM examples/llm-api/llm_mgmn_trtllm_serve.sh @ 0bd8871); SERVING_PROCESSES more
+#   when a stage serves the model (bench, eval: pipeline/runner/leases.py starts them).
+HOST_PROCESS_GB = {"cuda": 11.6, "cpu": 0.7, "cpu-serving": 3.4}
+SERVING_PROCESSES = 3  # tritonserver, its python backend's stub, the OpenAI front end (python -m pipeline.serving)
+
+
+def job_host_needs(params_b: float, *, device: str, ranks: int, serves: bool) -> dict[str, tuple[int, str]]:
+    """The CPUs and host memory (GB, whole) one job needs, each with where its number comes from (see above).
+    ``ranks``: GPU worker processes (TP x PP on a TensorRT-LLM runtime, else 0); ``serves``: a selected stage
+    serves the model."""
+    weights = params_b * 2  # GB: the bf16 weights, 2 bytes a parameter (memory_estimate's weights_gb, unrounded)
+    if device == "cuda":
+        held, held_why = weights, f"{weights:.3g} GB of bf16 checkpoint mapped while it loads"
+        process, process_why = HOST_PROCESS_GB["cuda"], "GPU job's process"
+    else:
+        held = weights * HOST_CALIB_FACTOR
+        held_why = f"{weights:.3g} GB of bf16 weights x {HOST_CALIB_FACTOR:g} held in host memory"
+        process = HOST_PROCESS_GB["cpu-serving" if serves else "cpu"]
+        process_why = "job's process with the server and front end" if serves else "job's process"
+    if params_b <= 0:
+        held_why = "the model's size unknown (model.shape.params_b): no checkpoint counted"
+    mem = max(1, math.ceil(held + process))
+    cpus = 1 + ranks + (SERVING_PROCESSES if serves else 0)
+    parts = ["1 job process"] + ([f"{ranks} TensorRT-LLM rank{'s' if ranks > 1 else ''}"] if ranks else [])
+    parts += [f"{SERVING_PROCESSES} serving processes"] if serves else []
+    return {"cpus_per_task": (cpus, " + ".join(parts)),
+            "mem_gb": (mem, f"{held_why} + {process:g} GB for the {process_why}")}
 
 
 MAX_BATCH = 512

@@ -35,6 +35,24 @@ def gpu_device_nodes() -> list[str]:
     return [p for p in DEVICE_NODES if os.path.exists(p)]
 
 
+def slurm_job(environ: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The Slurm job this process runs in, from the variables slurmd sets in a job's environment (sbatch(1), "OUTPUT
+    ENVIRONMENT VARIABLES"), or None outside one: ``job`` as squeue and the sweep's summary name it (``ARRAY_TASK``
+    for an array task, ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``; else ``SLURM_JOB_ID``), ``node`` (the node it
+    runs on: ``SLURMD_NODENAME``, else ``SLURM_JOB_NODELIST``) and ``gpus``, the GPUs Slurm allocated it
+    (``SLURM_JOB_GPUS``, else ``CUDA_VISIBLE_DEVICES`` as the gres plugin sets it; empty when none)."""
+    import os
+    import socket
+
+    env = os.environ if environ is None else environ
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return {"job": f"{array}_{task}" if array and task else env["SLURM_JOB_ID"],
+            "node": env.get("SLURMD_NODENAME") or env.get("SLURM_JOB_NODELIST") or socket.gethostname(),
+            "gpus": env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""}
+
+
 def _fix() -> str:
     return ("name the target (target=h200, target=cpu, ...) instead of target=auto, or fix the driver "
             "(nvidia-smi shows what NVML sees)")

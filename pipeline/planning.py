@@ -67,18 +67,38 @@ def local_sm_problems(cfg: DictConfig) -> list[str]:
 
     The reference runtime is plain PyTorch: it builds and serves on any CUDA GPU (e.g. NVFP4 calibrated and checked on
     Hopper for a Blackwell target); the host GPU it ran on is recorded in every manifest.
+
+    In a Slurm job (:func:`pipeline.hardware.slurm_job`) the refusal names the node, the job and what the node lacks,
+    and the fix is the target's Slurm placement (``target.slurm``): the job was already submitted the way the fan-out
+    advice says, so repeating that advice would send it to the same node again.
     """
     if cfg.target.device.value != "cuda":
         return []
+    t = cfg.target
     gpu = hardware.local_gpu()
-    fanout = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={cfg.target.name} "
-              f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")
+    job = hardware.slurm_job()
+    if job is None:
+        here, whose, lacks = "this machine", "this machine's GPU", ""
+        fix = (f"build each target on its own GPU type, e.g. python -m pipeline build -m target={t.name} "
+               f"hydra/launcher=pipeline_slurm (each job gets its target's Slurm partition and constraint)")
+    else:
+        here = f"node {job['node']} (Slurm job {job['job']})"
+        whose = f"the GPU of {here}"
+        placed = " ".join(f"{k}={v}" for k, v in (("partition", t.slurm.partition), ("constraint", t.slurm.constraint))
+                          if v) or "none: the cluster's default partition"
+        lacks = f": the node lacks an sm{t.sm} GPU"
+        fix = (f"make target.slurm ({placed}) select only nodes with an sm{t.sm} GPU and its driver (sinfo -N -o "
+               f"'%N %P %f %G' lists each node's partitions, features and GPUs), or report {job['node']} to the "
+               f"cluster's admins")
     if gpu is None:
-        return [f"target {cfg.target.name} (sm{cfg.target.sm}) needs its GPU to build, and this machine has none; "
-                f"{fanout}"]
+        seen = ""
+        if job is not None:
+            given = f", although Slurm allocated it GPU {job['gpus']}" if job["gpus"] else ""
+            seen = f" that NVML can see{given}{lacks} with a working NVIDIA driver"
+        return [f"target {t.name} (sm{t.sm}) needs its GPU to build, and {here} has none{seen}; {fix}"]
     if cfg.runtime.name.value == "reference":
         return []
-    if gpu["sm"] != int(cfg.target.sm):
-        return [f"target {cfg.target.name} is sm{cfg.target.sm} but this machine's GPU is {gpu['name']} "
-                f"(sm{gpu['sm']}): engines run only on the SM they were built on; {fanout}"]
+    if gpu["sm"] != int(t.sm):
+        return [f"target {t.name} is sm{t.sm} but {whose} is {gpu['name']} (sm{gpu['sm']}): engines run only on the "
+                f"SM they were built on{lacks}; {fix}"]
     return []

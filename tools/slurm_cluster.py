@@ -111,8 +111,11 @@ class Cluster:
         ctl_port, node_port = _free_port(), _free_port()
         features = ",".join(_target_features())
         host = socket.gethostname()
-        node = (f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={self.cpus} Gres=gpu:{self.gpus} "
-                f"Features={features} State=UNKNOWN")
+        # RealMemory: this machine's memory in MB (Slurm's default is 1 MB, which refuses any job that asks for
+        # memory, as pipeline_slurm's jobs do: --mem); with CR_Core it is checked, not allocated
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        node = (f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={self.cpus} RealMemory={memory_mb} "
+                f"Gres=gpu:{self.gpus} Features={features} State=UNKNOWN")
         self.conf.write_text(f"""\
 {MARK}
 ClusterName=pipeline-test

@@ -10,6 +10,8 @@ from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 @dataclass
 class PipelineSlurmConf(SlurmQueueConf):
     _target_: str = "hydra_plugins.pipeline_launcher.launcher.PipelineSlurmLauncher"
+    # while the counts of queued, running, done and failed jobs stay the same, a progress line at least this often
+    heartbeat_s: int = 120
 
 
 @dataclass

@@ -5,7 +5,8 @@ verify/diff, ``fleet``: matrix/outdated/gc, ``sweep``: ``-m``/``--multirun``) an
 Hydra overrides (``key=value``, ``+key=value``, ``~key``, ``hydra/launcher=X``) pass through untouched.
 
 Exit codes: 0 ok, 1 a stage or gate failed (report written), 2 bad input (one line on stderr, nothing written),
-130 interrupted (SIGINT), 143 interrupted by SIGTERM. Every verb fails the same way (:func:`pipeline.errors.known`): a known error is one line and its exit
+130 interrupted (SIGINT), 143 interrupted by SIGTERM, 129 a Slurm sweep's submitter hung up (SIGHUP; its jobs run on).
+Every verb fails the same way (:func:`pipeline.errors.known`): a known error is one line and its exit
 code, a full disk one line naming the output, anything else one line with its traceback in the run log.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Trito
                "through untouched.")
 EPILOG = ("Run `python -m pipeline VERB --help` for a verb's options. Exit codes: 0 ok, 1 a stage or gate failed "
           "(report written), 2 bad input (one line on stderr, nothing written), 130 interrupted (SIGINT), 143 "
-          "interrupted by SIGTERM.")
+          "interrupted by SIGTERM, 129 a Slurm sweep's submitter hung up (SIGHUP; its jobs run on).")
 
 
 class Terminated(KeyboardInterrupt):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -84,8 +85,55 @@ def test_the_hosts_pages_trial_commands_run_as_written(tmp_path):
     assert stopped.returncode == 0 and not where.exists(), stopped.stderr[-3000:]
 
 
-def slurm_env(cluster, root: Path) -> dict[str, str]:
-    return cli_env(root, SLURM_CONF=str(cluster.conf))
+def slurm_env(cluster, root: Path, **extra: str) -> dict[str, str]:
+    return cli_env(root, SLURM_CONF=str(cluster.conf), **extra)
+
+
+def hold(release: Path, quant: str = "") -> list[str]:
+    """Overrides that hold each job (or those of ``quant``) inside its quantize stage, its temp output made and its
+    lock taken, until ``release`` exists (``tests/helpers/slurm_hold.py``; the sweep needs :func:`held_env`)."""
+    return ["+hydra.callbacks.hold._target_=tests.helpers.slurm_hold.HoldQuantize",
+            f"+hydra.callbacks.hold.release={release}", *([f"+hydra.callbacks.hold.quant={quant}"] if quant else [])]
+
+
+def held_env(cluster, root: Path) -> dict[str, str]:
+    """The sweep's environment with the checkout on PYTHONPATH: the submitter and the jobs import the hold."""
+    return slurm_env(cluster, root, PYTHONPATH=str(REPO))
+
+
+def held(release: Path) -> list[str]:
+    """The Slurm jobs (``ARRAY_TASK``) the hold has stopped so far."""
+    return sorted(p.name.rsplit(".held-", 1)[1] for p in release.parent.glob(f"{release.name}.held-*"))
+
+
+def start_sweep(args: Sequence[str], root: Path, env: dict[str, str], name: str = "sweep"):
+    """``python -m pipeline ARGS paths.root=ROOT`` started in the background, its stdout and stderr written to files
+    the test reads while it runs: (process, stdout file, stderr file)."""
+    out, err = root / f"{name}.stdout", root / f"{name}.stderr"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args, f"paths.root={root}"], cwd=root, env=env,
+                                stdout=o, stderr=e, text=True)
+    return proc, out, err
+
+
+def wait_for(what: str, ready, proc=None, timeout: float = 600) -> None:
+    """Poll ``ready()`` until true; fail naming ``what`` if the sweep ``proc`` ended or the time ran out first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc is None or proc.poll() is None, f"the sweep ended ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.3)
+
+
+def task_states(cluster, array: str) -> dict[str, str]:
+    """{ARRAY_TASK: state} of the array's tasks the controller holds, ended ones included."""
+    lines = cluster.run("squeue", "-h", "-r", "-t", "all", "-j", array, "-o", "%i %T").stdout.splitlines()
+    return dict(x.split() for x in lines if x.strip())
+
+
+def array_of(err: Path) -> str | None:
+    m = re.search(r"^submitted Slurm array (\d+):", err.read_text(), re.M)
+    return m.group(1) if m else None
 
 
 def scontrol(cluster, job_id: str) -> dict[str, str]:
@@ -98,7 +146,8 @@ def summary_rows(stdout: str) -> list[dict[str, str]]:
     """The sweep summary's job rows, in job order: [{"num", "label", "slurm_id", "outcome", "log"}]."""
     return [{"num": m.group(1), "label": m.group(2), "slurm_id": m.group(3), "outcome": m.group(4),
              "log": m.group(5)}
-            for m in re.finditer(r"^\s+[✓✗] #(\d+) (.+?)  job (\S+)  (done|failed)  log: (\S+)$", stdout, re.M)]
+            for m in re.finditer(r"^\s+[✓✗] #(\d+) (.+?)  job (\S+)  (done|failed|cancelled)  log: (\S+)$", stdout,
+                                 re.M)]
 
 
 def by_label(stdout: str) -> dict[str, dict[str, str]]:
@@ -117,9 +166,13 @@ def test_cpu_sweep_runs_on_the_cluster_into_the_store_and_reruns_all_cached(clus
     args = ("build", "-m", *TINY, "target=cpu,cpu", "quant=fp8,none", "until=package", *SLURM)
     proc = run_cli(*args, root=root, env=slurm_env(cluster, root), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    array = re.search(r"^submitted Slurm array (\d+): 4 jobs \(default partition\)$", proc.stderr, re.M).group(1)
-    progress = re.findall(r"^slurm: 4 jobs: (\d+) queued, (\d+) running, (\d+) done, (\d+) failed$", proc.stderr,
-                          re.M)
+    # no partition (the cluster's default); the CPUs and memory of the plan: one process, a model of a few MB
+    array = re.search(r"^submitted Slurm array (\d+): 4 jobs \(--cpus-per-task=1 --mem=1GB\)$", proc.stderr,
+                      re.M).group(1)
+    assert re.search(r"^  --cpus-per-task=1 from the plan: 1 job process; --mem=1GB from the plan: .* GB of bf16 "
+                     r"weights x 1.1 held in host memory \+ 0.7 GB for the job's process$", proc.stderr, re.M)
+    progress = re.findall(r"^slurm: 4 jobs: (\d+) queued(?: \(\w+\))?, (\d+) running, (\d+) done, (\d+) failed; "
+                          r"\d+:\d\d:\d\d elapsed$", proc.stderr, re.M)
     assert progress[-1] == ("0", "0", "4", "0") and len(progress) >= 2  # seen waiting, then all done
     assert any(int(r) > 0 for _, r, _, _ in progress)  # seen running
     submit_dir = re.search(r"^submit dir: (\S+)$", proc.stderr, re.M).group(1)
@@ -159,17 +212,20 @@ def stage_counts(root: Path, status: str) -> dict[str, int]:
 
 
 def test_gpu_targets_get_their_resources_and_the_job_refuses_without_a_gpu(cluster, tmp_path):
-    """Each GPU target's array asks for its partition, constraint and TP x PP GPUs, as scontrol shows; Slurm places
-    it (the node has the features and the gpu GRES), and the job itself refuses with the plan's one line: no GPU
-    here. Nothing is built on the CPU. nvfp4 x h100 is left out before anything is submitted."""
+    """Each GPU target's array asks for its partition, constraint and TP x PP GPUs, and the CPUs and memory of its
+    plan, as scontrol shows; Slurm places it (the node has the features and the gpu GRES), and the job itself
+    refuses in one line that names the node, the job and what the node lacks, and points at target.slurm (not at
+    the fan-out that submitted it, which the same plan outside Slurm advises). Nothing is built on the CPU.
+    nvfp4 x h100 is left out before anything is submitted."""
     root = tmp_path / "gpu"
     proc = run_cli("build", "-m", *TINY, "target=h100,b200", "quant=fp8,nvfp4", "until=build", *SLURM, root=root,
                    env=slurm_env(cluster, root), timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "skipped target=h100 quant=nvfp4: nvfp4 needs Blackwell" in proc.stderr
+    # one process (nothing served, the reference runtime has no ranks); a few MB of model + a GPU job's 11.6 GB
     arrays = dict((m.group(2), m.group(1)) for m in re.finditer(
-        r"^submitted Slurm array (\d+): \d jobs? \(--partition=gpu --constraint=(\w+) --gpus-per-node=1\)$",
-        proc.stderr, re.M))
+        r"^submitted Slurm array (\d+): \d jobs? \(--partition=gpu --constraint=(\w+) --gpus-per-node=1 "
+        r"--cpus-per-task=1 --mem=12GB\)$", proc.stderr, re.M))
     assert sorted(arrays) == ["b200", "h100"]
     lines = proc.stderr.splitlines()
     submits = [i for i, x in enumerate(lines) if x.startswith("submitted Slurm array")]
@@ -181,14 +237,22 @@ def test_gpu_targets_get_their_resources_and_the_job_refuses_without_a_gpu(clust
         job = scontrol(cluster, r["slurm_id"])
         assert r["slurm_id"].split("_")[0] == arrays[target]
         assert (job["Partition"], job["Features"], job["TresPerNode"]) == ("gpu", target, "gres:gpu:1")
+        assert (job["NumCPUs"], job["MinMemoryNode"]) == ("1", "12G")
         assert (job["JobState"], job["NodeList"]) == ("FAILED", "node1")  # placed and run; failed in the job
-        plan = run_cli("plan", "--json", *TINY, f"target={target}", f"quant={quant}", "until=build", root=root)
-        reason = json.loads(plan.stdout)["not_buildable_here"]
-        assert reason and reason[0].startswith(f"target {target} (sm")  # the plan's own line, computed here
-        line = f"error: {reason[0]}"
+        sm = {"h100": 90, "b200": 100}[target]
+        expected = re.escape(
+            f"error: target {target} (sm{sm}) needs its GPU to build, and node node1 (Slurm job {r['slurm_id']}) has "
+            f"none that NVML can see, although Slurm allocated it GPU @: the node lacks an sm{sm} GPU with a working "
+            f"NVIDIA driver; make target.slurm (partition=gpu constraint={target}) select only nodes with an sm{sm} "
+            f"GPU and its driver (sinfo -N -o '%N %P %f %G' lists each node's partitions, features and GPUs), or "
+            f"report node1 to the cluster's admins").replace("@", r"[01]")  # the gres index Slurm gave the job
+        [line] = [x for x in Path(r["log"]).read_text().splitlines() if re.fullmatch(expected, x)]  # its stderr
         assert r["outcome"] == "failed" and f"      {line}" in proc.stdout.splitlines()
-        assert line in Path(r["log"]).read_text().splitlines()  # the job's own stderr says it
         assert f"(Slurm job {r['slurm_id']}, log {r['log']}): {line}" in proc.stderr.splitlines()[-1]
+        # control: the same plan outside Slurm (here, no GPU) advises the fan-out the job came from
+        plan = run_cli("plan", "--json", *TINY, f"target={target}", f"quant={quant}", "until=build", root=root)
+        reason = json.loads(plan.stdout)["not_buildable_here"][0]
+        assert "hydra/launcher=pipeline_slurm" in reason and "node1" not in reason and "hydra/launcher" not in line
     assert proc.stderr.splitlines()[-1].startswith("failed: 3 of 3 Slurm jobs failed: ")
     assert not list(root.glob(".store/*-quantize-*")) and not list(root.glob("engines/*"))  # never ran on the CPU
     assert not list(root.glob("reports/*.json"))
@@ -228,7 +292,8 @@ def test_an_array_slurm_refuses_is_one_line_and_nothing_runs(cluster, tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: Slurm refused the array for --partition=nosuch --constraint=h100 "
-                           "--gpus-per-node=1: ") and "invalid partition" in last.lower(), last
+                           "--gpus-per-node=1 --cpus-per-task=4 --mem=12GB: "), last
+    assert "invalid partition" in last.lower(), last
     assert "Traceback" not in proc.stderr and cluster.jobs() == []
 
 
@@ -260,34 +325,152 @@ def _held_locks(root: Path) -> list[Path]:
 
 
 def test_ctrl_c_cancels_the_submitted_arrays_and_leaves_nothing_half_written(cluster, tmp_path):
-    """SIGINT to the submitting process while its jobs are writing a stage: the arrays are cancelled (squeue
-    empty), no temp output or held lock is left in the store, exit 130."""
+    """SIGINT to the submitting process while both its jobs are writing a stage (each held inside quantize, its temp
+    output made and its lock taken, until the test releases it: tests/helpers/slurm_hold.py): the arrays are
+    cancelled (squeue empty), no temp output or held lock is left in the store, the summary lists both jobs
+    cancelled, exit 130. The release comes after the sweep ended: a job process that outlived the cancel would then
+    finish its stage, which the last check would see."""
     root = tmp_path / "cancel"
     root.mkdir()
-    cmd = [sys.executable, "-m", "pipeline", "build", "-m", *TINY, "target=cpu", "quant=fp8,none",
-           "until=quantize", *SLURM, f"paths.root={root}"]
-    proc = subprocess.Popen(cmd, cwd=root, env=slurm_env(cluster, root), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    release = tmp_path / "release"
+    args = ["build", "-m", *TINY, "target=cpu", "quant=fp8,none", "until=quantize", *SLURM, *hold(release)]
+    proc, out, err = start_sweep(args, root, held_env(cluster, root))
     try:
-        deadline = time.monotonic() + 600
-        while not _tmp_outputs(root / ".store") and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert _tmp_outputs(root / ".store"), "no job started writing a stage"
+        wait_for("both jobs held in their quantize stage", lambda: len(held(release)) == 2, proc)
+        assert len(_tmp_outputs(root / ".store")) == 2
         running = cluster.jobs()
-        assert running and all(j.endswith("RUNNING") for j in running), running
-        assert _held_locks(root)  # a job holds its stage's lock: the check below can see one
+        assert len(running) == 2 and all(j.endswith("RUNNING") for j in running), running
+        assert len(_held_locks(root)) == 2  # each job holds its stage's lock: the check below can see one
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-3000:]
-    array = re.search(r"^submitted Slurm array (\d+):", err, re.M).group(1)
-    assert f"cancelled Slurm array {array}" in err and err.rstrip().endswith("interrupted")
+    stdout, stderr = out.read_text(), err.read_text()
+    assert proc.returncode == 130, stderr[-3000:]
+    array = array_of(err)
+    assert f"cancelled Slurm array {array}" in stderr and stderr.rstrip().endswith("interrupted")
     assert cluster.jobs() == []
     assert all(scontrol(cluster, f"{array}_{i}")["JobState"] == "CANCELLED" for i in range(2))
+    assert [(r["label"], r["outcome"]) for r in summary_rows(stdout)] == [("quant=fp8", "cancelled"),
+                                                                          ("quant=none", "cancelled")]
+    assert "Slurm sweep interrupted: 0 done, 0 failed, 2 cancelled" in stdout
     assert _tmp_outputs(root) == [] and _held_locks(root) == []
-    assert not list(root.glob(".store/*-quantize-*"))  # nothing finished behind the cancel
+    release.touch()
+    time.sleep(5)
+    assert not list(root.glob(".store/*-quantize-*")) and _tmp_outputs(root) == []  # nothing finished behind it
+
+
+def test_ctrl_c_summary_lists_the_jobs_that_finished(cluster, tmp_path):
+    """Ctrl-C after one job of the sweep finished and while the other is held mid-stage: the summary lists the
+    finished one as done (its output stays in the store) and the other as cancelled (nothing of it left), exit 130."""
+    root = tmp_path / "partly"
+    root.mkdir()
+    release = tmp_path / "release"
+    args = ["build", "-m", *TINY, "target=cpu", "quant=fp8,none", "until=quantize", *SLURM, *hold(release, "fp8")]
+    proc, out, err = start_sweep(args, root, held_env(cluster, root))
+    try:
+        wait_for("the fp8 job held", lambda: len(held(release)) == 1, proc)
+        array = array_of(err)
+        wait_for("the none job completed", lambda: task_states(cluster, array).get(f"{array}_1") == "COMPLETED",
+                 proc)
+        assert task_states(cluster, array)[f"{array}_0"] == "RUNNING" and held(release) == [f"{array}_0"]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        release.touch()
+    stdout, stderr = out.read_text(), err.read_text()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert [(r["label"], r["slurm_id"], r["outcome"]) for r in summary_rows(stdout)] == [
+        ("quant=fp8", f"{array}_0", "cancelled"), ("quant=none", f"{array}_1", "done")]
+    assert "Slurm sweep interrupted: 1 done, 0 failed, 1 cancelled; submit dir: " in stdout
+    assert scontrol(cluster, f"{array}_0")["JobState"] == "CANCELLED"
+    assert stderr.rstrip().endswith("interrupted")
+    assert [p.name.split("-quantize-")[0] for p in root.glob(".store/*-quantize-*")] == ["tiny-qwen3.none-kvfp8"]
+    assert _tmp_outputs(root) == [] and _held_locks(root) == []
+
+
+def test_a_hangup_leaves_the_arrays_running_and_the_same_sweep_resumes(cluster, tmp_path):
+    """SIGHUP (the terminal closed) while both jobs are held mid-stage: one line on stderr names the array, says it
+    runs on and how to resume, exit 129, and the jobs still run. The same sweep run again is the resume: its jobs
+    wait on the first ones' locks, and once those are released and finish, take their outputs from the store."""
+    root = tmp_path / "hangup"
+    root.mkdir()
+    release = tmp_path / "release"
+    args = ["build", "-m", *TINY, "target=cpu", "quant=fp8,none", "until=quantize", *SLURM, *hold(release)]
+    env = held_env(cluster, root)
+    first, _, err = start_sweep(args, root, env, "first")
+    again = None
+    try:
+        wait_for("both jobs held in their quantize stage", lambda: len(held(release)) == 2, first)
+        array = array_of(err)
+        first.send_signal(signal.SIGHUP)
+        first.wait(timeout=120)
+        stderr = err.read_text()
+        assert first.returncode == 129, stderr[-3000:]
+        assert stderr.rstrip().splitlines()[-1].startswith(
+            f"hangup (SIGHUP: the terminal closed): stopped waiting; Slurm array {array} runs on, nothing cancelled "
+            f"(2 of 2 jobs not finished; scancel {array} stops them); run the same sweep again to resume"), stderr
+        assert task_states(cluster, array) == {f"{array}_0": "RUNNING", f"{array}_1": "RUNNING"}
+        assert len(_tmp_outputs(root / ".store")) == 2  # still writing
+        again, out2, err2 = start_sweep(args, root, env, "again")
+        wait_for("the second sweep's jobs running", lambda: array_of(err2) is not None and list(
+            task_states(cluster, array_of(err2)).values()) == ["RUNNING"] * 2, again)
+        release.touch()
+        again.wait(timeout=600)
+    finally:
+        release.touch()
+        for p in (first, again):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert again.returncode == 0, err2.read_text()[-3000:]
+    assert "Slurm sweep: 2 done, 0 failed" in out2.read_text()
+    wait_for("the first sweep's jobs completed", lambda: set(task_states(cluster, array).values()) == {"COMPLETED"},
+             timeout=120)  # they committed their outputs, which the second sweep's took; now they end
+    assert stage_counts(root, "ran")["quantize"] == 2  # by the first sweep's jobs, which ran on
+    assert stage_counts(root, "cached")["quantize"] == 2  # the second sweep's took their outputs
+    for r in summary_rows(out2.read_text()):  # after waiting on the locks the first sweep's jobs held
+        assert "quantize: waiting for another run that holds" in Path(r["log"]).read_text()
+    assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 2
+
+
+def test_waiting_lines_beat_with_the_time_and_why_jobs_wait_and_jobs_ask_for_the_planned_memory(cluster, tmp_path):
+    """Two jobs of 3 CPUs each (hydra.launcher.cpus_per_task, the user's value winning) on the node's 4: the first
+    is held mid-stage, the second waits for Resources. While the counts stay the same, a line every
+    hydra.launcher.heartbeat_s (2 s here) says so with the time elapsed and squeue's reason. The memory each job asks
+    for is the plan's, as sbatch got it (scontrol)."""
+    root = tmp_path / "beat"
+    root.mkdir()
+    release = tmp_path / "release"
+    args = ["build", "-m", *TINY, "target=cpu", "quant=fp8,none", "until=quantize", *SLURM, *hold(release),
+            "hydra.launcher.cpus_per_task=3", "hydra.launcher.heartbeat_s=2"]
+    proc, out, err = start_sweep(args, root, held_env(cluster, root))
+    waiting = re.compile(r"^slurm: 2 jobs: 1 queued \(Resources\), 1 running, 0 done, 0 failed; (\d+):(\d\d):(\d\d) "
+                         r"elapsed$", re.M)
+    try:
+        wait_for("three unchanged waiting lines", lambda: len(waiting.findall(err.read_text())) >= 3, proc)
+        array = array_of(err)
+        assert held(release) == [f"{array}_0"]
+        assert task_states(cluster, array) == {f"{array}_0": "RUNNING", f"{array}_1": "PENDING"}
+        release.touch()
+        proc.wait(timeout=600)
+    finally:
+        release.touch()
+        if proc.poll() is None:
+            proc.kill()
+    stdout, stderr = out.read_text(), err.read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Slurm sweep: 2 done, 0 failed" in stdout
+    beats = [int(h) * 3600 + int(m) * 60 + int(s) for h, m, s in waiting.findall(stderr)]
+    assert len(beats) >= 3 and all(b - a >= 2 for a, b in zip(beats, beats[1:])), beats  # a heartbeat, in time
+    assert re.search(rf"^submitted Slurm array {array}: 2 jobs \(--cpus-per-task=3 --mem=1GB\)$", stderr, re.M)
+    assert re.search(r"^  --cpus-per-task=3 from hydra.launcher.cpus_per_task; --mem=1GB from the plan: ", stderr,
+                     re.M)
+    for i in range(2):
+        job = scontrol(cluster, f"{array}_{i}")
+        assert (job["NumCPUs"], job["MinMemoryNode"], job["JobState"]) == ("3", "1G", "COMPLETED")
 
 
 def readme_sweep() -> list[str]:
@@ -324,13 +507,13 @@ def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
 
 
 def test_a_job_past_its_time_limit_fails_in_one_line_naming_timeout_min(cluster, tmp_path):
-    """A one-minute limit with submitit's signal 40 s before it: the job (fetch to bench: longer than 20 s) is ended
-    by submitit at the signal ("timed-out too many times" in its log); the sweep's line names
-    hydra.launcher.timeout_min, the limit and the fix."""
+    """A one-minute limit with submitit's signal 40 s before it: the job, held in its quantize stage and never
+    released (however fast the machine, it is still running then), is ended by submitit at the signal ("timed-out
+    too many times" in its log); the sweep's line names hydra.launcher.timeout_min, the limit and the fix."""
     root = tmp_path / "late"
-    proc = run_cli("build", "-m", *TINY, "target=cpu", "quant=fp8", "until=bench", *SLURM,
-                   "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40", root=root,
-                   env=slurm_env(cluster, root), timeout=900)
+    proc = run_cli("build", "-m", *TINY, "target=cpu", "quant=fp8", "until=quantize", *SLURM,
+                   *hold(tmp_path / "never"), "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40",
+                   root=root, env=held_env(cluster, root), timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = ("failed: the job ran into its time limit, hydra.launcher.timeout_min=1 (Slurm's limit: 1 min; submitit "
             "stops the job hydra.launcher.signal_delay_s=40 s before it); raise hydra.launcher.timeout_min and run "

@@ -3,12 +3,59 @@ from __future__ import annotations
 
 
 def test_pipeline_slurm_launcher_asks_for_each_targets_resources():
-    from hydra_plugins.pipeline_launcher.launcher import job_resources
+    """Partition, constraint and GPUs per target; CPUs and host memory from the plan, each with its source: a GPU
+    job's memory is at least the bf16 checkpoint it loads (qwen32b: 32.8 B parameters, 65.6 GB) plus its process's
+    measured 11.6 GB; its CPUs one for the job, one per TensorRT-LLM rank, three while it serves. A value set under
+    hydra.launcher wins, and a per-GPU form of it stands in for it."""
+    from hydra_plugins.pipeline_launcher.launcher import host_resources, job_resources
 
     h100 = job_resources(["model=qwen32b", "quant=fp8", "target=h100"])
     a10g = job_resources(["model=qwen32b", "quant=fp8", "target=a10g", "runtime=trtllm_llmapi"])
+    tiny = job_resources(["model=tiny-qwen3", "quant=fp8", "target=cpu", "until=quantize"])
     assert (h100["partition"], h100["constraint"], h100["gpus_per_node"]) == ("gpu", "h100", 1)  # reference: 1 GPU
     assert a10g["constraint"] == "a10g" and a10g["gpus_per_node"] == 2  # 34 GB of FP8 weights on 24 GB GPUs
+    assert (h100["cpus_per_task"], h100["mem_gb"]) == (4, 78)  # ceil(65.6 + 11.6); 1 + 3 serving processes
+    assert h100["sizing"]["mem_gb"].startswith("65.6 GB of bf16 checkpoint")
+    assert (a10g["cpus_per_task"], a10g["mem_gb"]) == (6, 78)  # 1 + 2 ranks + 3
+    assert "2 TensorRT-LLM ranks" in a10g["sizing"]["cpus_per_task"]
+    assert (tiny["cpus_per_task"], tiny["mem_gb"]) == (1, 1)  # nothing served, a model of a few MB
+    unset = {"cpus_per_task": None, "mem_gb": None}
+    assert host_resources(unset, h100)[0] == {"cpus_per_task": 4, "mem_gb": 78}
+    res, notes = host_resources({**unset, "cpus_per_task": 16, "mem_per_gpu": "100G"}, h100)
+    assert res == {"cpus_per_task": 16}  # the user's; --mem-per-gpu goes to sbatch, and --mem with it would not
+    assert notes == ["--cpus-per-task=16 from hydra.launcher.cpus_per_task",
+                     "--mem-per-gpu=100G from hydra.launcher.mem_per_gpu"]
+    assert host_resources(unset, h100)[1][1] == f"--mem=78GB from the plan: {h100['sizing']['mem_gb']}"
+
+
+def test_in_a_slurm_job_the_gpu_refusal_names_the_node_the_job_and_what_it_lacks(monkeypatch):
+    """Outside Slurm, no GPU here advises the Slurm fan-out (the control); in a Slurm job (the variables slurmd sets)
+    that advice would resubmit to the same node, so the line names the node, the job (as the summary does) and
+    what the node lacks, and points at target.slurm. A wrong-SM GPU (NVML's answer stood in for: no GPU here)
+    likewise."""
+    from pipeline import hardware, planning
+    from pipeline.config import compose
+
+    for k in [k for k in __import__("os").environ if k.startswith("SLURM")]:
+        monkeypatch.delenv(k)
+    cfg = compose(["model=qwen32b", "quant=fp8", "target=h100", "runtime=trtllm_llmapi"])
+    fanout = "python -m pipeline build -m target=h100 hydra/launcher=pipeline_slurm"
+    assert fanout in planning.local_sm_problems(cfg)[0]  # control: outside a job
+    for k, v in {"SLURM_JOB_ID": "15", "SLURM_ARRAY_JOB_ID": "14", "SLURM_ARRAY_TASK_ID": "1",
+                 "SLURMD_NODENAME": "gpu-07", "SLURM_JOB_GPUS": "0"}.items():
+        monkeypatch.setenv(k, v)
+    [line] = planning.local_sm_problems(cfg)
+    assert fanout not in line
+    assert line.startswith("target h100 (sm90) needs its GPU to build, and node gpu-07 (Slurm job 14_1) has none "
+                           "that NVML can see, although Slurm allocated it GPU 0: the node lacks an sm90 GPU with a "
+                           "working NVIDIA driver; make target.slurm (partition=gpu constraint=h100) select only "
+                           "nodes with an sm90 GPU"), line
+    monkeypatch.setattr(hardware, "local_gpu", lambda: {"name": "NVIDIA A100-SXM4-80GB", "sm": 80, "count": 1,
+                                                        "memory_gb": 80.0})
+    [line] = planning.local_sm_problems(cfg)
+    assert line.startswith("target h100 is sm90 but the GPU of node gpu-07 (Slurm job 14_1) is NVIDIA "
+                           "A100-SXM4-80GB (sm80): engines run only on the SM they were built on: the node lacks an "
+                           "sm90 GPU; make target.slurm (partition=gpu constraint=h100)"), line
 
 
 def test_a_failed_jobs_line_comes_from_its_traceback():
@@ -79,3 +126,55 @@ def test_every_sweep_command_of_the_hosts_page_composes():
             assert cfg.model.name
     with pytest.raises(UserError, match=r"unknown config key 'hydra\.launcher\.additional_parameters\.mail_type'"):
         compose(["hydra/launcher=pipeline_slurm", "hydra.launcher.additional_parameters={mail_type:NONE}"])
+
+
+def test_progress_lines_say_why_jobs_wait_and_for_how_long():
+    """Each waiting line carries the time since submission and squeue's reasons for the queued jobs."""
+    from hydra_plugins.pipeline_launcher.launcher import progress_line
+
+    assert progress_line(2, (1, 1, 0, 0), ["Resources"], 65) == (
+        "slurm: 2 jobs: 1 queued (Resources), 1 running, 0 done, 0 failed; 0:01:05 elapsed")
+    assert progress_line(4, (3, 1, 0, 0), ["Priority", "Resources", "Priority"], 7384).startswith(
+        "slurm: 4 jobs: 3 queued (2 Priority, 1 Resources), 1 running, 0 done, 0 failed; 2:03:04 elapsed")
+    assert progress_line(2, (0, 2, 0, 0), [], 5) == (
+        "slurm: 2 jobs: 0 queued, 2 running, 0 done, 0 failed; 0:00:05 elapsed")
+
+
+def test_the_summary_after_ctrl_c_says_what_finished(tmp_path, capsys):
+    """After Ctrl-C each submitted job is listed as the normal summary lists it: done or failed from the result file
+    submitit's job wrote before the cancel, cancelled where there is none. (The jobs are submitit's result files and
+    paths, written here in its format; Slurm itself is in tests/e2e/test_slurm.py.)"""
+    from types import SimpleNamespace
+
+    from hydra.core.utils import JobReturn, JobStatus
+    from submitit.core.utils import cloudpickle_dump
+
+    from hydra_plugins.pipeline_launcher.launcher import PipelineSlurmLauncher, SweepJob
+
+    def job(i: int, result: tuple | None) -> SweepJob:
+        pkl = tmp_path / f"12_{i}_result.pkl"
+        if result is not None:
+            cloudpickle_dump(result, pkl)
+        paths = SimpleNamespace(result_pickle=pkl, stderr=tmp_path / f"12_{i}_log.err")
+        return SweepJob(i, i, f"quant=q{i}", SimpleNamespace(job_id=f"12_{i}", paths=paths))
+
+    done = JobReturn()
+    done.status, done.return_value = JobStatus.COMPLETED, None
+    jobs = [job(0, ("success", done)),
+            job(1, ("error", "Traceback ...\nhydra_plugins.pipeline_launcher.launcher.JobFailed: error: no GPU\n")),
+            job(2, None)]
+    failed = PipelineSlurmLauncher()._summary(jobs, 4, tmp_path, interrupted=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("Slurm sweep interrupted: 1 done, 1 failed, 1 cancelled, 1 not submitted; submit dir: "
+                        f"{tmp_path}")
+    assert [x.split("  ")[3] for x in lines if "  job 12_" in x] == ["done", "failed", "cancelled"]
+    assert "      error: no GPU" in lines and [j.slurm_id for j in failed] == ["12_1"]
+
+
+def test_a_hangup_says_the_arrays_run_on_and_how_to_resume():
+    from hydra_plugins.pipeline_launcher.launcher import hangup_line
+
+    line = hangup_line(["12", "13"], 3, 4, 4)
+    assert line.startswith("hangup (SIGHUP: the terminal closed): stopped waiting; Slurm arrays 12, 13 run on, "
+                           "nothing cancelled (3 of 4 jobs not finished; scancel 12 13 stops them); run the same "
+                           "sweep again to resume"), line
