@@ -48,3 +48,21 @@ def test_the_recipe_is_the_one_hf_ptq_py_defaults_to():
     assert calib.RECIPE == {"dataset": "cnn_nemotron_v2_mix", "num_samples": 1024, "seq_len": 512}
     assert tuple(dataset_utils.DATASET_COMBOS["cnn_nemotron_v2_mix"]) == calib.DATASET_COMBOS["cnn_nemotron_v2_mix"]
     assert "examples/hf_ptq/hf_ptq.py @ NVIDIA/Model-Optimizer a2fbac7" in calib.RECIPE_SOURCE
+
+
+def test_the_combo_loads_both_members_interleaved(monkeypatch):
+    """The hf_ptq.py combo through ModelOpt's own dataset loader, its Hub download stood in for (no Hub here)."""
+    import modelopt.torch.utils.dataset_utils as du
+
+    asked = []
+
+    def samples(name, n):
+        asked.append((name, n))
+        return [f"{name} document {i} " + "word " * 50 for i in range(n)]
+
+    monkeypatch.setattr(du, "get_dataset_samples", samples)
+    monkeypatch.setattr(calib, "require_hub_support", lambda d: None)
+    texts = calib._load_hub("cnn_nemotron_v2_mix", 40)
+    assert asked == [("cnn_dailymail", 20), ("nemotron-post-training-dataset-v2", 20)]
+    docs = texts.calib + texts.heldout
+    assert sum(d.startswith("cnn_dailymail") for d in docs) == 20 == sum(d.startswith("nemotron") for d in docs)

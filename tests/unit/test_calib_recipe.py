@@ -114,23 +114,6 @@ def test_the_stage_falls_back_when_the_recipe_dataset_cannot_load_and_records_wh
                        chat_template=False, eval_seq_len=128, eval_num_samples=6)
 
 
-def test_the_combo_loads_both_members_interleaved(monkeypatch):
-    import modelopt.torch.utils.dataset_utils as du
-
-    asked = []
-
-    def samples(name, n):
-        asked.append((name, n))
-        return [f"{name} document {i} " + "word " * 50 for i in range(n)]
-
-    monkeypatch.setattr(du, "get_dataset_samples", samples)
-    monkeypatch.setattr(calib, "require_hub_support", lambda d: None)
-    texts = calib._load_hub("cnn_nemotron_v2_mix", 40)
-    assert asked == [("cnn_dailymail", 20), ("nemotron-post-training-dataset-v2", 20)]
-    docs = texts.calib + texts.heldout
-    assert sum(d.startswith("cnn_dailymail") for d in docs) == 20 == sum(d.startswith("nemotron") for d in docs)
-
-
 def test_plan_prints_the_calibration_line(online, capsys):
     from pipeline import report
     from pipeline.cli.build import cmd_plan

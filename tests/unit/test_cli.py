@@ -40,10 +40,8 @@ def _text(captured: str) -> str:
 def test_validate_reports_every_problem(tmp_path, monkeypatch, capsys):
     """A broken config tree: validate names every failing combination with each of its problems, not just the
     first, in the text report and in the JSON one."""
-    names = _small_tree(tmp_path, monkeypatch, broken=True)
-    from pipeline import formats
-
-    assert len(names) == len(formats.FORMATS)  # one combination per quant preset on the one target
+    names = _small_tree(tmp_path, monkeypatch, broken=True, quants=("fp8", "int4_awq", "none"))
+    assert len(names) == 3  # one combination per quant preset kept, on the one target
     assert cmd_validate(as_json=False) == 2
     err = _text(capsys.readouterr().out)
     for name in names:
