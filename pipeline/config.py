@@ -178,8 +178,26 @@ def _lazy_interpolation_map() -> Iterator[None]:
         dl._create_interpolation_map = original
 
 
+# What the composes of this process have read, while the config directory is as it was (``_conf_snapshot``): a
+# command composes once, a test session or a sweep's checks many times
+_FILES: dict[str, Any] = {"snapshot": None, "files": {}, "search_path": None}
+
+
+def _conf_snapshot() -> tuple:
+    """The config directory's files with their sizes and modification times (a changed file reads anew)."""
+    root = conf_dir()
+    out = []
+    for p in sorted(root.rglob("*")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((str(p.relative_to(root)), st.st_size, st.st_mtime_ns))
+    return (str(root), tuple(out))
+
+
 def _share_config_files(global_hydra: Any) -> None:
-    """Let the composes of one ``compose_many`` read each config file once.
+    """Let the composes of this process read each config file once (while the config directory is unchanged).
 
     Hydra gives every compose a fresh ``CachingConfigRepository`` (a deep copy of the file repository, an empty cache),
     so each of ``validate``'s hundreds of composes re-reads and re-parses the same YAML files. Here the files' loaded
@@ -195,7 +213,10 @@ def _share_config_files(global_hydra: Any) -> None:
     loader = getattr(getattr(global_hydra, "hydra", None), "config_loader", None)
     if not isinstance(loader, ConfigLoaderImpl) or not hasattr(loader, "_process_config_searchpath"):
         return
-    shared: dict[str, Any] = {"files": {}, "search_path": None}
+    snapshot = _conf_snapshot()
+    if _FILES["snapshot"] != snapshot:  # a config file written, added or removed since: read them again
+        _FILES.update(snapshot=snapshot, files={}, search_path=None)
+    shared = _FILES
     delegate = copy.deepcopy(loader.repository)
 
     class SharedFiles(CachingConfigRepository):
