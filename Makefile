@@ -62,7 +62,7 @@ XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: test-unit test-fast
 
 test-unit: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "not slow and not serial" -n 2 tests/unit
+	$(PY) -m pytest -q -m "not slow and not serial" -n 2 --dist loadfile tests/unit
 
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow and not serial" --ignore=tests/unit $(XDIST)

@@ -30,9 +30,19 @@ def group_options(group: str) -> list[str]:
 
 
 def shipped_targets() -> dict[str, dict]:
-    """Every shipped target (``conf/target/*.yaml`` but ``auto``): name -> its yaml."""
-    return {name: OmegaConf.to_container(OmegaConf.load(conf_dir() / "target" / f"{name}.yaml")) or {}
-            for name in group_options("target") if name != "auto"}
+    """Every shipped target (``conf/target/*.yaml`` but ``auto``): name -> its yaml (read again when a file of the
+    folder changed: every command composes through it, a test session hundreds of times)."""
+    import copy
+
+    files = sorted((conf_dir() / "target").glob("*.yaml"))
+    key = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    if _TARGETS.get("key") != key:
+        _TARGETS.update(key=key, targets={p.stem: OmegaConf.to_container(OmegaConf.load(p)) or {}
+                                          for p in files if p.stem != "auto"})
+    return copy.deepcopy(_TARGETS["targets"])
+
+
+_TARGETS: dict[str, Any] = {}
 
 
 def _first_line(text: str) -> str:

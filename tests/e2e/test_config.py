@@ -38,19 +38,39 @@ def test_paths_root_moves_every_output(tmp_path):
     assert any("/.store/" in o for o in outs) and any("/bundles/" in o for o in outs)
 
 
-def test_validate_composes_every_shipped_combination(tmp_path):
-    proc = run_cli("validate", "--json", root=tmp_path)
+def _validated(tmp_path, *only: str) -> tuple[dict, set]:
+    proc = run_cli("validate", "--json", *only, root=tmp_path)
     doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["failing"] == 0, doc
+    refused = {tuple(r["combination"][k] for k in ("model", "quant", "target", "runtime"))
+               for r in doc["results"] if r["refused"]}
+    return doc, refused
+
+
+@pytest.mark.slow  # ~100 s on 2 cores: every shipped combination composed and planned
+def test_validate_composes_every_shipped_combination(tmp_path):
+    doc, refused = _validated(tmp_path)
     models, quants = config.group_options("model"), config.group_options("quant")
     # target=auto and runtime=auto resolve to one of the others
     targets = [t for t in config.group_options("target") if t != "auto"]
     runtimes = [r for r in config.group_options("runtime") if r != "auto"]
     assert doc["combinations"] == len(models) * len(quants) * len(targets) * len(runtimes)
-    assert proc.returncode == 0, doc
-    assert doc["failing"] == 0
-    refused = {tuple(r["combination"][k] for k in ("model", "quant", "target", "runtime"))
-               for r in doc["results"] if r["refused"]}
     assert ("smollm2-135m", "int4_awq", "cpu", "reference") in refused  # hidden 576, AWQ block 128
     assert ("qwen32b", "nvfp4", "h100", "trtllm_engine") in refused  # NVFP4 serves on Blackwell only
     assert ("qwen32b", "fp8", "h100", "trtllm_engine") not in refused
     assert ("qwen32b", "nvfp4", "b200", "trtllm_llmapi") not in refused
+
+
+def test_validate_composes_every_quant_and_target_of_the_flagship(tmp_path):
+    """The fast tier's share of the test above: every shipped quant and target config composed and planned with the
+    flagship on both TensorRT-LLM runtimes (the performance model choosing its settings), and the embedded models on
+    the CPU; the whole product runs in the slow tier."""
+    doc, refused = _validated(tmp_path, "model=qwen32b", "runtime=trtllm_llmapi,trtllm_engine")
+    targets = [t for t in config.group_options("target") if t != "auto"]
+    assert doc["combinations"] == len(config.group_options("quant")) * len(targets) * 2
+    assert ("qwen32b", "nvfp4", "h100", "trtllm_engine") in refused
+    assert ("qwen32b", "fp8", "h100", "trtllm_engine") not in refused
+    assert ("qwen32b", "nvfp4", "b200", "trtllm_llmapi") not in refused
+    doc, refused = _validated(tmp_path, "model=smollm2-135m,tiny-qwen3", "target=cpu", "runtime=reference")
+    assert doc["combinations"] == 2 * len(config.group_options("quant"))
+    assert ("smollm2-135m", "int4_awq", "cpu", "reference") in refused  # hidden 576, AWQ block 128
