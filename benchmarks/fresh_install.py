@@ -13,7 +13,7 @@ lines in the ``make build`` log show which packages were built from source. The 
 times and the bench's output tokens/s per concurrency. Packages come from the indexes pip is configured with on this
 machine, as for any user of it. Targets, on 2 cores: the whole ``make build`` in <= 300 s; the pipeline in <= 90 s,
 its bench in <= 30 s; chat output tokens/s at concurrency 8 >= 3x concurrency 1; with ``--with-test``, ``make test``
-(its own venv and installs included) in <= 600 s and green. The page keeps one current record with ``make test`` and
+(its own venv and installs included) in <= 480 s and green. The page keeps one current record with ``make test`` and
 one without.
 """
 from __future__ import annotations
@@ -108,7 +108,7 @@ def run_make_build(clone: Path, env: dict[str, str], log: Path, timeout_s: float
             "pipeline_s": round(end - stamp_at, 1) if stamp_at else None}
 
 
-TEST_TARGET_S = 600  # `make test` on a fresh 2-core machine
+TEST_TARGET_S = 480  # `make test` on a fresh 2-core machine (600 s before 2026-12-07; a record keeps its own)
 
 
 def run_make_test(work: Path, sha: str, timeout_s: float) -> dict[str, object]:
@@ -219,10 +219,11 @@ def test_section(t: dict | None) -> str:
     if not t:
         return ""
     ok = t["returncode"] == 0
-    verdict = ("met" if t["total_s"] <= TEST_TARGET_S else "NOT met") if ok else "not judged: `make test` failed"
+    target = t.get("target_s", 600)  # the target the record was made against
+    verdict = ("met" if t["total_s"] <= target else "NOT met") if ok else "not judged: `make test` failed"
     return (f"`make test` in a second fresh clone with its own empty pip cache (its venv and installs included): "
             f"{t['total_s']:.1f} s, exit code {t['returncode']} ({'; '.join(t['pytest_summaries']) or 'no summary'}); "
-            f"target ≤ {TEST_TARGET_S} s and green: {verdict}"
+            f"target ≤ {target} s and green: {verdict}"
             f"{'; failed: ' + ', '.join(t.get('failed_tests') or []) if t.get('failed_tests') else ''}. Carriage returns (progress frames) in its log: "
             f"{t['carriage_returns']}.\n")
 
@@ -259,7 +260,7 @@ def run(args) -> dict | None:
                "pipeline": pipeline_report(clone)}
         doc["make_build_carriage_returns"] = (work / "make-build.log").read_bytes().count(b"\r")
         if args.with_test:
-            doc["make_test"] = run_make_test(work, sha, args.timeout)
+            doc["make_test"] = {**run_make_test(work, sha, args.timeout), "target_s": TEST_TARGET_S}
         if timing["returncode"] != 0:
             tail = (work / "make-build.log").read_text(errors="replace")[-3000:]
             print(f"make build failed (exit {timing['returncode']}); log tail:\n{tail}", file=sys.stderr)

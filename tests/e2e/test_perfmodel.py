@@ -3,7 +3,7 @@ and b200, the figures the serving plan shows equal what ``aiconfigurator cli est
 the bundle's own settings (``--ctx-tokens`` = its max_num_tokens, ``--max-seq-len`` = its max_seq_len,
 ``--fmha-quant-mode`` = its context attention), one row per workload at least; where the plan marks a row's memory at
 full length beyond the GPU, the CLI stops with "OOM" (the CLI is installed beside the model by
-`make .venv/.installed-test`: ``python -m pipeline.perfmodel --with-cli``). A planted wrong mapping (the FP8 KV cache
+`make test-slow`: ``python -m pipeline.perfmodel --if-needed --with-cli``). A planted wrong mapping (the FP8 KV cache
 sent as bf16) and the CLI's own default token budget (the input length) must not match. Where the tables have no
 data (NVFP4 on Hopper: its weight-only GEMM rows are missing) both say so."""
 from __future__ import annotations

@@ -391,12 +391,12 @@ def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path):
             for key, (factor, _) in REGRESSIONS.items():
                 lv[key] *= factor
     bundle.write_text(json.dumps(doc))
-    proc = run_cli("build", *TINY, "force=[bench]", "bench.gates.regression_pct=25",
+    proc = run_cli("build", *TINY, "force=[bench]", "bench.only=[chat]", "bench.gates.regression_pct=25",
                    "bench.gates.regression_on_cpu=true", root=root)
     assert proc.returncode == 1
     for _, expected in REGRESSIONS.values():
         assert re.search(expected, proc.stderr), (expected, proc.stderr[-2000:])
-    proc = run_cli("build", *TINY, "force=[bench]", "bench.gates.regression_pct=25", root=root)
+    proc = run_cli("build", *TINY, "force=[bench]", "bench.only=[chat]", "bench.gates.regression_pct=25", root=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
     gates = json.loads((out / "bench.json").read_text())["gates"]
@@ -416,8 +416,8 @@ def test_external_launcher_uses_a_running_server_of_this_package_only(tiny_build
     root = _copy(tiny_build, tmp_path / "e")
     repo = next(root.glob("triton_repo/*-package-*/manifest.json")).parent
     with server.local_server(repo, host="127.0.0.1", server_bin=None, work_dir=tmp_path / "w", timeout_s=180) as s:
-        proc = run_cli("build", *TINY, "force=[bench]", "until=bench", "serve.launcher=external",
-                       f"serve.url={s.grpc_url}", root=root)
+        proc = run_cli("build", *TINY, "force=[bench]", "until=bench", "bench.only=[chat]",
+                       "serve.launcher=external", f"serve.url={s.grpc_url}", root=root)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert statuses(root)["bench"] == "ran"
         out = next(Path(r["output"]) for r in report(root)["stages"] if r["stage"] == "bench")
