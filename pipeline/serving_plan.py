@@ -152,13 +152,21 @@ def applies(cfg: DictConfig) -> bool:
 
 
 def prewarm(cfg: DictConfig) -> None:
-    """Start the performance model's process for ``cfg`` now (its tables load while the caller composes, fingerprints
-    and checks), where the model will choose its settings and the cache does not hold the answer yet."""
+    """Start the performance model's process for ``cfg`` now, where the model will choose its settings and the cache
+    does not hold the profile's first answer yet: it loads the GPU's tables (and the speed-of-light view the
+    predictions read) while the caller composes, fingerprints and checks."""
     try:
-        if not applies(cfg) or capacity.shape_from(to_plain(cfg.model.shape)) is None:
+        shape = capacity.shape_from(to_plain(cfg.model.shape))
+        if not applies(cfg) or shape is None or cfg.target.device.value != "cuda" or not cfg.target.memory_gb:
             return
-        i, o = workloads(cfg)["typical"]
-        perfmodel.prewarm([_query(cfg, tp=max(1, int(cfg.build.tp_size)), batch=concurrency(cfg), isl=i, osl=o)])
+        set_ = {k: to_plain(cfg.build)[k] for k in DERIVED if cfg.build[k]}
+        sizer, fixed, tp_min = _sizing(cfg, shape, set_)
+        cands, _ = _candidates(cfg, sizer, _tps(cfg, shape, tp_min), fixed)
+        if cands:
+            t, b, seq, mnt = cands[0]
+            i, o = sizer.typical
+            first = _query(cfg, tp=t, batch=b, isl=i, osl=o, ctx_tokens=mnt, max_seq_len=seq)
+            perfmodel.prewarm([first, dataclasses.replace(first, database_mode="SOL")])
     except Exception:  # a warm-up only: whatever fails here fails again, with its message, where it is needed
         return
 
@@ -265,12 +273,11 @@ def _kv_name(cfg: DictConfig) -> str:
     return "bf16" if cfg.quant.kv_cache.value == "none" else cfg.quant.kv_cache.value
 
 
-def _profile(cfg: DictConfig, sizer: _Sizer, tps: list[int], fixed_batch: int) -> dict[str, Any]:
-    """The service profile: every TP x batch that holds the expected concurrency, predicted at its own settings at
-    the typical request; the chosen one and the runners-up. Raises :class:`perfmodel.Unavailable` where the model
-    cannot run; a table gap is returned as ``{"error": ...}``."""
-    slo, typical = cfg.serve.slo, sizer.typical
-    conc = concurrency(cfg)
+def _candidates(cfg: DictConfig, sizer: _Sizer, tps: list[int], fixed_batch: int) -> tuple[list, int]:
+    """The profile's TP x batch candidates, each ``(tp, batch, max_seq_len, max_num_tokens)``: every batch from the
+    expected concurrency up to what the KV pool holds of typical requests (the batch set, where set); and the most
+    typical requests any of the TPs holds."""
+    typical, conc = sizer.typical, concurrency(cfg)
     cands: list[tuple[int, int, int, int]] = []
     best_fit = 0
     for tp in tps:
@@ -279,6 +286,16 @@ def _profile(cfg: DictConfig, sizer: _Sizer, tps: list[int], fixed_batch: int) -
         best_fit = max(best_fit, fit)
         batches = [fixed_batch] if fixed_batch else [b for b in BATCHES if conc <= b <= min(fit, TRTLLM_MAX_BATCH)]
         cands += [(tp, b, seq, sizer.tokens(b, seq)) for b in batches]
+    return cands, best_fit
+
+
+def _profile(cfg: DictConfig, sizer: _Sizer, tps: list[int], fixed_batch: int) -> dict[str, Any]:
+    """The service profile: every TP x batch that holds the expected concurrency, predicted at its own settings at
+    the typical request; the chosen one and the runners-up. Raises :class:`perfmodel.Unavailable` where the model
+    cannot run; a table gap is returned as ``{"error": ...}``."""
+    slo, typical = cfg.serve.slo, sizer.typical
+    conc = concurrency(cfg)
+    cands, best_fit = _candidates(cfg, sizer, tps, fixed_batch)
     where = f"{cfg.model.name} {cfg.quant.format.value} on {cfg.target.name}"
     if not cands:
         if best_fit < 1:
@@ -318,6 +335,18 @@ def _profile(cfg: DictConfig, sizer: _Sizer, tps: list[int], fixed_batch: int) -
             "chosen": best, "runners_up": ok[1:3], "why": why, "swept": len(rows)}
 
 
+def _sizing(cfg: DictConfig, shape: capacity.Shape, set_: dict[str, Any]) -> tuple[_Sizer, int, int]:
+    """(the sizer, the batch set by hand or 0, the smallest TP: 1 on the reference runtime, else the capacity
+    planner's)."""
+    loads = workloads(cfg)
+    need = max(i + o for i, o in loads.values())
+    context = int(cfg.model.shape.get("max_position_embeddings") or 0)
+    sizer = _Sizer(cfg, shape, need, max(i for i, _ in loads.values()), loads["typical"], context, set_)
+    tp_min = 1 if cfg.runtime.name.value == "reference" else _kv_plan(
+        cfg, shape, tp=int(cfg.build.tp_size), max_num_tokens=int(set_.get("max_num_tokens") or 8192), need=need).tp
+    return sizer, int(set_.get("max_batch_size") or 0), tp_min
+
+
 def _tps(cfg: DictConfig, shape: capacity.Shape, tp_min: int) -> list[int]:
     b, t = cfg.build, cfg.target
     if int(b.tp_size):
@@ -351,10 +380,7 @@ def _derive(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]],
                      f"{t.name}; set build.max_batch_size/max_seq_len, or give model.shape")
         return _fix_input(out, set_, sources), sources, None, None, notes, None
     reference = cfg.runtime.name.value == "reference"
-    sizer = _Sizer(cfg, shape, need, max(i for i, _ in loads.values()), typical, context, set_)
-    fixed = int(set_.get("max_batch_size") or 0)
-    tp_min = 1 if reference else _kv_plan(cfg, shape, tp=int(b.tp_size), max_num_tokens=int(
-        set_.get("max_num_tokens") or 8192), need=need).tp
+    sizer, fixed, tp_min = _sizing(cfg, shape, set_)
     tp, batch, batch_why, profile, model = tp_min, fixed, "", None, None
     if not reference and applies(cfg):
         why = perfmodel.available()

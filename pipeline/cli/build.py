@@ -56,7 +56,10 @@ def _build_or_plan(args: argparse.Namespace) -> None:
     if args.multirun:
         sweep.multirun(args.verb, args.args, functools.partial(run_verb, args.verb, as_json=args.json))
         return
+    from pipeline import perfmodel
     from pipeline.hardware import compose  # target/runtime auto: this machine's
+
+    perfmodel.start(args.args)  # NVIDIA's performance model imports while the config is composed
 
     run_verb(args.verb, compose(args.args, say=args.verb != "plan"), args.json)  # plan shows it in its output
 
@@ -67,6 +70,7 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
     from pipeline import errors, serving_plan
 
     serving_plan.prewarm(cfg)  # the performance model's tables load while the plan is made
+    _warm_code_digests()
     try:
         if verb == "plan":
             return cmd_plan(cfg, as_json)
@@ -80,6 +84,24 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
         raise SystemExit(141)
     except Exception as exc:
         raise errors.known(exc) from exc
+
+
+def _warm_code_digests() -> None:
+    """Hash the stages' code (their modules and imports, read with ``ast``) in a thread, while the command waits on
+    the performance model: the fingerprints then find them done."""
+    import threading
+
+    from pipeline.runner.fingerprint import stage_code_digest
+    from pipeline.stages import STAGES
+
+    def digests() -> None:
+        for st in STAGES:
+            try:
+                stage_code_digest(st)
+            except Exception:  # the fingerprint computes it again, and says what failed
+                return
+
+    threading.Thread(target=digests, daemon=True, name="code-digests").start()
 
 
 def _resolved_now(cfg: DictConfig) -> set[str]:

@@ -191,7 +191,7 @@ def test_a_host_without_the_performance_model_refuses_what_it_would_choose(monke
     a GPU without tables, a CPU) the plan is the same with or without it."""
     with_model = {name: _plan(name)[1] for name in ("h200_reference", "a10g", "cpu")}
     monkeypatch.setenv("PIPELINE_PERFMODEL_ENV", str(tmp_path / "no-such-env"))
-    monkeypatch.setattr(perfmodel, "_WORKER", None)
+    monkeypatch.setattr(perfmodel, "_WORKERS", {})
     assert perfmodel.available() and "make perfmodel-env" in perfmodel.available()
     with pytest.raises(UserError, match=r"serving settings are chosen with NVIDIA's performance model .* not "
                                         r"installed here: run `make perfmodel-env`") as exc:
@@ -284,3 +284,36 @@ def test_the_performance_models_dependencies_are_pinned_for_every_host():
 
     assert unpinned(pins) == []
     assert unpinned({k: v for k, v in pins.items() if k != "numpy"}) == ["numpy"]  # planted: one pin removed
+
+
+_PEER = '''import json, sys, time
+warm = sys.stdin.readline()
+ask = sys.stdin.readline()
+time.sleep(0.2)  # both answers leave in one write, after the parent is already waiting for the first
+sys.stdout.write(json.dumps({"warm": 1}) + "\\n" + json.dumps({"results": [{"ttft_ms": 1.0}]}) + "\\n")
+sys.stdout.flush()
+sys.stdin.read()
+'''
+
+
+def test_answers_that_arrive_together_are_all_read(monkeypatch, tmp_path):
+    """The parent reads the model's answers line by line: a warm-up's answer and a query's answer that reach the pipe
+    in one write are both read (a select() on the buffered pipe waited forever for the second). The peer is a
+    stand-in for the model's process that only writes that way; the component under test is the parent's reader."""
+    import sys
+
+    env = tmp_path / "perfmodel"
+    (env / "lib" / "python3.12" / "site-packages" / "aiconfigurator_core-0.12.0.dist-info").mkdir(parents=True)
+    (env / "bin").mkdir()
+    (tmp_path / "peer.py").write_text(_PEER)
+    (env / "bin" / "python").write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'peer.py'}\n")
+    (env / "bin" / "python").chmod(0o755)
+    monkeypatch.setenv("PIPELINE_PERFMODEL_ENV", str(env))
+    monkeypatch.setattr(perfmodel, "_WORKERS", {})
+    q = perfmodel.Query("org/m", "{}", "h200_sxm", "fp8", "fp8", 1, 1, 8, 8)
+    worker = perfmodel._worker("SILICON", timeout_s=5)
+    try:
+        worker.warm([q])
+        assert worker.ask([q]) == [{"ttft_ms": 1.0}]
+    finally:
+        worker.close()
