@@ -10,8 +10,8 @@ TensorRT-LLM run on this project's machines has checked them.
 
 Where it runs: aiconfigurator-core needs numpy >= 2.1, and this environment keeps numpy < 2 as NVIDIA's TensorRT-LLM
 container does (TensorRT-LLM pins it), so the model runs in an environment of its own beside this one
-(:func:`env_path`; ``make setup`` makes it, ``make wheelhouse`` carries it), as one child process per command reading
-and writing JSON lines (``pipeline/perfmodel_worker.py``). Results are cached on disk per query and installed version
+(:func:`env_path`; ``make setup`` makes it, ``make wheelhouse`` carries it), as child processes kept for the
+command, one per database mode, reading and writing JSON lines (``pipeline/perfmodel_worker.py``). Results are cached on disk per query and installed version
 (:func:`cache_dir`): a warm ``plan`` reads JSON and starts no child.
 
 Where it is required: it chooses the serving settings of a TensorRT-LLM bundle on a GPU with tables
@@ -253,9 +253,9 @@ class Unavailable(RuntimeError):
 
 
 class _Worker:
-    """The model's process for this command (:mod:`pipeline.perfmodel_worker`), started once and kept: every
-    estimate of a ``plan`` or of a ``validate`` over hundreds of configurations goes to the same process, which loads
-    each GPU's tables once. Its stderr goes to a temporary file (read back when it fails)."""
+    """A model process for this command and database mode (:mod:`pipeline.perfmodel_worker`), started once and
+    kept: every estimate of a ``plan`` or of a ``validate`` over hundreds of configurations in that mode goes to the same
+    process, which loads each GPU's tables once. Its stderr goes to a temporary file (read back when it fails)."""
 
     def __init__(self, timeout_s: float):
         import tempfile
