@@ -2,8 +2,9 @@
 (``make perfmodel-env``: aiconfigurator-core and numpy 2, which the project's environment cannot hold beside the
 bundled Triton's numpy < 2), as a script, never imported by the project. Standard library and aiconfigurator-core only.
 
-One process serves a whole command (a ``plan``, a ``validate`` of every combination): it reads JSON documents, one per
-line on stdin, and answers each with one line on stdout, in order:
+A process serves a whole command (a ``plan``, a ``validate`` of every combination; the parent keeps one per database
+mode, which load side by side): it reads JSON documents, one per line on stdin, and answers each with one line on
+stdout, in order:
 
 - ``{"warm": [query, ...]}``: estimate those queries now and keep their results for when they are asked (the parent
   sends one as soon as it knows the target, and goes on with its own work meanwhile: the system's tables and the
