@@ -1,5 +1,5 @@
 """`pipeline validate` with NVIDIA's performance model installed: every shipped combination composed and planned,
-cold (an empty answer cache: the one model process loads each GPU's tables and sweeps every TensorRT-LLM
+cold (an empty answer cache: the model processes load each GPU's tables and sweep every TensorRT-LLM
 combination's profile) and warm.
 
     python -m benchmarks validate_cost [--repeat 1]
