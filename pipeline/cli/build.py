@@ -5,6 +5,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 from typing import Any
 
 from omegaconf import DictConfig
@@ -216,24 +217,13 @@ def refusal_summary(refused: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def cmd_validate(as_json: bool, only: list[str] | None = None) -> int:
-    """Compose every shipped combination (``only``: ``AXIS=OPTION[,OPTION]`` filters). Config errors fail (exit 2);
-    combinations the compatibility rules refuse are listed with the reason (they are expected, e.g. a quant a GPU
-    cannot serve) and do not fail."""
-    from pipeline import perfmodel
+def check_combinations(combos: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Compose and plan-check ``combos`` in this process: per combination its config errors and the compatibility
+    rules' refusals."""
+    from pipeline.config import compose_many
     from pipeline.runner import executor
-    from pipeline.config import combinations, compose_many
     from pipeline.stages import STAGES
 
-    if perfmodel.available():  # it chooses the settings of every TensorRT-LLM combination on a GPU with tables
-        raise UserError(f"validate plans every shipped combination: {perfmodel.available()}")
-    filters: dict[str, list[str]] = {}
-    for item in only or []:
-        axis, sep, options = item.partition("=")
-        if not sep or not options:
-            raise UserError(f"validate: {item!r} is not AXIS=OPTION[,OPTION...] (e.g. quant=fp8)")
-        filters[axis] = [o for o in options.split(",") if o]
-    combos = combinations(filters)
     results = []
     for combo, cfg in zip(combos, compose_many([[f"{k}={v}" for k, v in c.items()] for c in combos])):
         errors: list[str] = []
@@ -246,6 +236,57 @@ def cmd_validate(as_json: bool, only: list[str] | None = None) -> int:
             except UserError as exc:
                 errors = exc.problems or [str(exc)]
         results.append({"combination": combo, "errors": errors, "refused": refused})
+    return results
+
+
+# Below this many combinations, starting processes costs more than it saves.
+PARALLEL_FROM = 64
+
+
+def check_in_parallel(combos: list[dict[str, str]], processes: int = 0) -> list[dict[str, Any]]:
+    """:func:`check_combinations` over ``processes`` (0: this machine's CPUs): one task per target (a GPU's performance tables load in
+    one process only), handed to whichever process is free; results in the combinations' order. Composing (Hydra)
+    is CPU-bound Python, so processes, not threads."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from pipeline import ui
+
+    by_target: dict[str, list[int]] = {}
+    for i, c in enumerate(combos):
+        by_target.setdefault(str(c.get("target")), []).append(i)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(processes or cpus, len(by_target))
+    if n < 2 or (not processes and len(combos) < PARALLEL_FROM):
+        return check_combinations(combos)
+    out: list[dict[str, Any] | None] = [None] * len(combos)
+    # spawn: the parent may hold threads (the performance model's readers), which fork would copy mid-state
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool, \
+            ui.progress(f"validate: {len(combos)} combinations on {n} processes", len(combos)) as bar:
+        tasks = {pool.submit(check_combinations, [combos[i] for i in idx]): idx for idx in by_target.values()}
+        for done in as_completed(tasks):
+            for i, r in zip(tasks[done], done.result()):
+                out[i] = r
+            bar.advance(len(tasks[done]))
+    return [r for r in out if r is not None]
+
+
+def cmd_validate(as_json: bool, only: list[str] | None = None) -> int:
+    """Compose every shipped combination (``only``: ``AXIS=OPTION[,OPTION]`` filters), over this machine's CPUs.
+    Config errors fail (exit 2); combinations the compatibility rules refuse are listed with the reason (they are
+    expected, e.g. a quant a GPU cannot serve) and do not fail."""
+    from pipeline import perfmodel
+    from pipeline.config import combinations
+
+    if perfmodel.available():  # it chooses the settings of every TensorRT-LLM combination on a GPU with tables
+        raise UserError(f"validate plans every shipped combination: {perfmodel.available()}")
+    filters: dict[str, list[str]] = {}
+    for item in only or []:
+        axis, sep, options = item.partition("=")
+        if not sep or not options:
+            raise UserError(f"validate: {item!r} is not AXIS=OPTION[,OPTION...] (e.g. quant=fp8)")
+        filters[axis] = [o for o in options.split(",") if o]
+    results = check_in_parallel(combinations(filters))
     bad = [r for r in results if r["errors"]]
     refused = [r for r in results if r["refused"] and not r["errors"]]
     if as_json:

@@ -47,7 +47,7 @@ def _validated(tmp_path, *only: str) -> tuple[dict, set]:
     return doc, refused
 
 
-@pytest.mark.slow  # ~100 s on 2 cores: every shipped combination composed and planned
+@pytest.mark.slow  # ~50 s on 2 cores: every shipped combination composed and planned
 def test_validate_composes_every_shipped_combination(tmp_path):
     doc, refused = _validated(tmp_path)
     models, quants = config.group_options("model"), config.group_options("quant")
@@ -74,3 +74,14 @@ def test_validate_composes_every_quant_and_target_of_the_flagship(tmp_path):
     doc, refused = _validated(tmp_path, "model=smollm2-135m,tiny-qwen3", "target=cpu", "runtime=reference")
     assert doc["combinations"] == 2 * len(config.group_options("quant"))
     assert ("smollm2-135m", "int4_awq", "cpu", "reference") in refused  # hidden 576, AWQ block 128
+
+
+def test_validate_over_processes_gives_the_one_process_results_in_order():
+    """validate spreads its combinations over processes (one task per target): the results, in the combinations'
+    order, are those of composing and checking them all in this process, refusals and predictions alike."""
+    from pipeline.cli.build import check_combinations, check_in_parallel
+
+    combos = config.combinations({"model": ["qwen32b"], "quant": ["fp8", "nvfp4"], "runtime": ["trtllm_llmapi"]})
+    serial = check_combinations(combos)
+    assert len({c["target"] for c in combos}) > 2 and any(r["refused"] for r in serial)
+    assert check_in_parallel(combos, processes=2) == serial
