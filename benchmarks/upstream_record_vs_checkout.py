@@ -47,7 +47,11 @@ def variant(record: dict) -> str:
 
 def render(record: dict) -> list[str]:
     co = record["checkout"]
+    by_component: dict[str, list[str]] = {}
+    for d in record["differences"]:  # "layout/model: what differs", one line per component on the page
+        component, _, what = d.partition(": ")
+        by_component.setdefault(component, []).append(what)
     return [f"{record['date'][:10]} · commit {commit_label(record)} · the record for TensorRT-LLM line "
             f"{record['line']} against {co['repo']} @ {co['commit'][:9]} (`{record['command']}`): "
             f"{record['difference_count']} difference(s).", "",
-            *(f"- {d}" for d in record["differences"])]
+            *(f"- {c} ({len(w)}): {'; '.join(w)}" for c, w in by_component.items())]

@@ -265,6 +265,9 @@ class _Worker:
         self.lock = threading.Lock()
         self.err = tempfile.TemporaryFile()
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        # the model configs it reads from disk go beside the cached answers, by content: nothing is left in the
+        # command's temporary directory when the command exits before its model process does
+        env["PIPELINE_PERFMODEL_MODELS"] = str(cache_dir() / "models")
         self.proc = subprocess.Popen([str(env_python()), str(Path(__file__).with_name("perfmodel_worker.py"))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      env=env)

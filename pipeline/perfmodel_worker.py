@@ -37,7 +37,17 @@ import tempfile
 
 _DBS: dict = {}
 _MODELS: dict = {}
-_TMP: list[str] = []  # the one directory this process writes model configs into, removed when it ends
+_TMP: list[str] = []  # where model configs go when the parent names no directory, removed when this process ends
+
+
+def _tmp() -> str:
+    if not _TMP:
+        import atexit
+        import shutil
+
+        _TMP.append(tempfile.mkdtemp(prefix="perfmodel-"))
+        atexit.register(shutil.rmtree, _TMP[0], True)
+    return _TMP[0]
 
 
 def _fast_yaml() -> None:
@@ -68,16 +78,23 @@ def _model_path(q: dict) -> str:
         return hub
     key = json.dumps(q["config"], sort_keys=True)
     if key not in _MODELS:
-        if not _TMP:
-            import atexit
-            import shutil
+        import hashlib
 
-            _TMP.append(tempfile.mkdtemp(prefix="perfmodel-"))
-            atexit.register(shutil.rmtree, _TMP[0], True)
-        d = os.path.join(_TMP[0], str(len(_MODELS)))
-        os.mkdir(d)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(q["config"], f)
+        root = os.environ.get("PIPELINE_PERFMODEL_MODELS") or _tmp()
+        d = os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:16])
+        if not os.path.isfile(os.path.join(d, "config.json")):
+            # written whole into a directory of its own, then renamed into place: a reader never sees half a file,
+            # and two processes writing the same config agree on its content
+            os.makedirs(root, exist_ok=True)
+            part = tempfile.mkdtemp(prefix=".part-", dir=root)
+            with open(os.path.join(part, "config.json"), "w") as f:
+                json.dump(q["config"], f)
+            try:
+                os.rename(part, d)
+            except OSError:  # another process put it there first
+                import shutil
+
+                shutil.rmtree(part, True)
         _MODELS[key] = d
     return _MODELS[key]
 

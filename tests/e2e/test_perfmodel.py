@@ -8,6 +8,7 @@ sent as bf16) and the CLI's own default token budget (the input length) must not
 data (NVFP4 on Hopper: its weight-only GEMM rows are missing) both say so."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -148,3 +149,23 @@ def test_a_head_size_the_tables_lack_is_one_line_and_the_plan_goes_on():
     assert str(perfmodel.env_path()) not in lines[0]  # no local paths in the line
     assert p.settings["max_batch_size"] >= 64 and serving_plan.kv_problems(p) == []  # trtllm-bench's rule
     assert p.settings["max_seq_len"] == int(cfg.model.shape.max_position_embeddings)
+
+
+def test_a_killed_model_process_leaves_nothing_in_the_commands_temporary_directory(tmp_path, monkeypatch):
+    """A command that exits before its model process (a refused config, Ctrl-C) must leave nothing behind: the
+    ``config.json`` the model reads for a model aiconfigurator does not bundle goes beside the cached answers, by
+    content, never into ``TMPDIR`` (a process killed there runs no clean-up)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    shape = {"num_layers": 4, "hidden_size": 512, "intermediate_size": 1536, "num_heads": 8, "num_kv_heads": 8,
+             "head_dim": 64, "vocab_size": 32000, "max_position_embeddings": 8192}
+    conf = perfmodel.model_config(shape, "llama")
+    q = perfmodel.Query("", json.dumps(conf, sort_keys=True), "h100_sxm", "fp8", "fp8", 1, 1, 128, 16)
+    w = perfmodel._Worker(120)
+    try:
+        w.ask([q])  # an answer or an error row: either way the config was written before it
+    finally:
+        w.proc.kill()
+        w.proc.wait()
+    assert list(tmp_path.iterdir()) == []
+    stored = perfmodel.cache_dir() / "models"
+    assert any(json.loads(f.read_text()) == conf for f in stored.glob("*/config.json"))

@@ -44,6 +44,8 @@ def test_every_benchmark_module_has_the_interface_and_one_section():
         module = instrument.load(name)  # raises on a module without add_arguments/run/render/docstring
         assert f"(`python -m benchmarks {name}`)" in text, name
         assert "\nsys.path" not in module.__doc__
+    # the current figure per benchmark, the history in the raw JSON: the page stays short enough to read
+    assert len(text.splitlines()) <= 450, "docs/benchmarks.md grew past 450 lines: shorten a benchmark's render()"
 
 
 def _sys_path_edits(source: str) -> list[int]:
