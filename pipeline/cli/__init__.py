@@ -23,7 +23,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pipeline.cli import build, bundle, fleet, lint, render, serve  # noqa: E402
 from pipeline.cli.common import PROG, Formatter, Parser, stdout_gone  # noqa: E402
-from pipeline import errors  # noqa: E402
+from pipeline import errors, interrupts  # noqa: E402
+from pipeline.interrupts import Terminated  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 
 DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Triton. Each verb takes its options and, "
@@ -32,14 +33,6 @@ DESCRIPTION = ("Quantize, build, package, benchmark and publish an LLM for Trito
 EPILOG = ("Run `python -m pipeline VERB --help` for a verb's options. Exit codes: 0 ok, 1 a stage or gate failed "
           "(report written), 2 bad input (one line on stderr, nothing written), 130 interrupted (SIGINT), 143 "
           "interrupted by SIGTERM, 129 a Slurm sweep's submitter hung up (SIGHUP; its jobs run on).")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, as SIGINT raises KeyboardInterrupt."""
-
-
-def _terminated(signum, frame) -> None:
-    raise Terminated
 
 
 def parser() -> tuple[Parser, dict[str, Parser]]:
@@ -61,15 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     quiet_third_party_progress()  # before any library that draws progress bars is imported
     # SIGTERM (a job scheduler, `kill`, a container stop) ends a verb as Ctrl-C does: the same unwinding (temp outputs
     # removed, servers stopped), one line, exit 128 + 15. `serve` installs its own handlers (a drain).
-    import threading
-
-    main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
-    try:
+    with interrupts.sigterm_as_interrupt():
         _main(argv)
-    finally:  # in-process callers (tests, a job's body) get their own handler back
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None) -> None:
