@@ -86,11 +86,13 @@ def store_error(url: str, doing: str, exc: BaseException) -> UserError | None:
         return None  # a full local disk: the one disk-full mapping (pipeline.errors.known) names it
     text = " ".join(str(exc).split()) or type(exc).__name__
     kind = type(exc).__name__
-    low = f"{kind} {text}".lower()
-    if "credential" in low or "accessdenied" in low or "permission" in low or "403" in low or "401" in low \
-            or "signature" in low or "invalidaccesskey" in low:
+    # the words of the error, without the URLs and paths it names (a bucket "…1f4018eb" or a port is no HTTP status)
+    words = re.sub(r"\S*(://|/)\S*", " ", f"{kind} {text}").lower()
+    status = set(re.findall(r"\b[45]\d\d\b", words))
+    if isinstance(exc, PermissionError) or status & {"401", "403"} or any(
+            w in words for w in ("credential", "accessdenied", "permission", "signature", "invalidaccesskey")):
         hint = "check the credentials in the environment (AWS_* for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://)"
-    elif isinstance(exc, FileNotFoundError) or "nosuchbucket" in low or "not found" in low or "404" in low:
+    elif isinstance(exc, FileNotFoundError) or "404" in status or "nosuchbucket" in words or "not found" in words:
         hint = "check that the bucket exists"
     else:
         hint = "check that the endpoint is reachable and the credentials in the environment grant access"

@@ -88,21 +88,18 @@ def run_verb(verb: str, cfg: DictConfig, as_json: bool) -> Any:
 
 
 def _warm_code_digests() -> None:
-    """Hash the stages' code (their modules and imports, read with ``ast``) in a thread, while the command waits on
-    the performance model: the fingerprints then find them done."""
-    import threading
-
+    """Hash the stages' code (their modules and imports, read with ``ast``) now, while the performance model's
+    process loads its tables: the fingerprints then find them done. In this thread: CPython 3.11's ``ast.parse`` is
+    not safe beside another thread's (its constructor's depth counter is shared: "SystemError: AST constructor
+    recursion depth mismatch", python/cpython#106905), and a thread would overlap nothing more on one GIL."""
     from pipeline.runner.fingerprint import stage_code_digest
     from pipeline.stages import STAGES
 
-    def digests() -> None:
-        for st in STAGES:
-            try:
-                stage_code_digest(st)
-            except Exception:  # the fingerprint computes it again, and says what failed
-                return
-
-    threading.Thread(target=digests, daemon=True, name="code-digests").start()
+    for st in STAGES:
+        try:
+            stage_code_digest(st)
+        except Exception:  # the fingerprint computes it again, and says what failed
+            return
 
 
 def _resolved_now(cfg: DictConfig) -> set[str]:

@@ -62,3 +62,30 @@ def test_sigterm_on_build_is_reported_as_sigint_is(tmp_path):
     assert proc.returncode == 143, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted (SIGTERM)", err[-2000:]
     assert "Traceback" not in err
+
+
+def test_plan_parses_python_in_the_main_thread_only(tmp_path, monkeypatch, capsys):
+    """CPython 3.11's ``ast.parse`` is not safe beside another thread's (python/cpython#106905): `plan` failed 1 run
+    in 2 of the fast tier with "SystemError: AST constructor recursion depth mismatch" while a thread hashed the
+    stages' code and the main thread parsed too. Every parse is now the main thread's (the thread failed this)."""
+    import ast
+    import threading
+
+    from pipeline import cli
+    from pipeline.runner import fingerprint
+
+    threads: list[str] = []
+    parse = ast.parse
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", spy)
+    fingerprint._scan.cache_clear()  # parsed again, not read from an earlier test's cache
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["plan", "model=tiny-qwen3", f"paths.root={tmp_path}"])
+        raise SystemExit(0)
+    assert exc.value.code in (0, None), capsys.readouterr().err
+    assert threads, "plan parsed no code: the spy is not where the fingerprints parse"
+    assert set(threads) == {threading.main_thread().name}, sorted(set(threads))

@@ -113,6 +113,19 @@ def test_object_store_errors_become_one_line_without_credentials():
     assert bundle.store_error("x", "y", KeyError("a programming error")) is None  # not a store error: re-raised
 
 
+@pytest.mark.parametrize("exc,hint", [
+    # gcsfs' missing bucket names its URL: a bucket '1f4018eb' once read as HTTP 401 (CI's test_object_stores)
+    (FileNotFoundError("http://127.0.0.1:4443/storage/v1/b/no-such-bucket-1f4018eb/o"), "the bucket exists"),
+    (FileNotFoundError("http://127.0.0.1:40312/storage/v1/b/b/o"), "the bucket exists"),  # a port, not HTTP 403
+    (OSError("Forbidden: 403 on http://127.0.0.1:4040/b"), "the credentials"),
+    (OSError("401 Unauthorized"), "the credentials"),
+    (OSError("404 on s3://bucket-403/x"), "the bucket exists"),
+    (PermissionError("s3://b/x"), "the credentials"),
+])
+def test_a_store_errors_hint_reads_its_words_not_the_urls_it_names(exc, hint):
+    assert hint in str(bundle.store_error("publish.dest=gs://b", "publishing", exc)).rsplit("; ", 1)[1]
+
+
 def test_a_killed_upload_of_another_version_is_removed_from_the_published_tree_after_a_day(tmp_path):
     import os
     import time
