@@ -450,7 +450,10 @@ def test_waiting_lines_beat_with_the_time_and_why_jobs_wait_and_jobs_ask_for_the
     waiting = re.compile(r"^slurm: 2 jobs: 1 queued \(Resources\), 1 running, 0 done, 0 failed; (\d+):(\d\d):(\d\d) "
                          r"elapsed$", re.M)
     try:
-        wait_for("three unchanged waiting lines", lambda: len(waiting.findall(err.read_text())) >= 3, proc)
+        # the first job is RUNNING (the counts) from the moment Slurm starts it; it reaches the hold only once its
+        # process has imported the pipeline and fetched, which on a loaded machine takes longer than three beats
+        wait_for("the first job held and three unchanged waiting lines",
+                 lambda: held(release) and len(waiting.findall(err.read_text())) >= 3, proc)
         array = array_of(err)
         assert held(release) == [f"{array}_0"]
         assert task_states(cluster, array) == {f"{array}_0": "RUNNING", f"{array}_1": "PENDING"}
@@ -485,17 +488,40 @@ def readme_sweep() -> list[str]:
 
 def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
     """The README's sweep, twice at once into one store, the jobs running side by side on the node: it runs as
-    written, and each stage output is built by one job; the other waits on its lock and takes it cached."""
+    written, and each stage output is built by one job; the other waits on its lock and takes it cached. The jobs
+    that took a quantize lock are held in the stage until all four run, so that they overlap however the two
+    submitters and Slurm's scheduling are timed on a loaded machine."""
     root = tmp_path / "shared"
     root.mkdir()
+    release = tmp_path / "release"
     args = readme_sweep()
     assert args[:2] == ["build", "-m"] and "hydra/launcher=pipeline_slurm" in args
-    cmd = [sys.executable, "-m", "pipeline", *args, f"paths.root={root}"]
-    procs = [subprocess.Popen(cmd, cwd=root, env=slurm_env(cluster, root), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=1200) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-    rows = [row for o in outs for row in summary_rows(o[0])]
+    env = held_env(cluster, root)
+    sweeps = [start_sweep([*args, *hold(release)], root, env, f"sweep{i}") for i in range(2)]
+    try:
+        def all_four_running() -> bool:
+            arrays = [array_of(err) for _, _, err in sweeps]
+            return None not in arrays and [s for a in arrays for s in task_states(cluster, a).values()] == [
+                "RUNNING"] * 4
+        def waiting_on_a_lock() -> int:
+            dirs = [re.search(r"^submit dir: (\S+)$", err.read_text(), re.M) for _, _, err in sweeps]
+            return sum("quantize: waiting for another run that holds" in f.read_text()
+                       for d in dirs if d for f in Path(d.group(1)).glob("*/*_log.err"))
+        wait_for("two jobs holding the quantize locks, two waiting on them, the four running at once",
+                 lambda: len(held(release)) == 2 and all_four_running() and waiting_on_a_lock() == 2, sweeps[0][0])
+        release.touch()
+        for proc, _, _ in sweeps:
+            proc.wait(timeout=1200)
+    finally:
+        release.touch()
+        for proc, _, _ in sweeps:
+            if proc.poll() is None:
+                proc.kill()
+    outs = [(out.read_text(), err.read_text()) for _, out, err in sweeps]
+    assert [proc.returncode for proc, _, _ in sweeps] == [0, 0], [e[-2000:] for _, e in outs]
+    submit_dirs = [re.search(r"^submit dir: (\S+)$", e, re.M).group(1) for _, e in outs]
+    assert submit_dirs[0] != submit_dirs[1]  # each sweep its own, started in the same second or not
+    rows = [row for o, _ in outs for row in summary_rows(o)]
     assert [r["label"] for r in rows] == ["quant=fp8", "quant=none"] * 2
     for a, b in ((0, 2), (1, 3)):  # the same job of the two sweeps ran at the same time
         ja, jb = scontrol(cluster, rows[a]["slurm_id"]), scontrol(cluster, rows[b]["slurm_id"])
@@ -504,6 +530,9 @@ def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
     assert logs.count("stage fetch: ran") == 1 and logs.count("stage fetch: cached") == 3
     assert logs.count("stage quantize: ran") == 2 and logs.count("stage quantize: cached") == 2
     assert len(list(root.glob(".store/*-quantize-*/manifest.json"))) == 2
+    for a, b in ((0, 2), (1, 3)):  # of the same job of the two sweeps, one held the lock and one waited on it
+        waited = ["quantize: waiting for another run that holds" in Path(rows[i]["log"]).read_text() for i in (a, b)]
+        assert sorted(waited) == [False, True], (rows[a], rows[b])
 
 
 def test_a_job_past_its_time_limit_fails_in_one_line_naming_timeout_min(cluster, tmp_path):

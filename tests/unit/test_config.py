@@ -165,3 +165,30 @@ def test_the_lazy_interpolation_map_composes_interpolated_defaults_as_hydra_does
     with pytest.raises(Exception):
         composed([])
     GlobalHydra.instance().clear()
+
+
+def test_two_sweeps_started_in_the_same_second_get_their_own_sweep_directory(monkeypatch):
+    """hydra.sweep.dir holds a sweep's multirun.yaml and a Slurm sweep's submit dir: two sweeps composed within one
+    second (Hydra's ``now`` resolver sees the same second, microseconds apart) resolve to different directories."""
+    import datetime as dt
+
+    import hydra.core.utils
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from pipeline import schema
+
+    ticks = iter(range(1000, 999_999, 1000))
+
+    class SameSecond(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # every call a millisecond later, all within 13:51:46
+            return dt.datetime(2026, 12, 7, 13, 51, 46, next(ticks))
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", SameSecond)
+    schema.register()
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
+        dirs = [str(hydra_compose(config_name="config", overrides=["model=tiny-qwen3", "target=cpu"],
+                                  return_hydra_config=True).hydra.sweep.dir) for _ in range(2)]
+    assert dirs[0].startswith(str(config.compose(["model=tiny-qwen3", "target=cpu"]).paths.store))
+    assert dirs[0] != dirs[1], dirs
