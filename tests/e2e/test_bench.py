@@ -38,6 +38,7 @@ def _level_dirs(out: Path, doc: dict) -> list[tuple[Path, dict]]:
             for w, r in doc["workloads"].items() for lv in r["openai_levels"]]
 
 
+@pytest.mark.slow  # aiperf_build: an aiperf run per level, each starting its own services (~40 s on 2 cores)
 def test_every_level_has_aiperfs_native_chat_export(aiperf_build, tmp_path):
     """Each level's aiperf export is aiperf's own run against the front end: its OpenAI chat endpoint type,
     streaming, no request template, the level's prompts, concurrency and request count; planted exports of the
@@ -115,6 +116,7 @@ def test_every_level_has_aiperfs_native_chat_export(aiperf_build, tmp_path):
         f"inputs.json: {n} payload(s) not streamed completions requests ('prompt', stream: true)"]
 
 
+@pytest.mark.slow  # aiperf_build (above)
 def test_aiperfs_own_loader_reads_every_level(aiperf_build, tmp_path):
     from aiperf.plot.core.data_loader import DataLoader
     from aiperf.plot.core.mode_detector import ModeDetector

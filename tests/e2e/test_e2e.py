@@ -197,6 +197,7 @@ def _outputs_label(root: Path, stage: str, label: str = HUB_LABEL) -> Path:
     return {r["stage"]: Path(r["output"]) for r in report(root, label)["stages"]}[stage]
 
 
+@pytest.mark.slow  # a two-job sweep; the local fan-out's own tests are in test_targets.py (~18 s on 2 cores)
 def test_multirun_sweeps_and_shares_fetch(tiny_build, tmp_path):
     root = tmp_path / "m"
     shutil.copytree(tiny_build, root)

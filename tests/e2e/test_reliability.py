@@ -31,6 +31,7 @@ def _outputs(root: Path) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------------------------------------------- corruption
+@pytest.mark.slow  # fault injection: a copy of the full tiny build re-run after the flip (~14 s on 2 cores)
 def test_a_bit_flip_in_the_store_is_detected_by_checksum_and_rebuilt(tiny_build, tmp_path):
     root = tmp_path / "c"
     shutil.copytree(tiny_build, root)
@@ -47,6 +48,7 @@ def test_a_bit_flip_in_the_store_is_detected_by_checksum_and_rebuilt(tiny_build,
     assert report(root)["stages"][1]["status"] == "ran"
 
 
+@pytest.mark.slow  # fault injection: a build into a small filesystem until it fills (~8 s on 2 cores)
 def test_a_full_disk_fails_cleanly_naming_the_path(tmp_path):
     """RLIMIT_FSIZE stands in for a full disk: writes past 256 KB fail with EFBIG."""
     root = tmp_path / "full"
@@ -639,6 +641,7 @@ def test_soak_500_requests_at_concurrency_32(tiny_build, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------- concurrency
+@pytest.mark.slow  # concurrency: two builds side by side (~11 s on 2 cores)
 def test_two_builds_of_the_same_target_started_together_build_once(tmp_path):
     root = tmp_path / "twin"
     root.mkdir()

@@ -360,6 +360,7 @@ def _copy(tiny_build: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # a bench of its own through the BLS entry point (~16 s on 2 cores)
 def test_bls_entry_point_and_an_absolute_gate_breach(tiny_build, tmp_path):
     root = _copy(tiny_build, tmp_path / "g")
     proc = run_cli("build", *TINY, "bench.model=tensorrt_llm_bls", "bench.only=[chat]",
@@ -376,6 +377,7 @@ REGRESSIONS = {"output_tokens_per_s": (100, r"output tokens/s [\d.]+ vs [\d.]+ i
                "ttft_p95_ms": (0.01, r"TTFT p95 [\d.]+ vs [\d.]+ in the previous bundle \(\+\d+%, allowed 25%\)")}
 
 
+@pytest.mark.slow  # two bench and publish re-runs against a planted previous bundle (~29 s on 2 cores)
 def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path):
     """The previous published bundle (the only version at publish.dest) was (recorded as) 100x faster in output
     tokens/s and in TTFT p95: the gate names each metric and by how much; by default a CPU target reports them

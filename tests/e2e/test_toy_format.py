@@ -174,6 +174,7 @@ def _plan(copy: Path, tmp: Path, *overrides: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow  # a copy of the project validating, planning, quantizing and serving its new format (~20 s on 2 cores)
 def test_a_toy_format_is_one_module_and_one_preset(tmp_path):
     copy = _copy(tmp_path / "project", TOY)
     # validate composes every combination of the new format (tests/e2e/test_config.py validates every shipped one):

@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import REPO, cli_env, run_cli
 from tests.helpers.serving import Serve
 
-pytestmark = pytest.mark.e2e
+# a copy of the project building, packaging and serving through its new layout (~22 s on 2 cores)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TOY = Path(__file__).resolve().parent / "toy_layout"
 BUILD = ["model=tiny-qwen3", "quant=none", "quant.kv_cache=none", "serve.layout=toy"]
 PROMPT = "The capital of France is"
