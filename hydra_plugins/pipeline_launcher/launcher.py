@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -139,6 +140,14 @@ def timeout_line(timeout_min: Any, signal_delay_s: Any) -> str:
 def timed_out(trace: str) -> bool:
     """Whether submitit ended the job at its time limit (its ``UncompletedJobError``: "timed-out ...")."""
     return "UncompletedJobError" in str(trace) and "timed-out" in str(trace)
+
+
+def signalled_at_time_limit(log: str) -> bool:
+    """Whether the job's stderr log shows srun's task killed by SIGUSR2, the signal submitit asks sbatch to send
+    before the time limit, arriving before submitit's job had set its handler (while it was still loading). Slurm
+    may send it up to 60 s before the requested time (``man sbatch``, ``--signal``), so a short limit can signal a job
+    that is still starting; it then dies without the "timed-out" result."""
+    return re.search(r"^srun: error: \S+: tasks? [\d,-]+: User defined signal 2$", log, re.M) is not None
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -392,7 +401,8 @@ class PipelineSlurmLauncher(SlurmLauncher):
                                                                  "BOOT_FAIL", "PREEMPTED", "DEADLINE"):
             j.outcome = "failed"
             why = f"Slurm ended it ({j.state})" if j.state in ENDED else "it left Slurm's queue"
-            j.reason = self._timeout_line() if j.state == "TIMEOUT" else f"failed: {why} without a result; see its log"
+            j.reason = (self._timeout_line() if j.state == "TIMEOUT" or self._signalled(j)
+                        else f"failed: {why} without a result; see its log")
 
     def _read_result(self, j: SweepJob) -> bool:
         """The job's outcome from the result file submitit's job writes when its function returns; False while
@@ -416,6 +426,16 @@ class PipelineSlurmLauncher(SlurmLauncher):
         else:  # a failed job (JobFailed) or an error outside Hydra's job: submitit keeps the traceback
             j.outcome, j.reason = "failed", (self._timeout_line() if timed_out(value) else failure_line(value))
         return True
+
+    @staticmethod
+    def _signalled(j: SweepJob) -> bool:
+        """Whether the job's log shows it killed by the time limit's signal (:func:`signalled_at_time_limit`)."""
+        try:
+            with open(j.job.paths.stderr, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                return signalled_at_time_limit(f.read().decode(errors="replace"))
+        except OSError:
+            return False
 
     def _timeout_line(self) -> str:
         return timeout_line(self.params.get("timeout_min"), self.params.get("signal_delay_s"))

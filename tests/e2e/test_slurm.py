@@ -536,16 +536,19 @@ def test_two_sweeps_sharing_a_store_build_each_stage_once(cluster, tmp_path):
 
 
 def test_a_job_past_its_time_limit_fails_in_one_line_naming_timeout_min(cluster, tmp_path):
-    """A one-minute limit with submitit's signal 40 s before it: the job, held in its quantize stage and never
+    """A two-minute limit with submitit's signal 20 s before it: the job, held in its quantize stage and never
     released (however fast the machine, it is still running then), is ended by submitit at the signal ("timed-out
-    too many times" in its log); the sweep's line names hydra.launcher.timeout_min, the limit and the fix."""
+    too many times" in its log); the sweep's line names hydra.launcher.timeout_min, the limit and the fix. Slurm
+    may send the signal up to 60 s early (``man sbatch``, ``--signal``), so it comes 40 s after the start at the
+    earliest: long after submitit's job has set its handler (a job here starts its stages within a few seconds).
+    A signal before the handler is test_launcher's case."""
     root = tmp_path / "late"
     proc = run_cli("build", "-m", *TINY, "target=cpu", "quant=fp8", "until=quantize", *SLURM,
-                   *hold(tmp_path / "never"), "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40",
+                   *hold(tmp_path / "never"), "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=20",
                    root=root, env=held_env(cluster, root), timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = ("failed: the job ran into its time limit, hydra.launcher.timeout_min=1 (Slurm's limit: 1 min; submitit "
-            "stops the job hydra.launcher.signal_delay_s=40 s before it); raise hydra.launcher.timeout_min and run "
+    line = ("failed: the job ran into its time limit, hydra.launcher.timeout_min=2 (Slurm's limit: 2 min; submitit "
+            "stops the job hydra.launcher.signal_delay_s=20 s before it); raise hydra.launcher.timeout_min and run "
             "the sweep again (the stages that finished are reused)")
     assert line in proc.stdout and proc.stderr.strip().splitlines()[-1].endswith(line), proc.stdout[-2000:]
     row = summary_rows(proc.stdout)[0]

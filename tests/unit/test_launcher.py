@@ -94,6 +94,39 @@ def test_a_job_past_its_time_limit_names_timeout_min_the_limit_and_the_fix():
     assert not timed_out(failure_line(trace).replace("timed-out", "cancelled"))
 
 
+def test_a_job_killed_by_the_time_limits_signal_before_its_handler_is_named_as_a_time_limit(tmp_path):
+    """Slurm may send the time limit's USR2 up to 60 s early (``man sbatch``, ``--signal``): a job still loading then
+    dies of it before submitit's handler is set, Slurm records FAILED and there is no result. srun's line in the
+    job's log (as a real run on the test cluster wrote it) makes it the time-limit line; any other death keeps the
+    generic one."""
+    import time
+    from types import SimpleNamespace
+
+    from hydra_plugins.pipeline_launcher.launcher import (RESULT_GRACE_S, PipelineSlurmLauncher, SweepJob,
+                                                          signalled_at_time_limit, timeout_line)
+
+    def reason(log: str) -> str:
+        err = tmp_path / "28_0_log.err"
+        err.write_text(log)
+        paths = SimpleNamespace(result_pickle=tmp_path / "28_0_result.pkl", stderr=err)
+        j = SweepJob(0, 0, "quant=fp8", SimpleNamespace(job_id="28", paths=paths))
+        j.ended_at = time.monotonic() - RESULT_GRACE_S - 1
+        launcher = PipelineSlurmLauncher()
+        launcher.params = {"timeout_min": 1, "signal_delay_s": 40}
+        launcher._update(j, {"28": ("FAILED", "None")})
+        assert j.outcome == "failed"
+        return j.reason
+
+    srun = "srun: error: node1: task 0: User defined signal 2\n"
+    assert signalled_at_time_limit(srun) and signalled_at_time_limit("x\n" * 5000 + srun)
+    assert reason("loading...\n" * 2000 + srun) == timeout_line(1, 40)
+    # controls: other deaths, and the words inside a job's own output rather than srun's line
+    for log in ("srun: error: node1: task 0: Killed\n", "srun: error: node1: task 0: User defined signal 1\n",
+                "my job printed: User defined signal 2\n", ""):
+        assert not signalled_at_time_limit(log)
+        assert reason(log) == "failed: Slurm ended it (FAILED) without a result; see its log"
+
+
 def sweep_commands() -> list[list[str]]:
     """Every ``python -m pipeline build -m`` line of docs/hosts.md's "Sweeps on a Slurm cluster", as arguments."""
     import shlex
