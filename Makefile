@@ -55,10 +55,10 @@ setup: $(STAMP)
 build: $(STAMP)
 	$(PY) -m pipeline build
 
-# `make test` runs the unit and fast steps (the README's test command; budget 10 min on 2 cores from a fresh clone,
+# `make test` runs the unit and fast steps (the README's test command; budget 8 min on 2 cores from a fresh clone,
 # docs/development.md); CI (.ci/run) runs it,
 # then `make test-slow` as its second step. Every test runs in exactly one step.
-#   test-unit  tests/unit/: in-process tests of the modules (no server, no model load), under a minute
+#   test-unit  tests/unit/: in-process tests of the modules (no server, no model load), 45 s
 #   test-fast  the rest of the default run (`not slow`): the CLI end to end through real ModelOpt and tritonserver,
 #              on two pytest-xdist workers (servers bind free loopback ports; the shared tiny build is built once)
 #   test-slow  the SmolLM2 default build, kill -9 injection, the soak run, server faults, sweeps on a one-node Slurm

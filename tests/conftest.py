@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# A test runner started in the background by a non-interactive shell (`.ci/run &`, `nohup`) ignores SIGINT, and every
+# child inherits that: Python then installs no KeyboardInterrupt handler, and the tests that interrupt a build, a
+# sweep or `pipeline serve` as Ctrl-C does would see it run on. Tests run with Ctrl-C's default meaning, however they
+# were started (the pipeline itself keeps an inherited "ignore", as any Unix program does).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 # quant.gate=warn: a random model's logits move more under quantization than the real-model gates allow.
