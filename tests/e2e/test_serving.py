@@ -408,6 +408,7 @@ def test_regression_against_the_previous_published_bundle(tiny_build, tmp_path):
     assert "Slower than the previous bundle (reported only" in (out / "bench.md").read_text()
 
 
+@pytest.mark.slow  # a server and a bench run of its own
 def test_external_launcher_uses_a_running_server_of_this_package_only(tiny_build, tmp_path):
     """serve.launcher=external measures a server only once its models and configs match the packaged repository's:
     the same server is refused, in one line, for a package of the llmapi layout, and a planted difference in one

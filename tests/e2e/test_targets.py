@@ -91,6 +91,7 @@ def test_sweep_with_every_job_refused_exits_2_naming_them(tmp_path):
     assert proc.stderr.startswith("error: 2 problems: ") and proc.stderr.count("nvfp4 needs Blackwell") == 2
 
 
+@pytest.mark.slow  # a sweep of its own (a CPU build to its engine stage)
 def test_local_sweep_skips_the_jobs_this_machine_cannot_build(tmp_path):
     """The basic launcher runs every job here, so this machine's checks (a GPU of the target's SM) apply before
     launch: the h100 job is listed and left out, the cpu job runs."""
